@@ -1,0 +1,167 @@
+"""One typed configuration: command-line flags > environment variables > config file > defaults.
+
+Names follow the SELIS configuration table (SPEC §10) where it has one, with its environment
+variables (PORT, HOSTNAME, CERTIFICATE, PRIVATE_KEY, ...) next to VEIL_-prefixed ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    lowered = str(text).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not a boolean (true/false)")
+
+
+def _opt(default: Any, help: str, env: tuple[str, ...] = (), kind: Any = None) -> Any:
+    return field(default=default, metadata={"help": help, "env": env, "kind": kind})
+
+
+@dataclass
+class Config:
+    hostname: str = _opt("localhost", "host name advertised to subscribers", ("VEIL_HOSTNAME", "HOSTNAME"))
+    bind: str = _opt("127.0.0.1", "address the listeners bind to", ("VEIL_BIND",))
+    port: int = _opt(20000, "REST port", ("VEIL_PORT", "PORT"))
+    tcp_port: int | None = _opt(None, "TCP line delivery port (default: port + 1)", ("VEIL_TCP_PORT",), int)
+    ws_port: int | None = _opt(None, "WebSocket delivery port (default: port + 2)", ("VEIL_WS_PORT",), int)
+    certificate: str | None = _opt(None, "PEM server certificate: enables TLS", ("VEIL_CERTIFICATE", "CERTIFICATE"), str)
+    private_key: str | None = _opt(None, "PEM private key of the certificate", ("VEIL_PRIVATE_KEY", "PRIVATE_KEY"), str)
+    client_ca: str | None = _opt(None, "CA bundle that signs client certificates (mutual TLS)", ("VEIL_CLIENT_CA",), str)
+    client_cert: str = _opt("optional", "client certificates: optional or required (with client-ca)", ("VEIL_CLIENT_CERT",))
+    allow_plain_remote: bool = _opt(False, "allow plain (non-TLS) listeners on non-loopback addresses", ("VEIL_ALLOW_PLAIN_REMOTE",))
+    data_dir: str = _opt("veil-data", "directory of the embedded store and Spark checkpoints", ("VEIL_DATA_DIR",))
+    store: str | None = _opt(None, "store URL (default: sqlite:///<data-dir>/veil.db)", ("VEIL_STORE",), str)
+    spark_master: str | None = _opt(None, "Spark master (default: local[workers] or local[*])", ("VEIL_SPARK_MASTER", "SPARK_MASTER"), str)
+    workers: int | None = _opt(None, "Spark task threads in local mode", ("VEIL_WORKERS", "WORKERS"), int)
+    partitions: int = _opt(2, "matcher partitions (fixed per deployment)", ("VEIL_PARTITIONS",))
+    trigger_ms: int = _opt(50, "micro-batch trigger interval in milliseconds", ("VEIL_TRIGGER_MS",))
+    max_batch_rows: int = _opt(50000, "most log entries per micro-batch", ("VEIL_MAX_BATCH_ROWS",))
+    instances: int = _opt(1, "number of broker instances", ("VEIL_INSTANCES", "INSTANCES"))
+    instance_id: int = _opt(0, "this instance's id, below instances", ("VEIL_INSTANCE_ID", "INSTANCEID"))
+    metrics_auth_hash_file: str | None = _opt(None, "file with the monitoring authHash", ("VEIL_METRICS_AUTH_HASH_FILE", "METRICSAUTHHASHFILE"), str)
+    metrics_interval: float = _opt(5.0, "seconds between monitoring messages (>= 1)", ("VEIL_METRICS_INTERVAL", "METRICSINTERVAL"))
+    with_authorization: bool = _opt(True, "enforce authorization rules", ("VEIL_WITH_AUTHORIZATION", "WITH_AUTHORIZATION"))
+    max_body: int = _opt(1 << 20, "largest accepted request body in bytes", ("VEIL_MAX_BODY",))
+    max_lag: int = _opt(200000, "log entries the pipeline may lag behind before publishes get 503", ("VEIL_MAX_LAG",))
+    max_pending: int = _opt(20000, "publications waiting for a commit before publishes get 503", ("VEIL_MAX_PENDING",))
+    log_level: str = _opt("info", "log level", ("VEIL_LOG_LEVEL",))
+
+    @property
+    def store_url(self) -> str:
+        return self.store or f"sqlite:///{os.path.abspath(os.path.join(self.data_dir, 'veil.db'))}"
+
+    @property
+    def tcp(self) -> int:
+        return self.tcp_port if self.tcp_port is not None else self.port + 1
+
+    @property
+    def ws(self) -> int:
+        return self.ws_port if self.ws_port is not None else self.port + 2
+
+    @property
+    def tls(self) -> bool:
+        return self.certificate is not None
+
+    @property
+    def master(self) -> str:
+        return self.spark_master or (f"local[{self.workers}]" if self.workers else "local[*]")
+
+    def validate(self) -> None:
+        """Refuse inconsistent settings before anything starts; messages name the option."""
+        for name in ("port", "tcp_port", "ws_port"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < 65536:
+                raise ValueError(f"--{_flag(name)}: {value} is not a port number")
+        if (self.certificate is None) != (self.private_key is None):
+            raise ValueError("--certificate and --private-key go together")
+        for name in ("certificate", "private_key", "client_ca"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise ValueError(f"--{_flag(name)}: no such file {path!r}")
+        if self.client_ca and not self.tls:
+            raise ValueError("--client-ca needs --certificate (mutual TLS is TLS)")
+        if self.client_cert not in ("optional", "required"):
+            raise ValueError("--client-cert: use optional or required")
+        if self.client_cert == "required" and not self.client_ca:
+            raise ValueError("--client-cert required needs --client-ca")
+        if not self.tls and not self.allow_plain_remote and not _loopback(self.bind):
+            raise ValueError(
+                f"--bind {self.bind}: plain listeners only on loopback; configure --certificate or --allow-plain-remote"
+            )
+        if self.partitions < 1:
+            raise ValueError("--partitions: at least 1")
+        if self.instances < 1 or not 0 <= self.instance_id < self.instances:
+            raise ValueError("--instance-id must be below --instances")
+        if self.metrics_interval < 1:
+            raise ValueError("--metrics-interval: at least 1 second")
+        if self.trigger_ms < 1 or self.max_batch_rows < 1 or self.max_body < 1:
+            raise ValueError("--trigger-ms, --max-batch-rows and --max-body must be positive")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _convert(f: dataclasses.Field, raw: Any, source: str) -> Any:
+    kind = f.metadata["kind"] or type(f.default)
+    try:
+        return _bool(raw) if kind is bool else kind(raw)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: {exc}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML configuration file (also VEIL_CONFIG)")
+    for f in dataclasses.fields(Config):
+        parser.add_argument(f"--{_flag(f.name)}", dest=f.name, default=None, help=f.metadata["help"])
+
+
+def load(args: argparse.Namespace | None = None, environ: dict[str, str] | None = None) -> Config:
+    environ = dict(os.environ) if environ is None else environ
+    values: dict[str, Any] = {}
+    path = getattr(args, "config", None) or environ.get("VEIL_CONFIG")
+    if path:
+        try:
+            with open(path, "rb") as handle:
+                document = tomllib.load(handle)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"--config {path}: {exc}") from None
+        known = {f.name: f for f in dataclasses.fields(Config)}
+        for key, raw in document.items():
+            name = key.replace("-", "_")
+            if name not in known:
+                raise ValueError(f"--config {path}: unknown option {key!r}")
+            values[name] = _convert(known[name], raw, f"{path}: {key}")
+    for f in dataclasses.fields(Config):
+        for env in f.metadata["env"]:
+            if environ.get(env):
+                values[f.name] = _convert(f, environ[env], f"environment {env}")
+                break
+        raw = getattr(args, f.name, None) if args is not None else None
+        if raw is not None:
+            values[f.name] = _convert(f, raw, f"--{_flag(f.name)}")
+    config = Config(**values)
+    config.validate()
+    return config

@@ -1,0 +1,1 @@
+"""The Spark Structured Streaming job: source → partition → match → exit point."""

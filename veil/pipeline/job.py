@@ -1,0 +1,123 @@
+"""The pipeline process: one Spark driver running the matching query until it is told to stop.
+
+It runs apart from the gateway (they meet only in the store) so that the driver's Python work does
+not compete with the gateway's event loop, and either can be restarted alone. An exclusive lock on
+the data directory keeps two drivers from sharing one checkpoint; the driver exits when its parent
+gateway dies, so a killed broker never leaves a matcher behind.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+from veil.config import Config
+
+log = logging.getLogger("veil.pipeline")
+
+
+def build_session(config: Config):  # noqa: ANN201 - pyspark imported lazily
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if config.master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(config.master)
+        .appName("veil-pipeline")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(config.partitions))
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.streaming.minBatchesToRetain", "20")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    )
+    if config.master.startswith("local"):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def start_query(spark, config: Config):  # noqa: ANN001, ANN201
+    from veil.pipeline.exit_point import DeliveryWriter
+    from veil.pipeline.match import MATCH_SCHEMA, MatchPartition
+    from veil.pipeline.source import EventLogSource
+
+    spark.dataSource.register(EventLogSource)
+    url = config.store_url
+    log_entries = (
+        spark.readStream.format(EventLogSource.name())
+        .option("store", url)
+        .option("partitions", str(config.partitions))
+        .option("maxRowsPerBatch", str(config.max_batch_rows))
+        .load()
+    )
+    matches = log_entries.mapInArrow(MatchPartition(url, config.partitions), MATCH_SCHEMA)
+    return (
+        matches.writeStream.queryName("veil_match")
+        .foreachBatch(DeliveryWriter(url))
+        .option("checkpointLocation", os.path.join(os.path.abspath(config.data_dir), "checkpoint"))
+        .trigger(processingTime=f"{config.trigger_ms} milliseconds")
+        .start()
+    )
+
+
+def _lock_data_dir(config: Config) -> int:
+    os.makedirs(config.data_dir, exist_ok=True)
+    fd = os.open(os.path.join(config.data_dir, "pipeline.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log.info("waiting for the previous pipeline on %s to exit", config.data_dir)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _exit_with_parent(stop: threading.Event) -> None:
+    parent = os.getppid()
+
+    def watch() -> None:
+        while not stop.wait(0.5):
+            if os.getppid() != parent:
+                log.warning("gateway process is gone; pipeline exits")
+                os._exit(3)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def run(config: Config, watch_parent: bool = True) -> int:
+    from veil.store import open_store
+
+    stop = threading.Event()
+    if watch_parent:
+        _exit_with_parent(stop)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    lock = _lock_data_dir(config)
+    store = open_store(config.store_url)
+    started = time.monotonic()
+    spark = build_session(config)
+    query = start_query(spark, config)
+    store.set_status("pipeline", os.getpid())
+    log.info("pipeline running (%s, %d partitions) after %.1f s", config.master, config.partitions,
+             time.monotonic() - started)  # fmt: skip
+    try:
+        while not stop.is_set():
+            if query.awaitTermination(0.5):
+                break
+        if query.exception() is not None:
+            log.error("matching query failed: %s", query.exception())
+            return 1
+        return 0
+    finally:
+        store.set_status("pipeline", 0)
+        query.stop()
+        spark.stop()
+        os.close(lock)

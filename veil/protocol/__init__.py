@@ -1,0 +1,21 @@
+"""External formats of the SELIS protocol: parsing, validation and error bodies. Pure, no I/O."""
+
+from veil.protocol.errors import ProtocolError
+from veil.protocol.flatten import flatten
+from veil.protocol.handshake import Handshake, parse_ack, parse_handshake
+from veil.protocol.publications import parse_publication, parse_publication_batch
+from veil.protocol.subscriptions import SubscribeRequest, UnsubscribeRequest, parse_subscribe, parse_unsubscribe
+
+__all__ = [
+    "Handshake",
+    "ProtocolError",
+    "SubscribeRequest",
+    "UnsubscribeRequest",
+    "flatten",
+    "parse_ack",
+    "parse_handshake",
+    "parse_publication",
+    "parse_publication_batch",
+    "parse_subscribe",
+    "parse_unsubscribe",
+]

@@ -1,0 +1,48 @@
+"""The first line (TCP) or message (WebSocket) of a delivery connection, and acknowledgements.
+
+Clients in the wild send the whole subscription document as the handshake; unknown fields are
+ignored. The optional extensions ask for an envelope (publication id and sequence number), for
+acknowledgement-driven cursors, and for a resume point after a reconnect.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from veil.protocol.errors import ProtocolError, load_json
+from veil.protocol.subscriptions import auth_hash_of, subscription_id_of
+
+
+class Handshake(NamedTuple):
+    auth_hash: str
+    subscription_id: str
+    envelope: bool
+    ack: bool
+    resume_after: int | None
+
+
+def parse_handshake(raw: bytes | str, identity: str | None = None) -> Handshake:
+    doc = load_json(raw, "handshake")
+    if not isinstance(doc, dict):
+        raise ProtocolError("handshake", 'expected {"authHash": ..., "subscriptionId": ...}')
+    envelope = _flag(doc, "envelope")
+    ack = _flag(doc, "ack")
+    resume = doc.get("resumeAfter")
+    if resume is not None and (isinstance(resume, bool) or not isinstance(resume, int) or resume < 0):
+        raise ProtocolError("resumeAfter", "not a non-negative integer sequence number")
+    return Handshake(auth_hash_of(doc, identity), subscription_id_of(doc, required=True), envelope or ack, ack, resume)
+
+
+def parse_ack(raw: bytes | str) -> int:
+    doc = load_json(raw, "ack")
+    seq = doc.get("ack") if isinstance(doc, dict) else None
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+        raise ProtocolError("ack", 'expected {"ack": <sequence number>}')
+    return seq
+
+
+def _flag(doc: dict, name: str) -> bool:
+    value = doc.get(name, False)
+    if not isinstance(value, bool):
+        raise ProtocolError(name, "not a boolean")
+    return value

@@ -1,0 +1,23 @@
+"""Durable state behind one interface: the event log, subscriptions, delivery queues, cursors."""
+
+from veil.store.base import (
+    KIND_PUBLICATION,
+    KIND_SUBSCRIBE,
+    KIND_UNSUBSCRIBE,
+    EventStore,
+    LogEntry,
+    NotOwner,
+    UnknownSubscription,
+    open_store,
+)
+
+__all__ = [
+    "KIND_PUBLICATION",
+    "KIND_SUBSCRIBE",
+    "KIND_UNSUBSCRIBE",
+    "EventStore",
+    "LogEntry",
+    "NotOwner",
+    "UnknownSubscription",
+    "open_store",
+]
