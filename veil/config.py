@@ -37,23 +37,39 @@ class Config:
     port: int = _opt(20000, "REST port", ("VEIL_PORT", "PORT"))
     tcp_port: int | None = _opt(None, "TCP line delivery port (default: port + 1)", ("VEIL_TCP_PORT",), int)
     ws_port: int | None = _opt(None, "WebSocket delivery port (default: port + 2)", ("VEIL_WS_PORT",), int)
-    certificate: str | None = _opt(None, "PEM server certificate: enables TLS", ("VEIL_CERTIFICATE", "CERTIFICATE"), str)
+    certificate: str | None = _opt(
+        None, "PEM server certificate: enables TLS", ("VEIL_CERTIFICATE", "CERTIFICATE"), str
+    )
     private_key: str | None = _opt(None, "PEM private key of the certificate", ("VEIL_PRIVATE_KEY", "PRIVATE_KEY"), str)
-    client_ca: str | None = _opt(None, "CA bundle that signs client certificates (mutual TLS)", ("VEIL_CLIENT_CA",), str)
-    client_cert: str = _opt("optional", "client certificates: optional or required (with client-ca)", ("VEIL_CLIENT_CERT",))
-    allow_plain_remote: bool = _opt(False, "allow plain (non-TLS) listeners on non-loopback addresses", ("VEIL_ALLOW_PLAIN_REMOTE",))
+    client_ca: str | None = _opt(
+        None, "CA bundle that signs client certificates (mutual TLS)", ("VEIL_CLIENT_CA",), str
+    )
+    client_cert: str = _opt(
+        "optional", "client certificates: optional or required (with client-ca)", ("VEIL_CLIENT_CERT",)
+    )
+    allow_plain_remote: bool = _opt(
+        False, "allow plain (non-TLS) listeners on non-loopback addresses", ("VEIL_ALLOW_PLAIN_REMOTE",)
+    )
     data_dir: str = _opt("veil-data", "directory of the embedded store and Spark checkpoints", ("VEIL_DATA_DIR",))
     store: str | None = _opt(None, "store URL (default: sqlite:///<data-dir>/veil.db)", ("VEIL_STORE",), str)
-    spark_master: str | None = _opt(None, "Spark master (default: local[workers] or local[*])", ("VEIL_SPARK_MASTER", "SPARK_MASTER"), str)
+    spark_master: str | None = _opt(
+        None, "Spark master (default: local[workers] or local[*])", ("VEIL_SPARK_MASTER", "SPARK_MASTER"), str
+    )
     workers: int | None = _opt(None, "Spark task threads in local mode", ("VEIL_WORKERS", "WORKERS"), int)
     partitions: int = _opt(2, "matcher partitions (fixed per deployment)", ("VEIL_PARTITIONS",))
     trigger_ms: int = _opt(50, "micro-batch trigger interval in milliseconds", ("VEIL_TRIGGER_MS",))
     max_batch_rows: int = _opt(50000, "most log entries per micro-batch", ("VEIL_MAX_BATCH_ROWS",))
     instances: int = _opt(1, "number of broker instances", ("VEIL_INSTANCES", "INSTANCES"))
     instance_id: int = _opt(0, "this instance's id, below instances", ("VEIL_INSTANCE_ID", "INSTANCEID"))
-    metrics_auth_hash_file: str | None = _opt(None, "file with the monitoring authHash", ("VEIL_METRICS_AUTH_HASH_FILE", "METRICSAUTHHASHFILE"), str)
-    metrics_interval: float = _opt(5.0, "seconds between monitoring messages (>= 1)", ("VEIL_METRICS_INTERVAL", "METRICSINTERVAL"))
-    with_authorization: bool = _opt(True, "enforce authorization rules", ("VEIL_WITH_AUTHORIZATION", "WITH_AUTHORIZATION"))
+    metrics_auth_hash_file: str | None = _opt(
+        None, "file with the monitoring authHash", ("VEIL_METRICS_AUTH_HASH_FILE", "METRICSAUTHHASHFILE"), str
+    )
+    metrics_interval: float = _opt(
+        5.0, "seconds between monitoring messages (>= 1)", ("VEIL_METRICS_INTERVAL", "METRICSINTERVAL")
+    )
+    with_authorization: bool = _opt(
+        True, "enforce authorization rules", ("VEIL_WITH_AUTHORIZATION", "WITH_AUTHORIZATION")
+    )
     max_body: int = _opt(1 << 20, "largest accepted request body in bytes", ("VEIL_MAX_BODY",))
     max_lag: int = _opt(200000, "log entries the pipeline may lag behind before publishes get 503", ("VEIL_MAX_LAG",))
     max_pending: int = _opt(20000, "publications waiting for a commit before publishes get 503", ("VEIL_MAX_PENDING",))

@@ -21,13 +21,14 @@ from veil.config import Config
 log = logging.getLogger("veil.pipeline")
 
 
-def build_session(config: Config):  # noqa: ANN201 - pyspark imported lazily
+def build_session(config: Config):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if config.master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
     builder = (
         SparkSession.builder.master(config.master)
         .appName("veil-pipeline")
@@ -37,6 +38,7 @@ def build_session(config: Config):  # noqa: ANN201 - pyspark imported lazily
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.minBatchesToRetain", "20")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
     )
     if config.master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
@@ -45,7 +47,7 @@ def build_session(config: Config):  # noqa: ANN201 - pyspark imported lazily
     return spark
 
 
-def start_query(spark, config: Config):  # noqa: ANN001, ANN201
+def start_query(spark, config: Config):
     from veil.pipeline.exit_point import DeliveryWriter
     from veil.pipeline.match import MATCH_SCHEMA, MatchPartition
     from veil.pipeline.source import EventLogSource

@@ -40,7 +40,7 @@ def _normalise(doc: object, raw: bytes, prefix: str) -> bytes:
         return orjson.dumps(_from_entries(doc, f"{prefix}body", typed=False))
     raise ProtocolError(
         f"{prefix}body",
-        "a publication is a JSON object, an array of {key, val} pairs, or {\"publication\": [...]}",
+        'a publication is a JSON object, an array of {key, val} pairs, or {"publication": [...]}',
     )
 
 
@@ -52,7 +52,7 @@ def _from_entries(entries: list, field: str, typed: bool) -> dict:
     for i, entry in enumerate(entries):
         where = f"{field}[{i}]"
         if not isinstance(entry, dict):
-            raise ProtocolError(where, "each attribute is an object {\"key\", \"val\", \"type\"}")
+            raise ProtocolError(where, 'each attribute is an object {"key", "val", "type"}')
         key = entry.get("key")
         if not isinstance(key, str) or not key:
             raise ProtocolError(f"{where}.key", "missing or not a non-empty string")

@@ -85,9 +85,7 @@ class SqliteStore(EventStore):
     # --- gateway side -------------------------------------------------------------------------
     def append_publications(self, bodies: list[bytes]) -> list[int]:
         with self._tx() as db:
-            db.executemany(
-                "INSERT INTO log(kind, body) VALUES (?, ?)", [(KIND_PUBLICATION, b) for b in bodies]
-            )
+            db.executemany("INSERT INTO log(kind, body) VALUES (?, ?)", [(KIND_PUBLICATION, b) for b in bodies])
             last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
         # One writer holds the lock for the whole transaction, so the rows got consecutive offsets.
         return list(range(last - len(bodies) + 1, last + 1))
@@ -100,9 +98,7 @@ class SqliteStore(EventStore):
             offset = db.execute(
                 "INSERT INTO log(kind, sub_id, body) VALUES (?, ?, ?)", (KIND_SUBSCRIBE, sub_id, body)
             ).lastrowid
-            db.execute(
-                "UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id)
-            )
+            db.execute("UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id))
             db.execute(
                 "INSERT INTO subscriptions(sub_id, created, owner, body) VALUES (?, ?, ?, ?)",
                 (sub_id, offset, owner, body),
@@ -116,12 +112,8 @@ class SqliteStore(EventStore):
                 raise UnknownSubscription(sub_id)
             if current != owner:
                 raise NotOwner(sub_id)
-            offset = db.execute(
-                "INSERT INTO log(kind, sub_id) VALUES (?, ?)", (KIND_UNSUBSCRIBE, sub_id)
-            ).lastrowid
-            db.execute(
-                "UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id)
-            )
+            offset = db.execute("INSERT INTO log(kind, sub_id) VALUES (?, ?)", (KIND_UNSUBSCRIBE, sub_id)).lastrowid
+            db.execute("UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id))
             db.execute("DELETE FROM deliveries WHERE sub_id = ?", (sub_id,))
             db.execute("DELETE FROM cursors WHERE sub_id = ?", (sub_id,))
         return offset  # type: ignore[return-value]
@@ -175,10 +167,14 @@ class SqliteStore(EventStore):
         return [LogEntry(*row) for row in rows]
 
     def subscriptions_at(self, offset: int) -> list[tuple[str, bytes]]:
-        return self._db().execute(
-            "SELECT sub_id, body FROM subscriptions WHERE created <= ?1 AND (deleted IS NULL OR deleted > ?1)",
-            (offset,),
-        ).fetchall()
+        return (
+            self._db()
+            .execute(
+                "SELECT sub_id, body FROM subscriptions WHERE created <= ?1 AND (deleted IS NULL OR deleted > ?1)",
+                (offset,),
+            )
+            .fetchall()
+        )
 
     def subscription_changes(self, after: int, upto: int) -> tuple[list[str], list[tuple[str, bytes]]]:
         with self._tx(write=False) as db:
@@ -229,9 +225,7 @@ class SqliteStore(EventStore):
 
 
 def _live_owner(db: sqlite3.Connection, sub_id: str) -> str | None:
-    row = db.execute(
-        "SELECT owner FROM subscriptions WHERE sub_id = ? AND deleted IS NULL", (sub_id,)
-    ).fetchone()
+    row = db.execute("SELECT owner FROM subscriptions WHERE sub_id = ? AND deleted IS NULL", (sub_id,)).fetchone()
     return row[0] if row else None
 
 

@@ -1,0 +1,55 @@
+import pytest
+
+from veil.store import KIND_PUBLICATION, KIND_SUBSCRIBE, KIND_UNSUBSCRIBE, NotOwner, UnknownSubscription, open_store
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = open_store(f"sqlite:///{tmp_path}/veil.db")
+    yield s
+    s.close()
+
+
+def test_log_orders_publications_and_subscription_changes(store):
+    s1 = store.put_subscription("s", "alice", b"[]")
+    pubs = store.append_publications([b'{"a":1}', b'{"a":2}'])
+    s2 = store.put_subscription("s", "alice", b'[["a","eq",1]]')
+    u = store.remove_subscription("s", "alice")
+    assert pubs == [s1 + 1, s1 + 2] and s2 == pubs[-1] + 1 and u == s2 + 1
+    kinds = [e.kind for e in store.log_range(0, u)]
+    assert kinds == [KIND_SUBSCRIBE, KIND_PUBLICATION, KIND_PUBLICATION, KIND_SUBSCRIBE, KIND_UNSUBSCRIBE]
+    assert store.subscriptions_at(s1) == [("s", b"[]")]
+    assert store.subscriptions_at(s2) == [("s", b'[["a","eq",1]]')]
+    assert store.subscriptions_at(u) == []
+    dropped, added = store.subscription_changes(s1, s2)
+    assert dropped == ["s"] and added == [("s", b'[["a","eq",1]]')]
+
+
+def test_ownership(store):
+    store.put_subscription("s", "alice", b"[]")
+    with pytest.raises(NotOwner):
+        store.put_subscription("s", "mallory", b"[]")
+    with pytest.raises(NotOwner):
+        store.remove_subscription("s", "mallory")
+    with pytest.raises(UnknownSubscription):
+        store.remove_subscription("nope", "alice")
+    assert store.subscription_owner("s") == "alice"
+
+
+def test_replayed_batches_deliver_once(store):
+    store.put_subscription("s", "alice", b"[]")
+    (pub,) = store.append_publications([b'{"a":1}'])
+    store.record_deliveries(0, [("s", pub)], pub)
+    store.record_deliveries(0, [("s", pub)], pub)
+    rows, watermark = store.backlog("s", 0, 10)
+    assert [(r.sub_id, r.pub, r.body) for r in rows] == [("s", pub, b'{"a":1}')]
+    assert watermark == rows[0].seq and store.processed_offset() == pub
+
+
+def test_cursors_only_move_forward_and_die_with_the_subscription(store):
+    store.put_subscription("s", "alice", b"[]")
+    store.save_cursors({"s": 5})
+    store.save_cursors({"s": 3})
+    assert store.cursor("s") == 5
+    store.remove_subscription("s", "alice")
+    assert store.cursor("s") == 0

@@ -1,0 +1,165 @@
+"""`veil serve | publish | subscribe | unsubscribe | certs`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import sys
+from typing import Any
+
+import orjson
+
+from veil import config as config_module
+
+EXPRESSION = re.compile(r"^\s*([^<>=!~]+?)\s*(>=|<=|!=|==|=|>|<|~)\s*(.*?)\s*$")
+EXPRESSION_OPS = {">=": "ge", "<=": "le", "!=": "ne", "==": "eq", "=": "eq", ">": "gt", "<": "lt", "~": "contains"}
+
+
+def _client_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=os.environ.get("VEIL_URL", "http://127.0.0.1:20000"), help="REST base URL")
+    parser.add_argument("--auth-hash", default=os.environ.get("VEIL_AUTH_HASH"), help="your authHash")
+    parser.add_argument("--ca", help="CA file to verify the broker (https)")
+    parser.add_argument("--cert", help="client certificate (mutual TLS)")
+    parser.add_argument("--key", help="private key of the client certificate")
+
+
+def _client(args: argparse.Namespace):
+    from veil.client import VeilClient
+
+    return VeilClient(args.url, auth_hash=args.auth_hash, ca_file=args.ca, cert_file=args.cert, key_file=args.key)
+
+
+def parse_constraint(text: str) -> dict[str, Any]:
+    """`lat>14`, `name=MED FRIGO`, or a JSON constraint object."""
+    if text.lstrip().startswith("{"):
+        return orjson.loads(text)
+    found = EXPRESSION.match(text)
+    if not found:
+        raise ValueError(f"constraint {text!r}: write KEY OP VALUE with OP one of {', '.join(EXPRESSION_OPS)}")
+    key, op, raw = found.groups()
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        value = raw
+    return {"key": key, "op": EXPRESSION_OPS[op], "val": value}
+
+
+async def _publish(args: argparse.Namespace) -> int:
+    async with _client(args) as client:
+        documents = args.publication or [line for line in sys.stdin if line.strip()]
+        for document in documents:
+            print(await client.publish(document.encode()))
+    return 0
+
+
+async def _subscribe(args: argparse.Namespace) -> int:
+    async with _client(args) as client:
+        subscription_id = args.id
+        if not args.existing:
+            data = orjson.loads(args.data) if args.data else [parse_constraint(c) for c in args.constraint]
+            response = await client.subscribe(data, args.id)
+            subscription_id = response["subscriptionId"]
+            print(orjson.dumps(response).decode(), file=sys.stderr, flush=True)
+        async with client.deliveries(subscription_id, transport=args.transport, envelope=not args.plain) as stream:
+            async for delivery in stream:
+                out = delivery.publication if args.plain else delivery._asdict()
+                sys.stdout.write(orjson.dumps(out).decode() + "\n")
+                sys.stdout.flush()
+    return 0
+
+
+async def _unsubscribe(args: argparse.Namespace) -> int:
+    async with _client(args) as client:
+        await client.unsubscribe(args.id)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from veil.gateway.server import serve
+
+    config = config_module.load(args)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(serve(config))
+    return 0
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from veil.security.certs import create
+
+    identities = create(args.dir, args.hostname or ["localhost", "127.0.0.1", "::1"], args.client or [])
+    print(f"wrote ca.pem, server.pem and server-key.pem to {args.dir}")
+    for name, fingerprint in identities.items():
+        print(f"client-{name}.pem  authHash {fingerprint}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="veil", description="Privacy-preserving content-based pub/sub broker")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the broker (gateway + Spark pipeline)")
+    config_module.add_arguments(serve)
+    serve.set_defaults(run=_serve)
+
+    publish = commands.add_parser("publish", help="publish JSON documents (arguments, or lines on stdin)")
+    _client_arguments(publish)
+    publish.add_argument("publication", nargs="*", help="a publication in any SELIS form")
+    publish.set_defaults(run=lambda a: asyncio.run(_publish(a)))
+
+    subscribe = commands.add_parser("subscribe", help="subscribe and print deliveries as they arrive")
+    _client_arguments(subscribe)
+    subscribe.add_argument("constraint", nargs="*", help="KEY OP VALUE, e.g. 'lat>14' 'lon<53' (all must hold)")
+    subscribe.add_argument("--data", help="the constraints as a SELIS JSON array instead")
+    subscribe.add_argument("--id", help="subscription id (reusing yours replaces it)")
+    subscribe.add_argument("--existing", action="store_true", help="only connect to the existing subscription --id")
+    subscribe.add_argument("--transport", choices=("tcp", "ws"), default="tcp")
+    subscribe.add_argument("--plain", action="store_true", help="plain SELIS lines (no envelope, no acks)")
+    subscribe.set_defaults(run=lambda a: asyncio.run(_subscribe(a)))
+
+    unsubscribe = commands.add_parser("unsubscribe", help="remove a subscription")
+    _client_arguments(unsubscribe)
+    unsubscribe.add_argument("id", help="subscription id")
+    unsubscribe.set_defaults(run=lambda a: asyncio.run(_unsubscribe(a)))
+
+    certs = commands.add_parser("certs", help="create a development CA, server and client certificates")
+    certs.add_argument("--dir", default="certs", help="output directory")
+    certs.add_argument("--hostname", action="append", help="server name or address (repeatable)")
+    certs.add_argument("--client", action="append", help="client certificate name (repeatable)")
+    certs.set_defaults(run=_certs)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "subscribe" and not (args.existing or args.data is not None or args.constraint):
+        parser.error("subscribe: give constraints, --data, or --existing --id ID")
+    if args.command == "subscribe" and args.existing and not args.id:
+        parser.error("subscribe --existing needs --id")
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        return 130
+    except ValueError as exc:
+        print(f"veil {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from veil.client import VeilError
+
+        if isinstance(exc, VeilError | OSError):
+            print(f"veil {args.command}: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""Asyncio client for Veil: publish, subscribe, unsubscribe, and a delivery stream.
+
+The stream asks for the envelope and acknowledgements by default: it acknowledges what the
+application has consumed, resumes after the last consumed sequence number when it reconnects, and
+drops anything at or below it, so the application sees each publication once per subscription even
+across broker restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NamedTuple
+from urllib.parse import urlsplit
+
+import aiohttp
+import orjson
+
+from veil.security.tls import client_context
+
+ERROR_KEYS = frozenset({"error", "field", "status"})
+FATAL_STATUSES = frozenset({400, 403, 404, 410})
+MAX_LINE = 16 * 1024 * 1024
+MAX_FAILURES = 60
+ACK_EVERY = 256
+
+
+class VeilError(Exception):
+    def __init__(self, status: int, field: str, problem: str) -> None:
+        super().__init__(f"{status} {field}: {problem}" if field else f"{status} {problem}")
+        self.status = status
+        self.field = field
+        self.problem = problem
+
+    @classmethod
+    def from_body(cls, status: int, body: bytes) -> VeilError:
+        try:
+            doc = orjson.loads(body)
+            return cls(doc.get("status", status), doc.get("field", ""), doc.get("error", ""))
+        except (orjson.JSONDecodeError, AttributeError):
+            return cls(status, "", body.decode(errors="replace"))
+
+
+class Delivery(NamedTuple):
+    seq: int | None
+    id: str | None
+    publication: dict
+
+
+class VeilClient:
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:20000",
+        *,
+        auth_hash: str | None = None,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        tcp_port: int | None = None,
+        ws_port: int | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        parts = urlsplit(url)
+        self.url = url.rstrip("/")
+        self.host = parts.hostname or "127.0.0.1"
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.tcp_port = tcp_port or port + 1
+        self.ws_port = ws_port or port + 2
+        self.auth_hash = auth_hash
+        self.ssl: ssl.SSLContext | None = (
+            client_context(ca_file, cert_file, key_file) if parts.scheme == "https" else None
+        )
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._http: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> VeilClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            connector = aiohttp.TCPConnector(ssl=self.ssl if self.ssl is not None else False, limit=64)
+            self._http = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        return self._http
+
+    async def request(self, path: str, body: bytes, content_type: str = "application/json") -> Any:
+        async with self._session().post(
+            f"{self.url}{path}", data=body, headers={"Content-Type": content_type}
+        ) as response:
+            payload = await response.read()
+            if response.status != 200:
+                raise VeilError.from_body(response.status, payload)
+            return orjson.loads(payload) if payload else None
+
+    async def publish(self, publication: dict | list | bytes) -> str:
+        body = publication if isinstance(publication, bytes) else orjson.dumps(publication)
+        return (await self.request("/publish", body))["id"]
+
+    async def publish_batch(self, publications: list[dict]) -> list[str]:
+        body = b"\n".join(orjson.dumps(p) for p in publications)
+        return (await self.request("/publish", body, "application/x-ndjson"))["ids"]
+
+    async def subscribe(self, data: list[dict], subscription_id: str | None = None) -> dict:
+        doc: dict[str, Any] = {"data": data}
+        if self.auth_hash is not None:
+            doc["authHash"] = self.auth_hash
+        if subscription_id:
+            doc["subscriptionId"] = subscription_id
+        return await self.request("/subscribe", orjson.dumps(doc))
+
+    async def unsubscribe(self, subscription_id: str) -> None:
+        doc: dict[str, Any] = {"subscriptionId": subscription_id}
+        if self.auth_hash is not None:
+            doc["authHash"] = self.auth_hash
+        await self.request("/unsubscribe", orjson.dumps(doc))
+
+    def deliveries(self, subscription_id: str, *, transport: str = "tcp", envelope: bool = True) -> DeliveryStream:
+        return DeliveryStream(self, subscription_id, transport, envelope)
+
+    async def listen(
+        self, subscription_id: str, callback: Callable[[Delivery], Awaitable[None] | None], **kw: Any
+    ) -> None:
+        """Call `callback` for every delivery until cancelled."""
+        async with self.deliveries(subscription_id, **kw) as stream:
+            async for delivery in stream:
+                result = callback(delivery)
+                if asyncio.iscoroutine(result):
+                    await result
+
+
+class DeliveryStream:
+    """Async iterator of deliveries over TCP or WebSocket, reconnecting after connection loss."""
+
+    def __init__(self, client: VeilClient, subscription_id: str, transport: str, envelope: bool) -> None:
+        if transport not in ("tcp", "ws"):
+            raise ValueError("transport is 'tcp' or 'ws'")
+        self.client = client
+        self.subscription_id = subscription_id
+        self.transport = transport
+        self.envelope = envelope
+        self.last_seq: int | None = None
+        self.reconnects = 0
+        self._lines: asyncio.Queue[bytes | BaseException] = asyncio.Queue(maxsize=1024)
+        self._acked: int | None = None
+        self._unacked = 0
+        self._task: asyncio.Task[None] | None = None
+        self._send: Callable[[bytes], Awaitable[None]] | None = None
+        self.connected = asyncio.Event()
+
+    async def __aenter__(self) -> DeliveryStream:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    def __aiter__(self) -> AsyncIterator[Delivery]:
+        return self
+
+    async def __anext__(self) -> Delivery:
+        if self._task is None:
+            await self.__aenter__()
+        while True:
+            if self._lines.empty() or self._unacked >= ACK_EVERY:
+                await self._acknowledge()
+            item = await self._lines.get()
+            if isinstance(item, BaseException):
+                raise item
+            delivery = self._parse(item)
+            if delivery is None:
+                continue
+            if delivery.seq is not None:
+                self.last_seq = delivery.seq
+                self._unacked += 1
+            return delivery
+
+    def _parse(self, line: bytes) -> Delivery | None:
+        doc = orjson.loads(line)
+        if not self.envelope:
+            return Delivery(None, None, doc)
+        seq = doc.get("seq")
+        if self.last_seq is not None and seq <= self.last_seq:
+            return None  # already consumed before a reconnect
+        return Delivery(seq, doc.get("id"), doc.get("publication"))
+
+    async def _acknowledge(self) -> None:
+        if self.envelope and self.last_seq is not None and self.last_seq != self._acked and self._send is not None:
+            with contextlib.suppress(Exception):
+                await self._send(orjson.dumps({"ack": self.last_seq}))
+                self._acked = self.last_seq
+                self._unacked = 0
+
+    def _handshake(self) -> bytes:
+        doc: dict[str, Any] = {"subscriptionId": self.subscription_id}
+        if self.client.auth_hash is not None:
+            doc["authHash"] = self.client.auth_hash
+        if self.envelope:
+            doc.update(envelope=True, ack=True)
+            if self.last_seq is not None:
+                doc["resumeAfter"] = self.last_seq
+        return orjson.dumps(doc)
+
+    def _error(self, line: bytes) -> VeilError | None:
+        try:
+            doc = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return VeilError(0, "", f"unreadable line from the broker: {line[:200]!r}")
+        if isinstance(doc, dict) and ("seq" not in doc if self.envelope else set(doc) == ERROR_KEYS):
+            return VeilError(doc.get("status", 0), doc.get("field", ""), doc.get("error", ""))
+        return None
+
+    async def _run(self) -> None:
+        delay = 0.2
+        failures = 0
+        while True:
+            try:
+                await (self._run_tcp() if self.transport == "tcp" else self._run_ws())
+                error: BaseException | None = None
+            except VeilError as exc:
+                error = exc if exc.status in FATAL_STATUSES else None
+            except (OSError, aiohttp.ClientError, asyncio.IncompleteReadError, ssl.SSLError) as exc:
+                failures = 0 if self.connected.is_set() else failures + 1
+                error = exc if failures > MAX_FAILURES else None
+            self._send = None
+            self.connected.clear()
+            if error is not None:
+                await self._lines.put(error)
+                return
+            self.reconnects += 1
+            await asyncio.sleep(delay if failures else 0.05)
+            delay = min(delay * 2, 2.0) if failures else 0.2
+
+    async def _deliver(self, line: bytes) -> None:
+        error = self._error(line)
+        if error is not None:
+            raise error
+        await self._lines.put(line)
+
+    async def _run_tcp(self) -> None:
+        client = self.client
+        reader, writer = await asyncio.open_connection(
+            client.host, client.tcp_port, ssl=client.ssl, limit=MAX_LINE,
+            server_hostname=client.host if client.ssl else None,
+        )  # fmt: skip
+        try:
+            writer.write(self._handshake() + b"\n")
+            await writer.drain()
+
+            async def send(payload: bytes) -> None:
+                writer.write(payload + b"\n")
+                await writer.drain()
+
+            self._send = send
+            self.connected.set()
+            while True:
+                line = await reader.readline()
+                if not line:
+                    raise ConnectionResetError("broker closed the connection")
+                await self._deliver(line)
+        finally:
+            writer.close()
+
+    async def _run_ws(self) -> None:
+        client = self.client
+        scheme = "wss" if client.ssl else "ws"
+        async with client._session().ws_connect(
+            f"{scheme}://{client.host}:{client.ws_port}/", max_msg_size=MAX_LINE, heartbeat=30
+        ) as ws:
+            await ws.send_str(self._handshake().decode())
+
+            async def send(payload: bytes) -> None:
+                await ws.send_str(payload.decode())
+
+            self._send = send
+            self.connected.set()
+            async for message in ws:
+                if message.type == aiohttp.WSMsgType.TEXT:
+                    await self._deliver(message.data.encode())
+                elif message.type == aiohttp.WSMsgType.BINARY:
+                    await self._deliver(message.data)
+                else:
+                    break
+            raise ConnectionResetError("broker closed the WebSocket")

@@ -1,0 +1,1 @@
+"""The asyncio gateway: REST, TCP line and WebSocket delivery. Knows nothing about Spark."""

@@ -1,0 +1,41 @@
+"""What the TCP and WebSocket channels share: checking a handshake and starting a session."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+from veil.gateway.rest import check_identity
+from veil.gateway.sessions import Close, Send, Session
+from veil.protocol import ProtocolError, parse_ack, parse_handshake
+
+if TYPE_CHECKING:
+    from veil.gateway.server import Broker
+
+HANDSHAKE_TIMEOUT = 30.0
+MAX_LINE = 64 * 1024
+
+
+async def open_session(broker: Broker, raw: bytes | str, identity: str | None, send: Send, close: Close) -> Session:
+    """Validate the handshake; ProtocolError (with the reason to send back) when refused."""
+    handshake = parse_handshake(raw, identity)
+    check_identity(handshake.auth_hash, identity)
+    store = broker.threads.store
+    owner = await broker.threads.read(store.subscription_owner, handshake.subscription_id)
+    if owner is None:
+        raise ProtocolError("subscriptionId", "unknown subscription", 404)
+    if owner != handshake.auth_hash:
+        raise ProtocolError("authHash", "not the owner of this subscription", 403)
+    start = handshake.resume_after
+    if start is None:
+        start = await broker.threads.read(store.cursor, handshake.subscription_id)
+    session = Session(broker.hub, handshake, start, send, close)
+    await broker.hub.attach(session)
+    return session
+
+
+def handle_client_line(session: Session, raw: bytes | str) -> None:
+    """After the handshake a client may only acknowledge; anything else is ignored."""
+    if raw.strip():
+        with contextlib.suppress(ProtocolError):
+            session.acknowledge(parse_ack(raw))

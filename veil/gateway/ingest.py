@@ -1,0 +1,74 @@
+"""Group commit of publications with bounded memory.
+
+Concurrent publish requests wait together for one store commit (one fsync), so throughput grows with
+concurrency instead of being capped by disk latency. When too many publications wait for a commit,
+or the pipeline lags too far behind the log, new publishes are refused with Overloaded (→ 503 and
+Retry-After) instead of piling up in RAM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from veil.gateway.storage import StoreThreads
+
+
+class Overloaded(Exception):
+    def __init__(self, reason: str, retry_after: int = 1) -> None:
+        super().__init__(reason)
+        self.retry_after = retry_after
+
+
+class Ingest:
+    def __init__(self, threads: StoreThreads, max_pending: int, max_lag: int) -> None:
+        self._threads = threads
+        self._max_pending = max_pending
+        self._max_lag = max_lag
+        self._waiting: list[tuple[list[bytes], asyncio.Future[list[int]]]] = []
+        self._pending = 0
+        self._flusher: asyncio.Task[None] | None = None
+        self.head = 0
+        self.processed = 0
+        self.appended = 0
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.head - self.processed)
+
+    async def append(self, bodies: list[bytes]) -> list[int]:
+        if self._pending + len(bodies) > self._max_pending:
+            raise Overloaded(f"{self._pending} publications are waiting for the log")
+        if self.lag > self._max_lag:
+            raise Overloaded(f"the matching pipeline is {self.lag} log entries behind", retry_after=2)
+        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        self._waiting.append((bodies, future))
+        self._pending += len(bodies)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        return await asyncio.shield(future)
+
+    async def _flush(self) -> None:
+        while self._waiting:
+            group, self._waiting = self._waiting, []
+            everything = [body for bodies, _ in group for body in bodies]
+            try:
+                offsets = await self._threads.write(self._threads.store.append_publications, everything)
+            except Exception as exc:  # the store failed: every waiter learns it, none is acknowledged
+                for _, future in group:
+                    if not future.done():
+                        future.set_exception(exc)
+            else:
+                self.head = max(self.head, offsets[-1])
+                self.appended += len(offsets)
+                position = 0
+                for bodies, future in group:
+                    if not future.done():
+                        future.set_result(offsets[position : position + len(bodies)])
+                    position += len(bodies)
+            finally:
+                self._pending -= len(everything)
+
+    async def drain(self) -> None:
+        """Wait for every accepted publication to be committed (graceful shutdown)."""
+        while self._flusher is not None and not self._flusher.done():
+            await asyncio.shield(self._flusher)

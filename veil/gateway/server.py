@@ -1,0 +1,128 @@
+"""The broker process: gateway listeners, delivery hub, group commit and the supervised pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+from aiohttp import web
+
+from veil.config import Config
+from veil.gateway.ingest import Ingest
+from veil.gateway.pipeline_process import PipelineProcess
+from veil.gateway.rest import create_app
+from veil.gateway.sessions import DeliveryHub
+from veil.gateway.storage import StoreThreads
+from veil.gateway.tcp import start_tcp
+from veil.gateway.websocket import create_ws_app
+from veil.security.tls import server_context
+from veil.store import open_store
+
+log = logging.getLogger("veil.gateway")
+PROGRESS_INTERVAL = 0.1
+
+
+class Broker:
+    def __init__(self, config: Config, run_pipeline: bool = True) -> None:
+        self.config = config
+        self.threads = StoreThreads(open_store(config.store_url))
+        self.ingest = Ingest(self.threads, config.max_pending, config.max_lag)
+        self.hub = DeliveryHub(self.threads)
+        self.pipeline = PipelineProcess(config) if run_pipeline else None
+        self.connections = 0
+        self.pipeline_state = "starting"
+        self._runners: list[web.AppRunner] = []
+        self._tcp: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def health(self) -> dict[str, object]:
+        return {
+            "status": "ok",
+            "pipeline": self.pipeline_state,
+            "head": self.ingest.head,
+            "processed": self.ingest.processed,
+            "lag": self.ingest.lag,
+            "connections": self.connections,
+            "subscriptionsConnected": len(self.hub.sessions),
+        }
+
+    async def start(self) -> None:
+        config = self.config
+        store = self.threads.store
+        self.ingest.head = await self.threads.read(store.head_offset)
+        self.ingest.processed = await self.threads.read(store.processed_offset)
+        await self.hub.start()
+        if self.pipeline is not None:
+            await self.threads.write(store.set_status, "pipeline", 0)  # until the new pipeline reports
+        context = None
+        if config.tls:
+            context = server_context(
+                config.certificate,
+                config.private_key,
+                config.client_ca,
+                config.client_cert == "required",  # type: ignore[arg-type]
+            )
+        for app, port in ((create_app(self), config.port), (create_ws_app(self), config.ws)):
+            runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            await runner.setup()
+            await web.TCPSite(runner, config.bind, port, ssl_context=context, backlog=1024).start()
+            self._runners.append(runner)
+        self._tcp = await start_tcp(self, config.bind, config.tcp, context)
+        self._tasks = [
+            asyncio.create_task(self.hub.poll()),
+            asyncio.create_task(self.hub.save_cursors_periodically()),
+            asyncio.create_task(self._track_progress()),
+        ]
+        if self.pipeline is not None:
+            self._tasks.append(asyncio.create_task(self.pipeline.supervise()))
+        scheme = "https" if config.tls else "http"
+        log.info(
+            "veil listening: REST %s://%s:%d, TCP %d, WebSocket %d; store %s",
+            scheme, config.bind, config.port, config.tcp, config.ws, config.store_url,
+        )  # fmt: skip
+
+    async def _track_progress(self) -> None:
+        """Keep the figures that back-pressure and /health use fresh (the pipeline writes them)."""
+        store = self.threads.store
+        while True:
+            try:
+                self.ingest.processed = await self.threads.read(store.processed_offset)
+                status = await self.threads.read(store.status, "pipeline")
+                self.pipeline_state = "running" if status and status[0] else "starting"
+            except Exception:
+                log.exception("reading pipeline progress failed")
+            await asyncio.sleep(PROGRESS_INTERVAL)
+
+    async def stop(self) -> None:
+        """Stop taking work, commit what was accepted, save cursors, then stop the pipeline."""
+        if self._tcp is not None:
+            self._tcp.close()
+        for runner in self._runners:
+            await runner.shutdown()
+        await self.ingest.drain()
+        await self.hub.stop()
+        for runner in self._runners:
+            await runner.cleanup()
+        if self.pipeline is not None:
+            await self.pipeline.stop()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.threads.close()
+
+
+async def serve(config: Config) -> None:
+    broker = Broker(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await broker.start()
+    await stop.wait()
+    log.info("stopping")
+    await broker.stop()
+    log.info("stopped")

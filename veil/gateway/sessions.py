@@ -1,0 +1,175 @@
+"""Delivery sessions: per-subscription queues pushed to connected clients, in order, once.
+
+The hub polls the store for new deliveries (in the order the pipeline queued them) and offers them to
+the sessions of connected subscriptions. A session that falls behind, or has just connected, stops
+taking offers and reads its backlog from the store instead, so memory per session stays bounded and
+a disconnected subscription loses nothing. Cursors (the last publication delivered, or acknowledged
+when the client asked for acks) are saved in batches; a reconnect resumes after the cursor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict, deque
+from collections.abc import Awaitable, Callable
+
+from veil.gateway.storage import StoreThreads
+from veil.protocol import Handshake, ProtocolError
+from veil.store.base import Delivery
+
+log = logging.getLogger("veil.gateway")
+
+QUEUE_LIMIT = 2048
+SEND_BATCH = 512
+
+Send = Callable[[list[bytes]], Awaitable[None]]
+Close = Callable[[bytes | None], Awaitable[None]]
+
+
+def frame(delivery: Delivery, envelope: bool) -> bytes:
+    if not envelope:
+        return delivery.body
+    return b'{"seq":%d,"id":"%d","publication":%s}' % (delivery.pub, delivery.pub, delivery.body)
+
+
+class Session:
+    def __init__(self, hub: DeliveryHub, handshake: Handshake, start_after: int, send: Send, close: Close) -> None:
+        self.hub = hub
+        self.sub_id = handshake.subscription_id
+        self.envelope = handshake.envelope
+        self.acks = handshake.ack
+        self._send = send
+        self._close = close
+        self.last_queued = start_after
+        self.sent = start_after
+        self.pending: deque[Delivery] = deque()
+        self.caught_up = False
+        self.closed = False
+        self._wake = asyncio.Event()
+
+    def offer(self, rows: list[Delivery]) -> None:
+        if not self.caught_up or self.closed:
+            return
+        for row in rows:
+            if row.pub <= self.last_queued:
+                continue
+            if len(self.pending) >= QUEUE_LIMIT:
+                self.caught_up = False  # the rest waits in the store; the session refills from there
+                break
+            self.pending.append(row)
+            self.last_queued = row.pub
+        self._wake.set()
+
+    def acknowledge(self, seq: int) -> None:
+        if self.acks and seq <= self.sent:
+            self.hub.save_cursor(self.sub_id, seq)
+
+    async def run(self) -> None:
+        """Push until the connection fails or the session is closed."""
+        try:
+            while not self.closed:
+                if self.pending:
+                    batch = [self.pending.popleft() for _ in range(min(SEND_BATCH, len(self.pending)))]
+                    await self._send([frame(row, self.envelope) for row in batch])
+                    self.sent = batch[-1].pub
+                    if not self.acks:
+                        self.hub.save_cursor(self.sub_id, self.sent)
+                elif not self.caught_up:
+                    await self._refill()
+                else:
+                    self._wake.clear()
+                    await self._wake.wait()
+        finally:
+            self.closed = True
+            self.hub.detach(self)
+
+    async def _refill(self) -> None:
+        threads = self.hub.threads
+        rows, watermark = await threads.read(threads.store.backlog, self.sub_id, self.last_queued, QUEUE_LIMIT)
+        for row in rows:
+            self.pending.append(row)
+            self.last_queued = row.pub
+        # Rows the hub handled after our snapshot were not offered to us: read again before going live.
+        if len(rows) < QUEUE_LIMIT and self.hub.last_seq <= watermark:
+            self.caught_up = True
+
+    async def close(self, error: bytes | None = None) -> None:
+        self.closed = True
+        self._wake.set()
+        with contextlib.suppress(Exception):
+            await self._close(error)
+
+
+class DeliveryHub:
+    def __init__(self, threads: StoreThreads, poll_interval: float = 0.005) -> None:
+        self.threads = threads
+        self.poll_interval = poll_interval
+        self.sessions: dict[str, Session] = {}
+        self.last_seq = 0
+        self.forwarded = 0
+        self._cursors: dict[str, int] = {}
+        self._stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        self.last_seq = await self.threads.read(self.threads.store.last_delivery_seq)
+
+    async def attach(self, session: Session) -> None:
+        previous = self.sessions.get(session.sub_id)
+        self.sessions[session.sub_id] = session
+        if previous is not None:
+            await previous.close(ProtocolError("subscriptionId", "replaced by a newer connection", 409).to_json())
+
+    def detach(self, session: Session) -> None:
+        if self.sessions.get(session.sub_id) is session:
+            del self.sessions[session.sub_id]
+
+    async def kick(self, sub_id: str, reason: bytes) -> None:
+        session = self.sessions.pop(sub_id, None)
+        self._cursors.pop(sub_id, None)
+        if session is not None:
+            await session.close(reason)
+
+    def save_cursor(self, sub_id: str, pub: int) -> None:
+        if pub > self._cursors.get(sub_id, 0):
+            self._cursors[sub_id] = pub
+
+    async def poll(self) -> None:
+        store = self.threads.store
+        while not self._stopping.is_set():
+            rows = await self.threads.read(store.deliveries_since, self.last_seq, 8192)
+            if not rows:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), self.poll_interval)
+                continue
+            self.last_seq = rows[-1].seq
+            by_sub: dict[str, list[Delivery]] = defaultdict(list)
+            for row in rows:
+                if row.sub_id in self.sessions:
+                    by_sub[row.sub_id].append(row)
+            for sub_id, mine in by_sub.items():
+                self.sessions[sub_id].offer(mine)
+                self.forwarded += len(mine)
+
+    async def save_cursors_periodically(self, interval: float = 0.1) -> None:
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), interval)
+            await self.flush_cursors()
+
+    async def flush_cursors(self) -> None:
+        if self._cursors:
+            cursors, self._cursors = self._cursors, {}
+            try:
+                await self.threads.write(self.threads.store.save_cursors, cursors)
+            except Exception:
+                log.exception("saving cursors failed; they are retried")
+                for sub_id, pub in cursors.items():
+                    self.save_cursor(sub_id, pub)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        for session in list(self.sessions.values()):
+            await session.close(None)
+        await self.flush_cursors()

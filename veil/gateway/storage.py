@@ -1,0 +1,32 @@
+"""Store access from the event loop: blocking store calls run on two dedicated threads, one for
+writes (so that writes never contend with each other and group commits stay large) and one for
+reads (so that a slow commit never delays pushing deliveries)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from veil.store import EventStore
+
+T = TypeVar("T")
+
+
+class StoreThreads:
+    def __init__(self, store: EventStore) -> None:
+        self.store = store
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="store-write")
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="store-read")
+
+    async def write(self, call: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._writer, call, *args)
+
+    async def read(self, call: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._reader, call, *args)
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+        self._reader.shutdown(wait=True)
+        self.store.close()

@@ -1,0 +1,83 @@
+"""TCP (TLS when configured) line delivery, SPEC §2.4: one handshake line in, one JSON document per
+line out; optional acknowledgement lines back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from typing import TYPE_CHECKING
+
+from veil.gateway.delivery import HANDSHAKE_TIMEOUT, MAX_LINE, handle_client_line, open_session
+from veil.protocol import ProtocolError
+from veil.security.tls import peer_identity
+
+if TYPE_CHECKING:
+    from veil.gateway.server import Broker
+
+log = logging.getLogger("veil.gateway")
+
+
+async def start_tcp(broker: Broker, host: str, port: int, context: ssl.SSLContext | None) -> asyncio.Server:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        broker.connections += 1
+        try:
+            await _serve(broker, reader, writer)
+        except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            broker.connections -= 1
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    return await asyncio.start_server(handle, host, port, ssl=context, limit=MAX_LINE)
+
+
+async def _serve(broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def send(frames: list[bytes]) -> None:
+        writer.write(b"\n".join(frames) + b"\n")
+        await writer.drain()
+
+    async def close(error: bytes | None) -> None:
+        if error is not None:
+            writer.write(error + b"\n")
+        writer.close()
+
+    try:
+        line = await asyncio.wait_for(reader.readline(), HANDSHAKE_TIMEOUT)
+    except TimeoutError:
+        await close(ProtocolError("handshake", f"no handshake line within {HANDSHAKE_TIMEOUT:.0f} s").to_json())
+        return
+    except ValueError:
+        await close(ProtocolError("handshake", f"handshake line longer than {MAX_LINE} bytes").to_json())
+        return
+    if not line.strip():
+        await close(ProtocolError("handshake", "empty handshake line").to_json())
+        return
+    identity = peer_identity(writer.get_extra_info("ssl_object"))
+    try:
+        session = await open_session(broker, line, identity, send, close)
+    except ProtocolError as exc:
+        await close(exc.to_json())
+        return
+    pusher = asyncio.create_task(session.run())
+    try:
+        while not pusher.done():
+            reading = asyncio.create_task(reader.readline())
+            done, _ = await asyncio.wait({reading, pusher}, return_when=asyncio.FIRST_COMPLETED)
+            if reading not in done:
+                reading.cancel()
+                break
+            line = reading.result()
+            if not line:
+                break
+            handle_client_line(session, line)
+    except ValueError:
+        pass  # an over-long client line: the client is not speaking the protocol
+    finally:
+        await session.close()
+        pusher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
+            await pusher

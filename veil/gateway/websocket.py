@@ -1,0 +1,75 @@
+"""WebSocket delivery (wss:// when TLS is configured): the handshake is the first message, then one
+publication per text message; acknowledgements may come back as messages."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+from aiohttp import WSMsgType, web
+
+from veil.gateway.delivery import HANDSHAKE_TIMEOUT, MAX_LINE, handle_client_line, open_session
+from veil.gateway.rest import errors, identity_of
+from veil.protocol import ProtocolError
+
+if TYPE_CHECKING:
+    from veil.gateway.server import Broker
+
+
+def create_ws_app(broker: Broker) -> web.Application:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(heartbeat=30, max_msg_size=MAX_LINE)
+        await ws.prepare(request)
+        broker.connections += 1
+        try:
+            await _serve(broker, ws, identity_of(request))
+        finally:
+            broker.connections -= 1
+            await ws.close()
+        return ws
+
+    app = web.Application(middlewares=[errors])
+    app.router.add_get("/{tail:.*}", handle)
+    return app
+
+
+async def _serve(broker: Broker, ws: web.WebSocketResponse, identity: str | None) -> None:
+    async def send(frames: list[bytes]) -> None:
+        for payload in frames:
+            await ws.send_str(payload.decode())
+
+    async def close(error: bytes | None) -> None:
+        if error is not None and not ws.closed:
+            await ws.send_str(error.decode())
+        await ws.close()
+
+    try:
+        first = await ws.receive(timeout=HANDSHAKE_TIMEOUT)
+    except TimeoutError:
+        await close(ProtocolError("handshake", f"no handshake within {HANDSHAKE_TIMEOUT:.0f} s").to_json())
+        return
+    if first.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+        return
+    try:
+        session = await open_session(broker, first.data, identity, send, close)
+    except ProtocolError as exc:
+        await close(exc.to_json())
+        return
+    pusher = asyncio.create_task(session.run())
+    try:
+        while not pusher.done():
+            reading = asyncio.create_task(ws.receive())
+            done, _ = await asyncio.wait({reading, pusher}, return_when=asyncio.FIRST_COMPLETED)
+            if reading not in done:
+                reading.cancel()
+                break
+            message = reading.result()
+            if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                break
+            handle_client_line(session, message.data)
+    finally:
+        await session.close()
+        pusher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await pusher

@@ -1,0 +1,22 @@
+"""Entry point of the pipeline process started by the gateway: `python -m veil.pipeline SETTINGS`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import orjson
+
+from veil.config import Config
+from veil.pipeline.job import run
+
+
+def main() -> int:
+    config = Config(**orjson.loads(sys.argv[1]))
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    return run(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""TLS material and client identities."""
