@@ -74,6 +74,7 @@ class VeilClient:
         )
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._http: aiohttp.ClientSession | None = None
+        self.positions: dict[str, int] = {}  # last consumed sequence number per subscription
 
     async def __aenter__(self) -> VeilClient:
         return self
@@ -147,7 +148,7 @@ class DeliveryStream:
         self.subscription_id = subscription_id
         self.transport = transport
         self.envelope = envelope
-        self.last_seq: int | None = None
+        self.last_seq: int | None = client.positions.get(subscription_id)
         self.reconnects = 0
         self._lines: asyncio.Queue[bytes | BaseException] = asyncio.Queue(maxsize=1024)
         self._acked: int | None = None
@@ -164,6 +165,9 @@ class DeliveryStream:
         await self.aclose()
 
     async def aclose(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1):
+                await self._acknowledge()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -186,7 +190,7 @@ class DeliveryStream:
             if delivery is None:
                 continue
             if delivery.seq is not None:
-                self.last_seq = delivery.seq
+                self.last_seq = self.client.positions[self.subscription_id] = delivery.seq
                 self._unacked += 1
             return delivery
 

@@ -28,7 +28,8 @@ async def open_session(broker: Broker, raw: bytes | str, identity: str | None, s
         raise ProtocolError("authHash", "not the owner of this subscription", 403)
     start = handshake.resume_after
     if start is None:
-        start = await broker.threads.read(store.cursor, handshake.subscription_id)
+        saved = await broker.threads.read(store.cursor, handshake.subscription_id)
+        start = max(saved, broker.hub.unsaved_cursor(handshake.subscription_id))
     session = Session(broker.hub, handshake, start, send, close)
     await broker.hub.attach(session)
     return session

@@ -42,8 +42,8 @@ async def errors(request: web.Request, handler):
         return error_response(exc)
     except Overloaded as exc:
         return error_response(ProtocolError("", str(exc), 503), {"Retry-After": str(exc.retry_after)})
-    except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(ProtocolError("body", f"request body larger than {exc.max_size} bytes", 413))
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(ProtocolError("body", f"request body larger than {request.client_max_size} bytes", 413))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -135,6 +135,9 @@ class DeliveryHub:
         if pub > self._cursors.get(sub_id, 0):
             self._cursors[sub_id] = pub
 
+    def unsaved_cursor(self, sub_id: str) -> int:
+        return self._cursors.get(sub_id, 0)
+
     async def poll(self) -> None:
         store = self.threads.store
         while not self._stopping.is_set():

@@ -1,0 +1,124 @@
+"""A real broker process (gateway + Spark pipeline) for integration tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+READY_TIMEOUT = 180.0
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class BrokerProcess:
+    def __init__(self, data_dir: str, *extra: str, ca_file: str | None = None) -> None:
+        self.data_dir = data_dir
+        self.port, self.tcp_port, self.ws_port = free_ports(3)
+        self.extra = list(extra)
+        self.ca_file = ca_file
+        self.scheme = "https" if "--certificate" in extra else "http"
+        self.process: subprocess.Popen | None = None
+        self.log_path = os.path.join(data_dir, "broker.log")
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    def start(self, wait_ready: bool = True) -> BrokerProcess:
+        os.makedirs(self.data_dir, exist_ok=True)
+        command = [
+            sys.executable, "-m", "veil.cli", "serve", "--data-dir", self.data_dir, "--port", str(self.port),
+            "--tcp-port", str(self.tcp_port), "--ws-port", str(self.ws_port), "--trigger-ms", "50", *self.extra,
+        ]  # fmt: skip
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        if wait_ready:
+            self.wait_ready()
+        return self
+
+    def health(self) -> dict:
+        import ssl
+
+        context = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
+        with urllib.request.urlopen(f"{self.url}/health", timeout=5, context=context) as response:
+            return json.loads(response.read())
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.process.returncode}:\n{self.tail()}")
+            try:
+                if self.health()["pipeline"] == "running":
+                    return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"broker not ready after {timeout} s:\n{self.tail()}")
+
+    def wait_processed(self, timeout: float = 60.0) -> None:
+        """Until the pipeline has matched everything in the log."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.health()
+            if state["processed"] >= state["head"]:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"pipeline still behind: {self.health()}")
+
+    def stop(self, timeout: float = 90.0) -> int:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout)
+        self._wait_pipeline_gone()
+        return code
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(10)
+
+    def _wait_pipeline_gone(self, timeout: float = 60.0) -> None:
+        lock = os.path.join(self.data_dir, "pipeline.lock")
+        if not os.path.exists(lock):
+            return
+        import fcntl
+
+        deadline = time.monotonic() + timeout
+        with open(lock, "a") as handle:
+            while time.monotonic() < deadline:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+                    return
+                except BlockingIOError:
+                    time.sleep(0.2)
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            with open(self.log_path, errors="replace") as handle:
+                return "".join(handle.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                self.stop(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()

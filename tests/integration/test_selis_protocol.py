@@ -1,0 +1,279 @@
+"""The SELIS protocol against a real broker process with the real Spark pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import orjson
+import pytest
+
+from tests.integration.helpers import LineConnection, nothing_more, run_id, take
+from veil.client import VeilClient, VeilError
+
+pytestmark = pytest.mark.slow
+
+SEED_SUBSCRIPTION = [
+    {"key": "lat", "val": 14, "type": "int", "op": "gt"},
+    {"key": "lon", "val": 53, "type": "int", "op": "lt"},
+]
+
+
+def seed_publication(lat: int, lon: int, rid: str) -> bytes:
+    return orjson.dumps(
+        {
+            "publication": [
+                {"key": "lat", "val": lat, "type": "int"},
+                {"key": "lon", "val": lon, "type": "int"},
+                {"key": "run", "val": rid, "type": "string"},
+            ]
+        }
+    )
+
+
+async def post(url: str, path: str, body: bytes, content_type: str = "application/json") -> tuple[int, dict]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url + path, data=body, headers={"Content-Type": content_type}) as response,
+    ):
+        raw = await response.read()
+        return response.status, (orjson.loads(raw) if raw else {})
+
+
+async def test_seed_curl_example_over_tcp(broker):
+    rid = run_id()
+    data = [*SEED_SUBSCRIPTION, {"key": "run", "val": rid, "op": "eq"}]
+    status, reply = await post(
+        broker.url,
+        "/subscribe",
+        orjson.dumps({"authHash": "clientIdHash1", "subscriptionId": f"subId-{rid}", "data": data}),
+    )
+    assert status == 200
+    assert reply == {
+        "host": "localhost", "port": broker.tcp_port, "ws-port": broker.ws_port, "wsport": broker.ws_port,
+        "subscriptionId": f"subId-{rid}",
+    }  # fmt: skip
+    conn = await LineConnection.open(reply["port"], {"authHash": "clientIdHash1", "subscriptionId": f"subId-{rid}"})
+    try:
+        for lat, lon in ((20, 10), (10, 10), (30, 60), (15, 52)):
+            assert (await post(broker.url, "/publish", seed_publication(lat, lon, rid)))[0] == 200
+        assert await conn.line() == {"lat": 20, "lon": 10, "run": rid}
+        assert await conn.line() == {"lat": 15, "lon": 52, "run": rid}
+        assert await conn.silent()
+    finally:
+        conn.close()
+
+
+async def test_seed_example_over_websocket(broker):
+    rid = run_id()
+    data = [*SEED_SUBSCRIPTION, {"key": "run", "val": rid, "op": "eq"}]
+    status, reply = await post(broker.url, "/subscribe", orjson.dumps({"authHash": "clientIdHash1", "data": data}))
+    assert status == 200 and reply["subscriptionId"]
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"ws://127.0.0.1:{reply['ws-port']}/") as ws:
+        await ws.send_str(
+            orjson.dumps({"authHash": "clientIdHash1", "subscriptionId": reply["subscriptionId"]}).decode()
+        )
+        await post(broker.url, "/publish", seed_publication(10, 10, rid))
+        await post(broker.url, "/publish", seed_publication(20, 10, rid))
+        message = await ws.receive(timeout=60)
+        assert orjson.loads(message.data) == {"lat": 20, "lon": 10, "run": rid}
+        with pytest.raises(TimeoutError):
+            await ws.receive(timeout=1.5)
+
+
+PUBLICATIONS = [
+    {"n": 0, "lat": 20, "lon": 10, "name": "MED FRIGO", "ok": True, "temp": -3.5},
+    {"n": 1, "lat": 14, "lon": 53, "name": "frigo", "ok": False, "temp": 4},
+    {"n": 2, "lat": 14.5, "lon": 52.9, "name": "MED", "code": "20"},
+    {"n": 3, "pos": {"lat": 1, "geo": [7, {"c": "x"}]}, "name": "ZED"},
+    {"n": 4, "lat": "20", "ok": "true"},
+]
+DEFINED = [  # n = 5, sent in the defined form with string values
+    {"key": "n", "val": "5", "type": "int"},
+    {"key": "lat", "val": "15", "type": "int"},
+    {"key": "temp", "val": "0.5", "type": "double"},
+    {"key": "name", "val": "MEDIUM", "type": "string"},
+]
+ROW = [{"key": "n", "val": 6}, {"key": "lat", "val": 100}, {"key": "ok", "val": True}]  # n = 6, row form
+
+CASES = [
+    ([{"key": "lat", "val": 14, "type": "int", "op": "gt"}], {0, 2, 5, 6}),
+    ([{"key": "lon", "val": 53, "type": "int", "op": "lt"}], {0, 2}),
+    (SEED_SUBSCRIPTION, {0, 2}),
+    ([{"key": "lat", "val": "14", "type": "int", "op": "ge"}], {0, 1, 2, 5, 6}),
+    ([{"key": "lat", "val": "14.0", "type": "float", "op": "le"}], {1}),
+    ([{"key": "lat", "val": 14, "type": "int", "op": "lq"}], {1}),
+    ([{"key": "lat", "val": 20.0, "type": "double", "op": "eq"}], {0}),
+    ([{"key": "lat", "val": "20", "type": "string", "op": "eq"}], {4}),
+    ([{"key": "lat", "val": 20, "type": "int", "op": "ne"}], {1, 2, 5, 6}),
+    ([{"key": "temp", "val": [-4, 1], "type": "float", "op": "between"}], {0, 5}),
+    ([{"key": "lat", "val": [14, 100], "op": "in"}], {1, 6}),
+    ([{"key": "name", "val": "FRIGO", "type": "string", "op": "contains"}], {0}),
+    ([{"key": "name", "val": "MED", "type": "string", "op": "ss"}], {0, 2, 5}),
+    ([{"key": "name", "val": "MED", "op": "starts_with"}], {0, 2, 5}),
+    ([{"key": "name", "val": "GO", "op": "ends_with"}], {0}),
+    ([{"key": "name", "val": "MEDIUM", "type": "string", "op": "gt"}], {1, 3}),
+    ([{"key": "ok", "val": "true", "type": "boolean", "op": "eq"}], {0, 6}),
+    ([{"key": "ok", "val": True, "type": "boolean", "op": "ne"}], {1}),
+    ([{"key": "name", "val": "*", "op": "eq"}], {0, 1, 2, 3, 5}),
+    ([{"key": "pos.geo.[1].c", "val": "x", "op": "eq"}], {3}),
+    ([{"key": "pos.lat", "val": 1, "op": "eq"}, {"key": "pos.geo.[0]", "val": 5, "op": "gt"}], {3}),
+    ([{"key": "code", "val": 20, "type": "int", "op": "eq"}], set()),
+    ([{"key": "temp", "val": 100, "op": "ne"}], {0, 1, 5}),
+    ([{"key": "lat", "val": 14, "op": "GT"}, {"key": "ok", "val": True, "op": "eq"}], {0, 6}),
+]
+
+
+async def test_every_operator_type_and_form(broker):
+    rid = run_id()
+    run = {"key": "run", "val": rid, "op": "eq"}
+    async with VeilClient(broker.url, auth_hash="ops", tcp_port=broker.tcp_port, ws_port=broker.ws_port) as client:
+        streams = []
+        for data, _ in CASES:
+            reply = await client.subscribe([*data, run])
+            stream = client.deliveries(reply["subscriptionId"])
+            await stream.__aenter__()
+            streams.append(stream)
+        try:
+            for publication in PUBLICATIONS:
+                await client.publish({**publication, "run": rid})
+            await client.publish({"publication": [*DEFINED, {"key": "run", "val": rid, "type": "string"}]})
+            await client.publish([*ROW, {"key": "run", "val": rid}])
+            for (data, expected), stream in zip(CASES, streams, strict=True):
+                got = await take(stream, len(expected))
+                assert {d.publication["n"] for d in got} == expected, data
+            broker.wait_processed()
+            for stream in streams:
+                await nothing_more(stream, 0.3)
+        finally:
+            for stream in streams:
+                await stream.aclose()
+
+
+async def test_empty_subscription_matches_everything(broker):
+    rid = run_id()
+    async with VeilClient(broker.url, auth_hash="all", tcp_port=broker.tcp_port) as client:
+        reply = await client.subscribe([])
+        async with client.deliveries(reply["subscriptionId"]) as stream:
+            await client.publish({"anything": rid})
+            got = await take(stream, 1)
+            assert got[0].publication == {"anything": rid}
+        await client.unsubscribe(reply["subscriptionId"])
+
+
+async def test_bad_input_gets_clear_errors_and_loses_nothing(broker):
+    rid = run_id()
+    url = broker.url
+    async with VeilClient(url, auth_hash="alice", tcp_port=broker.tcp_port, ws_port=broker.ws_port) as alice:
+        reply = await alice.subscribe([{"key": "run", "val": rid, "op": "eq"}], f"alice-{rid}")
+        sub_id = reply["subscriptionId"]
+        await alice.publish({"run": rid, "n": 0})
+
+        http_cases = [
+            ("/publish", b"{not json", "body", 400),
+            ("/publish", b"42", "body", 400),
+            ("/publish", b'{"publication": [{"key": "lat", "val": "north", "type": "int"}]}', "publication[0].val", 400),
+            ("/publish", b'{"publication": [{"key": "lat", "val": 1, "type": "decimal"}]}', "publication[0].type", 400),
+            ("/publish", b'{"publication": [{"key": "a", "val": 1}, {"key": "a", "val": 2}]}', "publication[1].key", 400),
+            ("/publish", b'{"a": "' + b"x" * (2 << 20) + b'"}', "body", 413),
+            ("/subscribe", b'{"authHash": "alice", "data": [{"key": "a", "val": 1, "op": "like"}]}', "data[0].op", 400),
+            ("/subscribe", b'{"authHash": "alice", "data": [{"key": "a", "val": true, "op": "gt"}]}', "data[0].op", 400),
+            ("/subscribe", b'{"authHash": "alice", "data": [{"key": "a", "val": 5, "op": "gt"}, '
+                           b'{"key": "a", "val": 3, "op": "lt"}]}', "data", 400),
+            ("/subscribe", b'{"data": []}', "authHash", 400),
+            ("/subscribe", b'{"authHash": "alice", "data": {"key": "a"}}', "data", 400),
+            ("/subscribe", b'{"authHash": "mallory", "subscriptionId": "alice-' + rid.encode() + b'", "data": []}',
+             "subscriptionId", 403),
+            ("/unsubscribe", b'{"authHash": "alice", "subscriptionId": "no-such-subscription"}', "subscriptionId", 404),
+            ("/unsubscribe", b'{"authHash": "mallory", "subscriptionId": "alice-' + rid.encode() + b'"}',
+             "subscriptionId", 403),
+            ("/nowhere", b"{}", "path", 404),
+        ]  # fmt: skip
+        for path, body, field, status in http_cases:
+            got_status, error = await post(url, path, body)
+            assert (got_status, error.get("field")) == (status, field), (path, body[:80], error)
+            assert error["error"]
+        got_status, error = await post(url, "/publish", b'{"a": 1}\n{"a": \n', "application/x-ndjson")
+        assert got_status == 400 and error["field"].startswith("line 2")
+        async with aiohttp.ClientSession() as http, http.get(url + "/publish") as response:
+            assert response.status == 405
+
+        line_cases = [
+            (b"this is not json\n", "handshake", 400),
+            (b'{"authHash": "alice"}\n', "subscriptionId", 400),
+            (b'{"authHash": "alice", "subscriptionId": "no-such-subscription"}\n', "subscriptionId", 404),
+            (b'{"authHash": "mallory", "subscriptionId": "alice-' + rid.encode() + b'"}\n', "authHash", 403),
+            (b"{" + b" " * (70 * 1024) + b"}\n", "handshake", 400),
+        ]
+        for handshake, field, status in line_cases:
+            conn = await LineConnection.open(broker.tcp_port, handshake)
+            error = await conn.line()
+            assert (error["field"], error["status"]) == (field, status), error
+            assert await conn.line() is None  # closed after the error line
+            conn.close()
+        async with aiohttp.ClientSession() as http, http.ws_connect(f"ws://127.0.0.1:{broker.ws_port}/") as ws:
+            await ws.send_str('{"authHash": "mallory", "subscriptionId": "alice-' + rid + '"}')
+            message = await ws.receive(timeout=10)
+            assert orjson.loads(message.data)["status"] == 403
+
+        await alice.publish({"run": rid, "n": 1})
+        async with alice.deliveries(sub_id) as stream:
+            got = await take(stream, 2)
+            assert [d.publication["n"] for d in got] == [0, 1]
+        assert broker.health()["status"] == "ok"
+
+
+async def test_disconnected_subscription_gets_everything_in_order_once(broker):
+    rid = run_id()
+    async with VeilClient(broker.url, auth_hash="bob", tcp_port=broker.tcp_port, ws_port=broker.ws_port) as client:
+        reply = await client.subscribe([{"key": "run", "val": rid, "op": "eq"}, {"key": "n", "val": 0, "op": "ge"}])
+        sub_id = reply["subscriptionId"]
+        async with client.deliveries(sub_id) as stream:
+            await client.publish({"run": rid, "n": 0})
+            assert [d.publication["n"] for d in await take(stream, 1)] == [0]
+        for n in range(1, 41):
+            await client.publish({"run": rid, "n": n})
+            await client.publish({"run": rid, "n": -n})  # never matches
+        broker.wait_processed()
+        for transport in ("ws", "tcp"):
+            async with client.deliveries(sub_id, transport=transport) as stream:
+                if transport == "ws":
+                    got = await take(stream, 20)
+                    assert [d.publication["n"] for d in got] == list(range(1, 21))
+                else:
+                    got = await take(stream, 20)
+                    assert [d.publication["n"] for d in got] == list(range(21, 41))
+                    await nothing_more(stream)
+
+
+async def test_plain_line_subscriber_resumes_after_reconnect(broker):
+    rid = run_id()
+    async with VeilClient(broker.url, auth_hash="carol", tcp_port=broker.tcp_port) as client:
+        reply = await client.subscribe([{"key": "run", "val": rid, "op": "eq"}])
+        handshake = {"authHash": "carol", "subscriptionId": reply["subscriptionId"]}
+        for n in range(3):
+            await client.publish({"run": rid, "n": n})
+        broker.wait_processed()
+        conn = await LineConnection.open(broker.tcp_port, handshake)
+        assert [(await conn.line())["n"] for _ in range(3)] == [0, 1, 2]
+        await asyncio.sleep(0.5)  # the cursor is saved in the background
+        conn.close()
+        await client.publish({"run": rid, "n": 3})
+        conn = await LineConnection.open(broker.tcp_port, handshake)
+        assert (await conn.line())["n"] == 3
+        assert await conn.silent()
+        conn.close()
+
+
+async def test_unsubscribe_stops_deliveries_and_closes_the_connection(broker):
+    rid = run_id()
+    async with VeilClient(broker.url, auth_hash="dave", tcp_port=broker.tcp_port) as client:
+        reply = await client.subscribe([{"key": "run", "val": rid, "op": "eq"}])
+        stream = client.deliveries(reply["subscriptionId"])
+        await stream.__aenter__()
+        await stream.connected.wait()
+        await client.unsubscribe(reply["subscriptionId"])
+        with pytest.raises(VeilError) as err:
+            await take(stream, 1, timeout=30)
+        assert err.value.status in (404, 410)
+        await stream.aclose()
