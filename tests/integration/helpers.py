@@ -42,7 +42,7 @@ class LineConnection:
         self.writer = writer
 
     @classmethod
-    async def open(cls, port: int, handshake: dict | bytes, ssl=None) -> LineConnection:  # noqa: ANN001
+    async def open(cls, port: int, handshake: dict | bytes, ssl=None) -> LineConnection:
         reader, writer = await asyncio.open_connection(
             "127.0.0.1", port, ssl=ssl, server_hostname="localhost" if ssl else None, limit=1 << 22
         )
