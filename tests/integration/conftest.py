@@ -1,6 +1,6 @@
 import pytest
 
-from tests.integration.broker import BrokerProcess
+from veil.harness import BrokerProcess
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import time
 import aiohttp
 import pytest
 
-from tests.integration.broker import BrokerProcess
+from veil.harness import BrokerProcess
 from tests.integration.helpers import nothing_more, run_id, take
 from veil.client import VeilClient, VeilError
 

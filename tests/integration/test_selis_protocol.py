@@ -277,3 +277,33 @@ async def test_unsubscribe_stops_deliveries_and_closes_the_connection(broker):
             await take(stream, 1, timeout=30)
         assert err.value.status in (404, 410)
         await stream.aclose()
+
+
+def test_command_line_publish_and_subscribe(broker):
+    import subprocess
+    import sys
+
+    rid = run_id()
+    subscriber = subprocess.Popen(
+        [sys.executable, "-m", "veil.cli", "subscribe", "--url", broker.url, "--auth-hash", "cli", "lat>14", f"run={rid}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        reply = orjson.loads(subscriber.stderr.readline())
+        assert reply["port"] == broker.tcp_port
+        for lat in (10, 20):
+            published = subprocess.run(
+                [sys.executable, "-m", "veil.cli", "publish", "--url", broker.url, orjson.dumps({"lat": lat, "run": rid}).decode()],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            assert published.stdout.strip().isdigit()
+        line = orjson.loads(subscriber.stdout.readline())
+        assert line["publication"] == {"lat": 20, "run": rid} and line["seq"] == int(published.stdout)
+    finally:
+        subscriber.terminate()
+        subscriber.wait(10)
+    bad = subprocess.run(
+        [sys.executable, "-m", "veil.cli", "subscribe", "--url", broker.url, "--auth-hash", "cli", "lat??14"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "lat??14" in bad.stderr

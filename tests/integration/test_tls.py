@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.integration.broker import BrokerProcess
+from veil.harness import BrokerProcess
 from tests.integration.helpers import LineConnection, run_id, take
 from veil.client import VeilClient, VeilError
 from veil.security.tls import client_context

@@ -94,3 +94,14 @@ def test_duplicate_equality_predicates_count_separately():
     index.add("s", [Predicate("a", "eq", 5), Predicate("a", "in", [5, 6])])
     assert index.match({"a": 5}) == ["s"]
     assert index.match({"a": 6}) == []
+
+
+def test_removing_a_range_subscription_leaves_a_clean_index():
+    index = SubscriptionIndex()
+    box = [Predicate("lat", "ge", 1), Predicate("lat", "le", 5), Predicate("lon", "between", [0, 9])]
+    index.add("s", box)
+    index.remove("s")
+    index.add("s", box)
+    assert index.match({"lat": 3, "lon": 3}) == ["s"]
+    index.remove("s")
+    assert len(index) == 0 and index.match({"lat": 3, "lon": 3}) == []

@@ -116,7 +116,11 @@ class VeilClient:
             doc["authHash"] = self.auth_hash
         if subscription_id:
             doc["subscriptionId"] = subscription_id
-        return await self.request("/subscribe", orjson.dumps(doc))
+        reply = await self.request("/subscribe", orjson.dumps(doc))
+        # The broker says where this subscription's deliveries are served (SPEC §2.2).
+        self.tcp_port = reply.get("port", self.tcp_port)
+        self.ws_port = reply.get("ws-port", self.ws_port)
+        return reply
 
     async def unsubscribe(self, subscription_id: str) -> None:
         doc: dict[str, Any] = {"subscriptionId": subscription_id}

@@ -93,9 +93,9 @@ class SubscriptionIndex:
             return
         self._match_all.discard(sub_id)
         for key, op, target in stored:
-            key_index = self._keys[key]
-            key_index.remove(sub_id, op, target)
-            if key_index.empty():
+            self._keys[key].remove(sub_id, op, target)
+        for key in {p.key for p in stored}:
+            if self._keys[key].empty():
                 del self._keys[key]
 
     def match(self, attributes: Mapping[str, object]) -> list[str]:

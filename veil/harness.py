@@ -1,4 +1,5 @@
-"""A real broker process (gateway + Spark pipeline) for integration tests."""
+"""A broker (gateway + Spark pipeline) as a child process on free loopback ports, for the integration
+tests and the benchmarks."""
 
 from __future__ import annotations
 
