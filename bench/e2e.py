@@ -28,6 +28,7 @@ from veil.harness import BrokerProcess
 
 SELIS_PEER = {1: 459, 8: 674, 128: 264, 512: 86}  # pub/s, SPEC §11, measured 2026-11-21
 SELIS_SEED = {1: 700, 8: 420}  # pub/s, S0 Fig. 9 (i5-4590, wrk2)
+WARMUP = 3.0  # seconds of steady publishing before latencies count
 
 
 def random_box(rng: random.Random) -> tuple[float, float, float, float]:
@@ -91,17 +92,21 @@ async def run_case(broker: BrokerProcess, n_subs: int, seconds: float, rate: flo
             while receiver.count < expected and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
 
-        # latency at a constant rate
+        async def steady(duration: float) -> None:
+            nonlocal expected
+            start = time.monotonic()
+            sent = 0
+            while time.monotonic() - start < duration:
+                body, matches = publication()
+                await client.publish(body)
+                expected += matches
+                sent += 1
+                await asyncio.sleep(max(0.0, start + sent / rate - time.monotonic()))
+            await wait_for_all(time.monotonic() + 60)
+
+        await steady(WARMUP)
         receiver.record = True
-        start = time.monotonic()
-        sent = 0
-        while time.monotonic() - start < seconds:
-            body, matches = publication()
-            await client.publish(body)
-            expected += matches
-            sent += 1
-            await asyncio.sleep(max(0.0, start + sent / rate - time.monotonic()))
-        await wait_for_all(time.monotonic() + 60)
+        await steady(seconds)
         receiver.record = False
         latencies = sorted(receiver.latencies)
 
