@@ -23,7 +23,7 @@ import time
 
 import orjson
 
-from veil.client import VeilClient
+from veil.client import DeliveryStream, VeilClient
 from veil.harness import BrokerProcess
 
 SELIS_PEER = {1: 459, 8: 674, 128: 264, 512: 86}  # pub/s, SPEC §11, measured 2026-11-21
@@ -60,7 +60,7 @@ class Receiver:
         self.last = 0.0
         self.record = False
 
-    async def consume(self, stream) -> None:  # noqa: ANN001
+    async def consume(self, stream: DeliveryStream) -> None:
         async for delivery in stream:
             now = time.time()
             self.count += 1
@@ -150,7 +150,9 @@ async def run_case(broker: BrokerProcess, n_subs: int, seconds: float, rate: flo
 
 def print_table(rows: list[dict], rate: float) -> None:
     print()
-    print(f"SELIS lat/lon workload, HTTP publish, TCP delivery; latency at {rate:.0f} pub/s; 16 publishers for the rate")
+    print(
+        f"SELIS lat/lon workload, HTTP publish, TCP delivery; latency at {rate:.0f} pub/s; 16 publishers for the rate"
+    )
     header = (
         f"{'subs':>5} {'select.':>7} {'p50 ms':>8} {'p99 ms':>8} {'acked/s':>9} {'pub/s e2e':>10} "
         f"{'matches/s':>10} {'SELIS peer':>11} {'SELIS seed':>11} {'all delivered':>14}"
@@ -161,8 +163,9 @@ def print_table(rows: list[dict], rate: float) -> None:
         peer = SELIS_PEER.get(r["subs"], "-")
         seed = SELIS_SEED.get(r["subs"], "-")
         print(
-            f"{r['subs']:>5} {r['selectivity']:>7.3f} {r['p50'] * 1000:>8.0f} {r['p99'] * 1000:>8.0f} {r['acked']:>9.0f} "
-            f"{r['sustained']:>10.0f} {r['matches']:>10.0f} {peer!s:>11} {seed!s:>11} {r['complete']!s:>14}"
+            f"{r['subs']:>5} {r['selectivity']:>7.3f} {r['p50'] * 1000:>8.0f} {r['p99'] * 1000:>8.0f} "
+            f"{r['acked']:>9.0f} {r['sustained']:>10.0f} {r['matches']:>10.0f} {peer!s:>11} {seed!s:>11} "
+            f"{r['complete']!s:>14}"
         )
 
 

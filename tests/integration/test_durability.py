@@ -8,9 +8,9 @@ import time
 import aiohttp
 import pytest
 
-from veil.harness import BrokerProcess
 from tests.integration.helpers import nothing_more, run_id, take
 from veil.client import VeilClient, VeilError
+from veil.harness import BrokerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,9 @@ import aiohttp
 import orjson
 import pytest
 
-from veil.harness import BrokerProcess
 from tests.integration.helpers import LineConnection, run_id, take
 from veil.client import VeilClient, VeilError
+from veil.harness import BrokerProcess
 from veil.security.tls import client_context
 
 pytestmark = pytest.mark.slow
