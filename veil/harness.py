@@ -43,7 +43,7 @@ class BrokerProcess:
         os.makedirs(self.data_dir, exist_ok=True)
         command = [
             sys.executable, "-m", "veil.cli", "serve", "--data-dir", self.data_dir, "--port", str(self.port),
-            "--tcp-port", str(self.tcp_port), "--ws-port", str(self.ws_port), "--trigger-ms", "50", *self.extra,
+            "--tcp-port", str(self.tcp_port), "--ws-port", str(self.ws_port), "--hostname", "localhost", *self.extra,
         ]  # fmt: skip
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

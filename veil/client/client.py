@@ -21,7 +21,7 @@ import orjson
 from veil.security.tls import client_context
 
 ERROR_KEYS = frozenset({"error", "field", "status"})
-FATAL_STATUSES = frozenset({400, 403, 404, 410})
+FATAL_STATUSES = frozenset({400, 403, 404, 409, 410})  # 409: another connection took over
 MAX_LINE = 16 * 1024 * 1024
 MAX_FAILURES = 60
 ACK_EVERY = 256

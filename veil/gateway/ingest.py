@@ -29,7 +29,6 @@ class Ingest:
         self._flusher: asyncio.Task[None] | None = None
         self.head = 0
         self.processed = 0
-        self.appended = 0
 
     @property
     def lag(self) -> int:
@@ -59,7 +58,6 @@ class Ingest:
                         future.set_exception(exc)
             else:
                 self.head = max(self.head, offsets[-1])
-                self.appended += len(offsets)
                 position = 0
                 for bodies, future in group:
                     if not future.done():

@@ -108,7 +108,6 @@ class DeliveryHub:
         self.poll_interval = poll_interval
         self.sessions: dict[str, Session] = {}
         self.last_seq = 0
-        self.forwarded = 0
         self._cursors: dict[str, int] = {}
         self._stopping = asyncio.Event()
 
@@ -153,7 +152,6 @@ class DeliveryHub:
                     by_sub[row.sub_id].append(row)
             for sub_id, mine in by_sub.items():
                 self.sessions[sub_id].offer(mine)
-                self.forwarded += len(mine)
 
     async def save_cursors_periodically(self, interval: float = 0.1) -> None:
         while not self._stopping.is_set():
