@@ -307,3 +307,31 @@ def test_command_line_publish_and_subscribe(broker):
         capture_output=True, text=True,
     )  # fmt: skip
     assert bad.returncode == 2 and "lat??14" in bad.stderr
+
+
+async def test_publication_sees_exactly_the_subscriptions_before_it(broker):
+    rid = run_id()
+    run = {"key": "run", "val": rid, "op": "eq"}
+    async with VeilClient(broker.url, auth_hash="hugo") as client:
+        await client.subscribe([run, {"key": "lat", "val": 10, "op": "gt"}], f"s-{rid}")
+        await client.publish({"run": rid, "lat": 20, "n": 1})  # matches the first version
+        await client.subscribe([run, {"key": "lat", "val": 10, "op": "lt"}], f"s-{rid}")  # replaces it
+        await client.publish({"run": rid, "lat": 20, "n": 2})  # the replaced version would have matched
+        later = (await client.subscribe([run]))["subscriptionId"]  # registered after n = 1 and 2
+        await client.publish({"run": rid, "lat": 5, "n": 3})
+        received = []
+        done = asyncio.Event()
+
+        def on_delivery(delivery) -> None:
+            received.append(delivery.publication["n"])
+            if len(received) == 2:
+                done.set()
+
+        listener = asyncio.create_task(client.listen(f"s-{rid}", on_delivery))
+        await asyncio.wait_for(done.wait(), 60)
+        listener.cancel()
+        assert received == [1, 3]
+        async with client.deliveries(later) as stream:
+            assert [d.publication["n"] for d in await take(stream, 1)] == [3]
+            broker.wait_processed()
+            await nothing_more(stream)
