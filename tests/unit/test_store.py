@@ -53,3 +53,26 @@ def test_cursors_only_move_forward_and_die_with_the_subscription(store):
     assert store.cursor("s") == 5
     store.remove_subscription("s", "alice")
     assert store.cursor("s") == 0
+
+
+def test_compaction_keeps_what_queues_and_the_pipeline_still_need(store):
+    store.put_subscription("s", "alice", b"[]")
+    store.put_subscription("t", "bob", b"[]")
+    pubs = store.append_publications([b'{"n":1}', b'{"n":2}', b'{"n":3}', b'{"n":4}'])
+    store.record_deliveries(0, [("s", pubs[0]), ("s", pubs[1]), ("t", pubs[1])], pubs[2])
+    store.save_cursors({"s": pubs[1]})
+    assert store.compact(1000) == 2 + 1  # s's two consumed deliveries; publication 1, before t's queue
+    assert [r.pub for r in store.backlog("t", 0, 10)[0]] == [pubs[1]]
+    assert [e.offset for e in store.log_range(0, pubs[-1]) if e.kind == 0] == pubs[1:]
+    store.save_cursors({"t": pubs[1]})
+    store.compact(1000)
+    # publication 4 is not processed yet: the pipeline still has to read it
+    assert [e.offset for e in store.log_range(0, pubs[-1]) if e.kind == 0] == [pubs[3]]
+
+
+def test_matches_for_removed_subscriptions_are_dropped(store):
+    store.put_subscription("s", "alice", b"[]")
+    (pub,) = store.append_publications([b"{}"])
+    store.remove_subscription("s", "alice")
+    store.record_deliveries(0, [("s", pub)], pub)
+    assert store.deliveries_since(0, 10) == []

@@ -22,6 +22,8 @@ from veil.store import open_store
 
 log = logging.getLogger("veil.gateway")
 PROGRESS_INTERVAL = 0.1
+COMPACT_INTERVAL = 2.0
+COMPACT_CHUNK = 20000  # rows per transaction, so that compaction never holds the write lock for long
 
 
 class Broker:
@@ -74,6 +76,7 @@ class Broker:
             asyncio.create_task(self.hub.poll()),
             asyncio.create_task(self.hub.save_cursors_periodically()),
             asyncio.create_task(self._track_progress()),
+            asyncio.create_task(self._compact()),
         ]
         if self.pipeline is not None:
             self._tasks.append(asyncio.create_task(self.pipeline.supervise()))
@@ -94,6 +97,17 @@ class Broker:
             except Exception:
                 log.exception("reading pipeline progress failed")
             await asyncio.sleep(PROGRESS_INTERVAL)
+
+    async def _compact(self) -> None:
+        """Keep the store's size proportional to what is still queued, not to everything ever sent."""
+        store = self.threads.store
+        while True:
+            try:
+                while await self.threads.write(store.compact, COMPACT_CHUNK) == COMPACT_CHUNK:
+                    pass
+            except Exception:
+                log.exception("compacting the store failed")
+            await asyncio.sleep(COMPACT_INTERVAL)
 
     async def stop(self) -> None:
         """Stop taking work, commit what was accepted, save cursors, then stop the pipeline."""

@@ -93,7 +93,8 @@ class EventStore(ABC):
     @abstractmethod
     def record_deliveries(self, batch_id: int, pairs: Iterable[tuple[str, int]], processed: int) -> None:
         """Queue (subscription, publication) pairs and record the processed offset in one transaction;
-        pairs already queued are ignored, so a replayed batch delivers nothing twice."""
+        pairs already queued, or for subscriptions removed since, are ignored, so a replayed batch
+        delivers nothing twice."""
 
     @abstractmethod
     def processed_offset(self) -> int: ...
@@ -104,6 +105,11 @@ class EventStore(ABC):
     @abstractmethod
     def status(self, name: str) -> tuple[int, float] | None:
         """(value, unix time of the update) of a named status entry."""
+
+    @abstractmethod
+    def compact(self, limit: int) -> int:
+        """Drop up to `limit` deliveries that their subscriptions have consumed, and the publications
+        that the pipeline has processed and no queue still holds; returns the rows removed."""
 
     @abstractmethod
     def close(self) -> None: ...

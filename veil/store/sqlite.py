@@ -194,7 +194,12 @@ class SqliteStore(EventStore):
     def record_deliveries(self, batch_id: int, pairs: Iterable[tuple[str, int]], processed: int) -> None:
         now = time.time()
         with self._tx() as db:
-            db.executemany("INSERT OR IGNORE INTO deliveries(sub_id, pub) VALUES (?, ?)", pairs)
+            # A match computed before an unsubscription may arrive after it: its queue is gone.
+            db.executemany(
+                "INSERT OR IGNORE INTO deliveries(sub_id, pub) SELECT ?1, ?2 WHERE EXISTS "
+                "(SELECT 1 FROM subscriptions WHERE sub_id = ?1 AND deleted IS NULL)",
+                pairs,
+            )
             db.executemany(
                 "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) "
                 "ON CONFLICT(name) DO UPDATE SET value = MAX(value, excluded.value), updated = excluded.updated",
@@ -215,6 +220,24 @@ class SqliteStore(EventStore):
 
     def status(self, name: str) -> tuple[int, float] | None:
         return self._db().execute("SELECT value, updated FROM status WHERE name = ?", (name,)).fetchone()
+
+    def compact(self, limit: int) -> int:
+        with self._tx() as db:
+            consumed = db.execute(
+                "DELETE FROM deliveries WHERE seq IN (SELECT d.seq FROM cursors c JOIN deliveries d "
+                "ON d.sub_id = c.sub_id AND d.pub <= c.pub LIMIT ?)",
+                (limit,),
+            ).rowcount
+            # Publications at or below the processed offset are never read by the pipeline again (a
+            # replayed batch starts after the last recorded one), and below the oldest queued delivery
+            # no queue needs their bodies.
+            published = db.execute(
+                "DELETE FROM log WHERE offset IN (SELECT offset FROM log WHERE kind = ?1 AND offset <= "
+                "MIN((SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'processed'), "
+                "COALESCE((SELECT MIN(pub) - 1 FROM deliveries), 9223372036854775807)) ORDER BY offset LIMIT ?2)",
+                (KIND_PUBLICATION, limit),
+            ).rowcount
+        return consumed + published
 
     def close(self) -> None:
         with self._lock:
