@@ -19,15 +19,10 @@ SEED_SUBSCRIPTION = [
 ]
 
 
-def seed_publication(lat: int, lon: int, rid: str) -> bytes:
+def seed_publication(lat: int, lon: int) -> bytes:
+    """The seed's curl body: the defined form with int values."""
     return orjson.dumps(
-        {
-            "publication": [
-                {"key": "lat", "val": lat, "type": "int"},
-                {"key": "lon", "val": lon, "type": "int"},
-                {"key": "run", "val": rid, "type": "string"},
-            ]
-        }
+        {"publication": [{"key": "lat", "val": lat, "type": "int"}, {"key": "lon", "val": lon, "type": "int"}]}
     )
 
 
@@ -41,44 +36,45 @@ async def post(url: str, path: str, body: bytes, content_type: str = "applicatio
 
 
 async def test_seed_curl_example_over_tcp(broker):
-    rid = run_id()
-    data = [*SEED_SUBSCRIPTION, {"key": "run", "val": rid, "op": "eq"}]
-    status, reply = await post(
-        broker.url,
-        "/subscribe",
-        orjson.dumps({"authHash": "clientIdHash1", "subscriptionId": f"subId-{rid}", "data": data}),
-    )
+    """Exactly the seed's requests; the first test of the module, so no other publication interferes."""
+    subscribe = {"authHash": "clientIdHash1", "subscriptionId": "subId", "data": SEED_SUBSCRIPTION}
+    status, reply = await post(broker.url, "/subscribe", orjson.dumps(subscribe))
     assert status == 200
     assert reply == {
         "host": "localhost", "port": broker.tcp_port, "ws-port": broker.ws_port, "wsport": broker.ws_port,
-        "subscriptionId": f"subId-{rid}",
+        "subscriptionId": "subId",
     }  # fmt: skip
-    conn = await LineConnection.open(reply["port"], {"authHash": "clientIdHash1", "subscriptionId": f"subId-{rid}"})
+    conn = await LineConnection.open(reply["port"], {"authHash": "clientIdHash1", "subscriptionId": "subId"})
     try:
         for lat, lon in ((20, 10), (10, 10), (30, 60), (15, 52)):
-            assert (await post(broker.url, "/publish", seed_publication(lat, lon, rid)))[0] == 200
-        assert await conn.line() == {"lat": 20, "lon": 10, "run": rid}
-        assert await conn.line() == {"lat": 15, "lon": 52, "run": rid}
+            assert (await post(broker.url, "/publish", seed_publication(lat, lon)))[0] == 200
+        assert await conn.line() == {"lat": 20, "lon": 10}
+        assert await conn.line() == {"lat": 15, "lon": 52}
         assert await conn.silent()
     finally:
         conn.close()
+    assert (await post(broker.url, "/unsubscribe", b'{"authHash": "clientIdHash1", "subscriptionId": "subId"}'))[
+        0
+    ] == 200
 
 
 async def test_seed_example_over_websocket(broker):
-    rid = run_id()
-    data = [*SEED_SUBSCRIPTION, {"key": "run", "val": rid, "op": "eq"}]
-    status, reply = await post(broker.url, "/subscribe", orjson.dumps({"authHash": "clientIdHash1", "data": data}))
+    status, reply = await post(
+        broker.url, "/subscribe", orjson.dumps({"authHash": "clientIdHash1", "data": SEED_SUBSCRIPTION})
+    )
     assert status == 200 and reply["subscriptionId"]
-    async with aiohttp.ClientSession() as http, http.ws_connect(f"ws://127.0.0.1:{reply['ws-port']}/") as ws:
-        await ws.send_str(
-            orjson.dumps({"authHash": "clientIdHash1", "subscriptionId": reply["subscriptionId"]}).decode()
-        )
-        await post(broker.url, "/publish", seed_publication(10, 10, rid))
-        await post(broker.url, "/publish", seed_publication(20, 10, rid))
-        message = await ws.receive(timeout=60)
-        assert orjson.loads(message.data) == {"lat": 20, "lon": 10, "run": rid}
-        with pytest.raises(TimeoutError):
-            await ws.receive(timeout=1.5)
+    try:
+        async with aiohttp.ClientSession() as http, http.ws_connect(f"ws://127.0.0.1:{reply['ws-port']}/") as ws:
+            handshake = {"authHash": "clientIdHash1", "subscriptionId": reply["subscriptionId"]}
+            await ws.send_str(orjson.dumps(handshake).decode())
+            await post(broker.url, "/publish", seed_publication(10, 10))
+            await post(broker.url, "/publish", seed_publication(20, 10))
+            message = await ws.receive(timeout=60)
+            assert orjson.loads(message.data) == {"lat": 20, "lon": 10}
+            with pytest.raises(TimeoutError):
+                await ws.receive(timeout=1.5)
+    finally:
+        await post(broker.url, "/unsubscribe", orjson.dumps(handshake))
 
 
 PUBLICATIONS = [

@@ -54,22 +54,23 @@ def client_for(broker: BrokerProcess, certs, name: str | None = None, auth_hash:
 
 
 async def test_seed_example_over_tls_line_protocol_and_wss(tls_broker, certs):
-    rid = run_id()
     directory, _ = certs
     data = [
         {"key": "lat", "val": 14, "type": "int", "op": "gt"},
         {"key": "lon", "val": 53, "type": "int", "op": "lt"},
-        {"key": "run", "val": rid, "op": "eq"},
     ]
+
+    def seed_publication(lat: int, lon: int) -> dict:
+        return {"publication": [{"key": "lat", "val": lat, "type": "int"}, {"key": "lon", "val": lon, "type": "int"}]}
+
     async with client_for(tls_broker, certs, auth_hash="clientIdHash1") as client:
-        reply = await client.subscribe(data, f"subId-{rid}")
+        reply = await client.subscribe(data, "subId")
         handshake = {"authHash": "clientIdHash1", "subscriptionId": reply["subscriptionId"]}
         context = client_context(f"{directory}/ca.pem")
         conn = await LineConnection.open(tls_broker.tcp_port, handshake, ssl=context)
-        await client.publish({"lat": 10, "lon": 10, "run": rid})
-        await client.publish({"publication": [{"key": "lat", "val": 20, "type": "int"}, {"key": "lon", "val": 10, "type": "int"},
-                                              {"key": "run", "val": rid, "type": "string"}]})  # fmt: skip
-        assert await conn.line() == {"lat": 20, "lon": 10, "run": rid}
+        await client.publish(seed_publication(10, 10))
+        await client.publish(seed_publication(20, 10))
+        assert await conn.line() == {"lat": 20, "lon": 10}
         assert await conn.silent()
         conn.close()
         async with (
@@ -77,9 +78,13 @@ async def test_seed_example_over_tls_line_protocol_and_wss(tls_broker, certs):
             http.ws_connect(f"wss://127.0.0.1:{tls_broker.ws_port}/", ssl=context) as ws,
         ):
             await ws.send_str(orjson.dumps(handshake).decode())
-            await client.publish({"lat": 30, "lon": 0, "run": rid})
+            await client.publish(seed_publication(10, 10))
+            await client.publish(seed_publication(30, 0))
             message = await ws.receive(timeout=60)
-            assert orjson.loads(message.data) == {"lat": 30, "lon": 0, "run": rid}
+            assert orjson.loads(message.data) == {"lat": 30, "lon": 0}
+            with pytest.raises(TimeoutError):
+                await ws.receive(timeout=1.5)
+        await client.unsubscribe("subId")
 
 
 async def test_mutual_tls_identity_is_the_certificate_fingerprint(tls_broker, certs):

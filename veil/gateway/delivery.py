@@ -32,6 +32,10 @@ async def open_session(broker: Broker, raw: bytes | str, identity: str | None, s
         start = max(saved, broker.hub.unsaved_cursor(handshake.subscription_id))
     session = Session(broker.hub, handshake, start, send, close)
     await broker.hub.attach(session)
+    # An unsubscription that ran between the check above and the attach found no session to close.
+    if await broker.threads.read(store.subscription_owner, handshake.subscription_id) is None:
+        broker.hub.detach(session)
+        raise ProtocolError("subscriptionId", "unknown subscription", 404)
     return session
 
 
