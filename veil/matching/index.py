@@ -1,109 +1,437 @@
-"""The subscription index: the counting algorithm (SIENA / SELIS matcher).
+"""The subscription index: access predicates and vectorised verification, for batches of publications.
 
-Each subscription needs as many satisfied predicates as it has; a publication visits only the keys
-it carries, and on each key only the predicates on that key: equality and `in` by hash lookup,
-wildcards as a set, the remaining operators evaluated against the value. So a publication never
-scans every subscription.
+Every subscription is filed under one *access predicate*, the one most likely to be selective:
+an equality (hash bucket), an `in` list (one bucket per value), a prefix, a range bound (sorted numpy
+arrays, one per key and operator), or, failing those, the mere presence of a key. A batch of
+publications turns into (publication, subscription) candidate pairs through hash look-ups and
+`searchsorted` slices, so a publication never touches a subscription whose access predicate it does
+not satisfy. The candidates' predicates are then verified at once with numpy over a columnar
+predicate table. This is the counting algorithm's idea (only satisfied predicates cost) with the
+count replaced by a vectorised check, which is what makes batches fast in Python.
+
+Updates are incremental: new range bounds wait in a small unsorted buffer that is merged when it
+grows; removed subscriptions are tombstoned and the structures are rebuilt once tombstones outnumber
+the living. Numbers compare as float64; the rare integers beyond 2**53, which float64 cannot hold
+exactly, are matched by the reference semantics instead.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
-from veil.matching.predicates import Predicate, evaluate, value_class
+import numpy as np
 
+from veil.matching.predicates import Predicate, matches, value_class
 
-class _KeyIndex:
-    __slots__ = ("equal", "exists", "other")
-
-    def __init__(self) -> None:
-        self.equal: dict[tuple[str, object], dict[str, int]] = {}
-        self.exists: dict[str, int] = {}
-        self.other: dict[str, list[tuple[str, object]]] = {}
-
-    def add(self, sub_id: str, op: str, target: object) -> None:
-        if op == "exists":
-            _bump(self.exists, sub_id, 1)
-        elif op in ("eq", "in"):
-            for v in target if op == "in" else (target,):  # type: ignore[union-attr]
-                _bump(self.equal.setdefault((value_class(v), v), {}), sub_id, 1)
-        else:
-            self.other.setdefault(sub_id, []).append((op, target))
-
-    def remove(self, sub_id: str, op: str, target: object) -> None:
-        if op == "exists":
-            _bump(self.exists, sub_id, -1)
-        elif op in ("eq", "in"):
-            for v in target if op == "in" else (target,):  # type: ignore[union-attr]
-                bucket = self.equal[(value_class(v), v)]
-                _bump(bucket, sub_id, -1)
-                if not bucket:
-                    del self.equal[(value_class(v), v)]
-        else:
-            self.other.pop(sub_id, None)
-
-    def empty(self) -> bool:
-        return not (self.equal or self.exists or self.other)
-
-    def hits(self, value: object, counts: dict[str, int]) -> None:
-        for bucket in (self.equal.get((value_class(value), value)), self.exists):
-            if bucket:
-                for sub_id, n in bucket.items():
-                    counts[sub_id] += n
-        for sub_id, predicates in self.other.items():
-            n = sum(1 for op, target in predicates if evaluate(op, target, value))
-            if n:
-                counts[sub_id] += n
+NUMBER, STRING, BOOL = 0, 1, 2
+CLASS_CODES = {"number": NUMBER, "string": STRING, "bool": BOOL}
+EQ, NE, GT, GE, LT, LE, BETWEEN, IN, CONTAINS, STARTS_WITH, ENDS_WITH, EXISTS = range(12)
+OP_CODES = {
+    "eq": EQ, "ne": NE, "gt": GT, "ge": GE, "lt": LT, "le": LE, "between": BETWEEN, "in": IN,
+    "contains": CONTAINS, "starts_with": STARTS_WITH, "ends_with": ENDS_WITH, "exists": EXISTS,
+}  # fmt: skip
+RANGE_OPS = (GT, GE, LT, LE, BETWEEN)
+PYTHON_OPS = (IN, CONTAINS, STARTS_WITH, ENDS_WITH)
+EXACT_LIMIT = 2**53
+MERGE_MIN = 512
+CHUNK_PAIRS = 1 << 20
 
 
-def _bump(bucket: dict[str, int], sub_id: str, delta: int) -> None:
-    n = bucket.get(sub_id, 0) + delta
-    if n:
-        bucket[sub_id] = n
-    else:
-        bucket.pop(sub_id, None)
+def _class_code(value: object) -> int:
+    return CLASS_CODES[value_class(value)]
+
+
+def _exact(value: object) -> bool:
+    return not isinstance(value, int) or isinstance(value, bool) or -EXACT_LIMIT <= value <= EXACT_LIMIT
+
+
+class _Column:
+    """An append-only numpy column with amortised O(1) appends."""
+
+    def __init__(self, dtype: type | str) -> None:
+        self.data = np.empty(256, dtype)
+        self.size = 0
+
+    def append(self, value: object) -> None:
+        if self.size == len(self.data):
+            self.data = np.concatenate([self.data, np.empty(len(self.data), self.data.dtype)])
+        self.data[self.size] = value
+        self.size += 1
+
+    @property
+    def view(self) -> np.ndarray:
+        return self.data[: self.size]
+
+
+class _Bounds:
+    """Range bounds of one (key, operator, class): sorted arrays plus a small unsorted buffer."""
+
+    def __init__(self, op: int, dtype: type) -> None:
+        self.op = op
+        self.dtype = dtype
+        self.values = np.empty(0, dtype)
+        self.slots = np.empty(0, np.int64)
+        self.new_values: list = []
+        self.new_slots: list[int] = []
+
+    def add(self, value: object, slot: int) -> None:
+        self.new_values.append(value)
+        self.new_slots.append(slot)
+        if len(self.new_values) > max(MERGE_MIN, len(self.values) >> 4):
+            self._merge()
+
+    def _merge(self) -> None:
+        values = np.concatenate([self.values, np.array(self.new_values, self.dtype)])
+        slots = np.concatenate([self.slots, np.array(self.new_slots, np.int64)])
+        order = np.argsort(values, kind="stable")
+        self.values, self.slots = values[order], slots[order]
+        self.new_values, self.new_slots = [], []
+
+    def candidates(self, pubs: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(publication, slot) pairs whose bound the publication's value satisfies."""
+        bound = self.values
+        if self.op in (GT, GE, BETWEEN):  # bound below the value: a prefix of the sorted bounds
+            ends = np.searchsorted(bound, values, "left" if self.op == GT else "right")
+            starts = np.zeros_like(ends)
+        else:  # bound above the value: a suffix
+            starts = np.searchsorted(bound, values, "right" if self.op == LT else "left")
+            ends = np.full_like(starts, len(bound))
+        counts = ends - starts
+        total = int(counts.sum())
+        offsets = np.cumsum(counts) - counts
+        picks = np.repeat(starts - offsets, counts) + np.arange(total)
+        pair_pubs, pair_slots = np.repeat(pubs, counts), self.slots[picks]
+        if self.new_values:
+            fresh = np.array(self.new_values, self.dtype)
+            hit = _compare(self.op, values[:, None], fresh[None, :])
+            rows, cols = np.nonzero(hit)
+            pair_pubs = np.concatenate([pair_pubs, pubs[rows]])
+            pair_slots = np.concatenate([pair_slots, np.array(self.new_slots, np.int64)[cols]])
+        return pair_pubs, pair_slots
+
+
+def _compare(op: int, value: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    if op == GT:
+        return value > bound
+    if op in (GE, BETWEEN):
+        return value >= bound
+    if op == LT:
+        return value < bound
+    return value <= bound
 
 
 class SubscriptionIndex:
     def __init__(self) -> None:
-        self._predicates: dict[str, list[Predicate]] = {}
-        self._match_all: set[str] = set()
-        self._keys: dict[str, _KeyIndex] = {}
+        self._slots: dict[str, int] = {}
+        self._sub_ids: list[str | None] = []
+        self._predicates: list[list[Predicate] | None] = []
+        self._alive = _Column(np.bool_)
+        self._start = _Column(np.int64)
+        self._length = _Column(np.int64)
+        self._dead = 0
+        # the predicate table, one row per predicate of every subscription ever filed
+        self._key = _Column(np.int64)
+        self._op = _Column(np.int8)
+        self._cls = _Column(np.int8)
+        self._num = _Column(np.float64)
+        self._num2 = _Column(np.float64)
+        self._obj: list[object] = []
+        self._obj2: list[object] = []
+        self._key_ids: dict[str, int] = {}
+        # access structures
+        self._equal: dict[int, dict[tuple[int, object], list[int]]] = defaultdict(dict)
+        self._prefix: dict[int, dict[str, list[int]]] = defaultdict(dict)
+        self._prefix_lengths: dict[int, set[int]] = defaultdict(set)
+        self._bounds: dict[tuple[int, int, int], _Bounds] = {}
+        self._present: dict[int, list[int]] = defaultdict(list)
+        self._everything: list[int] = []
+        self._inexact: list[int] = []
 
     def __len__(self) -> int:
-        return len(self._predicates)
+        return len(self._slots)
 
     def __contains__(self, sub_id: str) -> bool:
-        return sub_id in self._predicates
+        return sub_id in self._slots
 
-    def add(self, sub_id: str, predicates: Iterable[Predicate]) -> None:
+    # --- updates ----------------------------------------------------------------------------
+    def add(self, sub_id: str, predicates: Iterable[Sequence]) -> None:
         """Store a subscription; an existing one with the same id is replaced."""
         self.remove(sub_id)
         stored = [Predicate(*p) for p in predicates]
-        self._predicates[sub_id] = stored
-        if not stored:
-            self._match_all.add(sub_id)
-        for key, op, target in stored:
-            self._keys.setdefault(key, _KeyIndex()).add(sub_id, op, target)
+        slot = len(self._sub_ids)
+        self._slots[sub_id] = slot
+        self._sub_ids.append(sub_id)
+        self._predicates.append(stored)
+        self._alive.append(True)
+        self._file(slot, stored)
 
     def remove(self, sub_id: str) -> None:
-        stored = self._predicates.pop(sub_id, None)
-        if stored is None:
+        slot = self._slots.pop(sub_id, None)
+        if slot is None:
             return
-        self._match_all.discard(sub_id)
-        for key, op, target in stored:
-            self._keys[key].remove(sub_id, op, target)
-        for key in {p.key for p in stored}:
-            if self._keys[key].empty():
-                del self._keys[key]
+        self._alive.data[slot] = False
+        self._sub_ids[slot] = None
+        self._predicates[slot] = None
+        self._dead += 1
+        if self._dead > max(1024, len(self._slots)):
+            self._rebuild()
 
+    def _rebuild(self) -> None:
+        live = [(s, p) for s, p in zip(self._sub_ids, self._predicates, strict=True) if s is not None]
+        self.__init__()  # type: ignore[misc]
+        for sub_id, predicates in live:
+            self.add(sub_id, predicates)  # type: ignore[arg-type]
+
+    def _file(self, slot: int, predicates: list[Predicate]) -> None:
+        self._start.append(len(self._obj))
+        self._length.append(len(predicates))
+        for key, op, value in predicates:
+            self._append_predicate(key, op, value)
+        if not predicates:
+            self._everything.append(slot)
+            return
+        if not all(_exact(v) for p in predicates for v in (p.value if p.op in ("in", "between") else (p.value,))):
+            self._inexact.append(slot)
+            return
+        key, op, value = min(predicates, key=_access_rank)
+        key_id = self._key_ids[key]
+        if op == "eq":
+            self._equal[key_id].setdefault((_class_code(value), value), []).append(slot)
+        elif op == "in":
+            for v in value:  # type: ignore[union-attr]
+                self._equal[key_id].setdefault((_class_code(v), v), []).append(slot)
+        elif op == "starts_with":
+            self._prefix[key_id].setdefault(value, []).append(slot)  # type: ignore[arg-type]
+            self._prefix_lengths[key_id].add(len(value))  # type: ignore[arg-type]
+        elif op in ("gt", "ge", "lt", "le", "between"):
+            bound = value[0] if op == "between" else value  # type: ignore[index]
+            cls = _class_code(bound)
+            code = OP_CODES[op]
+            bounds = self._bounds.get((key_id, code, cls))
+            if bounds is None:
+                bounds = self._bounds[(key_id, code, cls)] = _Bounds(code, np.float64 if cls == NUMBER else object)
+            bounds.add(bound, slot)
+        else:
+            self._present[key_id].append(slot)
+
+    def _append_predicate(self, key: str, op: str, value: object) -> None:
+        key_id = self._key_ids.setdefault(key, len(self._key_ids))
+        self._key.append(key_id)
+        self._op.append(OP_CODES[op])
+        first = value[0] if op in ("between", "in") else value  # type: ignore[index]
+        cls = -1 if op == "exists" else _class_code(first)
+        self._cls.append(cls)
+        numeric = cls == NUMBER and op != "in" and _exact(first)
+        self._num.append(float(first) if numeric else np.nan)  # type: ignore[arg-type]
+        second = value[1] if op == "between" else None  # type: ignore[index]
+        self._num2.append(float(second) if numeric and second is not None else np.nan)  # type: ignore[arg-type]
+        self._obj.append(frozenset(value) if op == "in" else first)  # type: ignore[arg-type]
+        self._obj2.append(second)
+
+    # --- matching ---------------------------------------------------------------------------
     def match(self, attributes: Mapping[str, object]) -> list[str]:
-        counts: dict[str, int] = defaultdict(int)
-        for key, value in attributes.items():
-            key_index = self._keys.get(key)
-            if key_index is not None:
-                key_index.hits(value, counts)
-        found = [sub_id for sub_id, n in counts.items() if n == len(self._predicates[sub_id])]
-        found.extend(self._match_all)
-        return found
+        return self.match_batch([attributes])[0]
+
+    def match_batch(self, publications: Sequence[Mapping[str, object]]) -> list[list[str]]:
+        """The ids of the subscriptions each publication matches, in the order of the batch."""
+        out: list[list[str]] = [[] for _ in publications]
+        pubs, slots = self.match_pairs(publications)
+        sub_ids = self._sub_ids
+        for pub, slot in zip(pubs.tolist(), slots.tolist(), strict=True):
+            out[pub].append(sub_ids[slot])  # type: ignore[arg-type]
+        return out
+
+    def match_pairs(self, publications: Sequence[Mapping[str, object]]) -> tuple[np.ndarray, np.ndarray]:
+        """All (publication position, subscription slot) matches of a batch; `sub_id(slot)` names them."""
+        batch = _Batch(publications, self._key_ids)
+        pair_pubs, pair_slots = self._candidates(batch)
+        keep = self._alive.view[pair_slots]
+        pair_pubs, pair_slots = pair_pubs[keep], pair_slots[keep]
+        found_pubs, found_slots = [], []
+        for low in range(0, len(pair_pubs), CHUNK_PAIRS):
+            p, s = pair_pubs[low : low + CHUNK_PAIRS], pair_slots[low : low + CHUNK_PAIRS]
+            ok = self._verify(batch, p, s)
+            found_pubs.append(p[ok])
+            found_slots.append(s[ok])
+        everything = np.array([s for s in self._everything if self._sub_ids[s] is not None], np.int64)
+        found_pubs.append(np.repeat(batch.exact_pubs, len(everything)))
+        found_slots.append(np.tile(everything, len(batch.exact_pubs)))
+        if self._inexact or batch.inexact_pubs:
+            exact_pubs, exact_slots = self._by_reference(publications, batch)
+            found_pubs.append(np.array(exact_pubs, np.int64))
+            found_slots.append(np.array(exact_slots, np.int64))
+        return np.concatenate(found_pubs), np.concatenate(found_slots)
+
+    def sub_id(self, slot: int) -> str:
+        return self._sub_ids[slot]  # type: ignore[return-value]
+
+    def _candidates(self, batch: _Batch) -> tuple[np.ndarray, np.ndarray]:
+        pubs: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
+        equal_pubs: list[int] = []
+        equal_slots: list[int] = []
+        for pub, key_id, cls, value in batch.items:
+            bucket = self._equal.get(key_id)
+            if bucket is not None:
+                found = bucket.get((cls, value))
+                if found:
+                    equal_pubs.extend([pub] * len(found))
+                    equal_slots.extend(found)
+            present = self._present.get(key_id)
+            if present:
+                equal_pubs.extend([pub] * len(present))
+                equal_slots.extend(present)
+            if cls == STRING and key_id in self._prefix:
+                prefixes = self._prefix[key_id]
+                for length in self._prefix_lengths[key_id]:
+                    found = prefixes.get(value[:length]) if length <= len(value) else None  # type: ignore[index]
+                    if found:
+                        equal_pubs.extend([pub] * len(found))
+                        equal_slots.extend(found)
+        pubs.append(np.array(equal_pubs, np.int64))
+        slots.append(np.array(equal_slots, np.int64))
+        for (key_id, _, cls), bounds in self._bounds.items():
+            found_pubs, values = batch.values_of(key_id, cls)
+            if len(found_pubs):
+                p, s = bounds.candidates(found_pubs, values)
+                pubs.append(p)
+                slots.append(s)
+        return np.concatenate(pubs), np.concatenate(slots)
+
+    def _verify(self, batch: _Batch, pair_pubs: np.ndarray, pair_slots: np.ndarray) -> np.ndarray:
+        """Check every predicate of every candidate pair at once; a pair holds if all of them do."""
+        if not len(pair_pubs):
+            return np.zeros(0, bool)
+        starts = self._start.view[pair_slots]
+        lengths = self._length.view[pair_slots]
+        total = int(lengths.sum())
+        offsets = np.cumsum(lengths) - lengths
+        rows = np.repeat(starts - offsets, lengths) + np.arange(total)
+        pubs = np.repeat(pair_pubs, lengths)
+        columns = batch.column_of[self._key.view[rows]]
+        ops = self._op.view[rows]
+        classes = self._cls.view[rows]
+        present = columns >= 0
+        pub_classes = np.full(total, -1, np.int8)
+        pub_classes[present] = batch.classes[pubs[present], columns[present]]
+        ok = (ops == EXISTS) & (pub_classes >= 0)
+        same = (classes == pub_classes) & (ops != EXISTS)
+
+        numeric = np.nonzero(same & (classes == NUMBER) & (ops != IN))[0]
+        if len(numeric):
+            v = batch.numbers[pubs[numeric], columns[numeric]]
+            t = self._num.view[rows[numeric]]
+            o = ops[numeric]
+            ok[numeric] = np.select(
+                [o == EQ, o == NE, o == GT, o == GE, o == LT, o == LE, o == BETWEEN],
+                [v == t, v != t, v > t, v >= t, v < t, v <= t, (v >= t) & (v <= self._num2.view[rows[numeric]])],
+                False,
+            )
+        general = np.nonzero(same & (classes != NUMBER) | same & np.isin(ops, PYTHON_OPS))[0]
+        if len(general):
+            ok[general] = [
+                _holds(op, self._obj[row], self._obj2[row], batch.objects[pub][column])
+                for op, row, pub, column in zip(
+                    ops[general].tolist(), rows[general].tolist(), pubs[general].tolist(),
+                    columns[general].tolist(), strict=True,
+                )
+            ]  # fmt: skip
+        return np.logical_and.reduceat(ok, offsets)
+
+    def _by_reference(self, publications: Sequence[Mapping[str, object]], batch: _Batch) -> tuple[list[int], list[int]]:
+        """Values float64 cannot hold exactly: the reference semantics, subscription by subscription."""
+        pubs: list[int] = []
+        slots: list[int] = []
+        inexact_subs = [s for s in self._inexact if self._sub_ids[s] is not None]
+        for pub in range(len(publications)):
+            if pub in batch.inexact_pubs:
+                candidates = [s for s, p in enumerate(self._predicates) if p is not None]
+            else:
+                candidates = inexact_subs
+            for slot in candidates:
+                if matches(self._predicates[slot], publications[pub]):  # type: ignore[arg-type]
+                    pubs.append(pub)
+                    slots.append(slot)
+        return pubs, slots
+
+
+def _access_rank(predicate: Predicate) -> int:
+    """Which predicate files a subscription: the likeliest to be selective and cheap to look up."""
+    return {"eq": 0, "in": 1, "starts_with": 2, "between": 3, "gt": 4, "ge": 4, "lt": 4, "le": 4}.get(predicate.op, 9)
+
+
+def _holds(op: int, target: object, second: object, value: object) -> bool:
+    if op == EQ:
+        return value == target
+    if op == NE:
+        return value != target
+    if op == GT:
+        return value > target  # type: ignore[operator]
+    if op == GE:
+        return value >= target  # type: ignore[operator]
+    if op == LT:
+        return value < target  # type: ignore[operator]
+    if op == LE:
+        return value <= target  # type: ignore[operator]
+    if op == BETWEEN:
+        return target <= value <= second  # type: ignore[operator]
+    if op == IN:
+        return value in target  # type: ignore[operator]
+    if op == CONTAINS:
+        return target in value  # type: ignore[operator]
+    if op == STARTS_WITH:
+        return value.startswith(target)  # type: ignore[union-attr]
+    return value.endswith(target)  # type: ignore[union-attr]
+
+
+class _Batch:
+    """A batch of publications as dense matrices over the keys the index knows."""
+
+    def __init__(self, publications: Sequence[Mapping[str, object]], key_ids: dict[str, int]) -> None:
+        self.items: list[tuple[int, int, int, object]] = []
+        self.inexact_pubs: set[int] = set()
+        columns: dict[int, int] = {}
+        for pub, attributes in enumerate(publications):
+            for key, value in attributes.items():
+                key_id = key_ids.get(key)
+                if key_id is None:
+                    continue
+                if not _exact(value):
+                    self.inexact_pubs.add(pub)
+                columns.setdefault(key_id, len(columns))
+                self.items.append((pub, key_id, _class_code(value), value))
+        n, width = len(publications), max(1, len(columns))
+        self.column_of = np.full(len(key_ids) + 1, -1, np.int64)
+        for key_id, column in columns.items():
+            self.column_of[key_id] = column
+        self.classes = np.full((n, width), -1, np.int8)
+        self.numbers = np.full((n, width), np.nan)
+        self.objects: list[list[object]] = [[None] * width for _ in range(n)]
+        self._by_key: dict[tuple[int, int], tuple[list[int], list[object]]] = defaultdict(lambda: ([], []))
+        self._arrays: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        for pub, key_id, cls, value in self.items:
+            if pub in self.inexact_pubs:
+                continue
+            column = columns[key_id]
+            self.classes[pub, column] = cls
+            self.objects[pub][column] = value
+            if cls == NUMBER:
+                self.numbers[pub, column] = value
+            found = self._by_key[(key_id, cls)]
+            found[0].append(pub)
+            found[1].append(value)
+        self.items = [item for item in self.items if item[0] not in self.inexact_pubs]
+        self.exact_pubs = np.array([p for p in range(n) if p not in self.inexact_pubs], np.int64)
+
+    def values_of(self, key_id: int, cls: int) -> tuple[np.ndarray, np.ndarray]:
+        """The publications carrying `key_id` with a value of class `cls`, and those values."""
+        cached = self._arrays.get((key_id, cls))
+        if cached is None:
+            found = self._by_key.get((key_id, cls))
+            if found is None:
+                cached = (np.empty(0, np.int64), np.empty(0))
+            else:
+                cached = (np.array(found[0], np.int64), np.array(found[1], np.float64 if cls == NUMBER else object))
+            self._arrays[(key_id, cls)] = cached
+        return cached

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import orjson
 import pyarrow as pa
 
@@ -23,6 +24,7 @@ from veil.store import KIND_PUBLICATION, KIND_SUBSCRIBE
 MATCH_SCHEMA = "offset LONG, sub_id STRING"
 _OUT_SCHEMA = pa.schema([("offset", pa.int64()), ("sub_id", pa.string())])
 _FLUSH_ROWS = 65536
+RUN_LIMIT = 4096  # publications matched per index call
 
 _indexes: dict[tuple[str, int, int], tuple[SubscriptionIndex, int]] = {}
 
@@ -43,8 +45,8 @@ class MatchPartition:
         index: SubscriptionIndex | None = None
         key: tuple[str, int, int] | None = None
         end = 0
-        offsets: list[int] = []
-        subs: list[str | None] = []
+        run = _Run()
+        out = _Output()
         for batch in batches:
             columns = batch.to_pydict()
             for part, offset, kind, sub_id, body, until in zip(
@@ -55,21 +57,23 @@ class MatchPartition:
                     key = (self.url, self.partitions, part)
                     index, end = self._index_at(key, part, offset), until
                 elif kind == KIND_PUBLICATION:
-                    for match in index.match(flatten(orjson.loads(body))):  # type: ignore[union-attr]
-                        offsets.append(offset)
-                        subs.append(match)
-                elif kind == KIND_SUBSCRIBE:
-                    index.add(sub_id, decode_subscription(body))  # type: ignore[union-attr]
+                    run.add(offset, body)
+                    if len(run) >= RUN_LIMIT:
+                        run.match(index, out)  # type: ignore[arg-type]
                 else:
-                    index.remove(sub_id)  # type: ignore[union-attr]
-            if len(offsets) >= _FLUSH_ROWS:
-                yield _batch(offsets, subs)
-                offsets, subs = [], []
+                    # publications before a subscription change are matched before it applies
+                    run.match(index, out)  # type: ignore[arg-type]
+                    if kind == KIND_SUBSCRIBE:
+                        index.add(sub_id, decode_subscription(body))  # type: ignore[union-attr]
+                    else:
+                        index.remove(sub_id)  # type: ignore[union-attr]
+            if len(out) >= _FLUSH_ROWS:
+                yield out.take()
         if index is not None and key is not None:
+            run.match(index, out)
             _indexes[key] = (index, end)
-            offsets.append(end)
-            subs.append(None)
-        yield _batch(offsets, subs)
+            out.mark(end)
+        yield out.take()
 
     def _index_at(self, key: tuple[str, int, int], part: int, start: int) -> SubscriptionIndex:
         cached = _indexes.pop(key, None)
@@ -91,5 +95,44 @@ class MatchPartition:
         return index
 
 
-def _batch(offsets: list[int], subs: list[str | None]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([pa.array(offsets, pa.int64()), pa.array(subs, pa.string())], schema=_OUT_SCHEMA)
+class _Run:
+    """Consecutive publications with no subscription change between them: matched as one batch."""
+
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+        self.documents: list[dict] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def add(self, offset: int, body: bytes) -> None:
+        self.offsets.append(offset)
+        self.documents.append(flatten(orjson.loads(body)))
+
+    def match(self, index: SubscriptionIndex, out: _Output) -> None:
+        if self.offsets:
+            pubs, slots = index.match_pairs(self.documents)
+            out.offsets.append(np.asarray(self.offsets, np.int64)[pubs])
+            out.sub_ids.extend(index.sub_id(slot) for slot in slots.tolist())
+            self.offsets, self.documents = [], []
+
+
+class _Output:
+    def __init__(self) -> None:
+        self.offsets: list[np.ndarray] = []
+        self.sub_ids: list[str | None] = []
+
+    def __len__(self) -> int:
+        return len(self.sub_ids)
+
+    def mark(self, end: int) -> None:
+        self.offsets.append(np.array([end], np.int64))
+        self.sub_ids.append(None)
+
+    def take(self) -> pa.RecordBatch:
+        offsets = np.concatenate(self.offsets) if self.offsets else np.empty(0, np.int64)
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array(offsets, pa.int64()), pa.array(self.sub_ids, pa.string())], schema=_OUT_SCHEMA
+        )
+        self.offsets, self.sub_ids = [], []
+        return batch
