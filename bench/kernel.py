@@ -1,0 +1,106 @@
+"""Kernel benchmark: publications/s against 10^2..10^6 subscriptions, one core, logistics workload.
+
+The index matches batches of publications; the baseline is the seeds' approach, a loop over every
+subscription evaluating its predicates (the reference semantics), on identical data in the same run.
+Results of both are compared on the publications the baseline gets through.
+
+    python bench/kernel.py [--sizes 100,1000,10000,100000,1000000] [--plot bench/results/kernel.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the issue's kernel figures ask
+
+from bench.workloads import logistics_publication, logistics_subscription
+from veil.matching import Predicate, SubscriptionIndex, matches
+
+BATCH = 2000
+BUDGET = 3.0  # seconds per measurement
+
+
+def naive_rate(subscriptions: list[tuple[str, list[Predicate]]], publications: list[dict]) -> tuple[float, list]:
+    results = []
+    started = time.perf_counter()
+    for publication in publications:
+        results.append(sorted(s for s, p in subscriptions if matches(p, publication)))
+        if time.perf_counter() - started > BUDGET:
+            break
+    return len(results) / (time.perf_counter() - started), results
+
+
+def index_rate(index: SubscriptionIndex, publications: list[dict]) -> tuple[float, float]:
+    matched = done = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < BUDGET:
+        batch = publications[done % len(publications) :][:BATCH]
+        pubs, _ = index.match_pairs(batch)
+        matched += len(pubs)
+        done += len(batch)
+    return done / (time.perf_counter() - started), matched / done
+
+
+def run(size: int, rng: random.Random) -> dict:
+    subscriptions = [(f"s{i}", [Predicate(*p) for p in logistics_subscription(rng)]) for i in range(size)]
+    publications = [logistics_publication(rng) for _ in range(20_000)]
+    index = SubscriptionIndex()
+    started = time.perf_counter()
+    for sub_id, predicates in subscriptions:
+        index.add(sub_id, predicates)
+    build = time.perf_counter() - started
+    rate, per_pub = index_rate(index, publications)
+    naive, expected = naive_rate(subscriptions, publications)
+    got = [sorted(found) for found in index.match_batch(publications[: len(expected)])]
+    assert got == expected, "index and naive loop disagree"
+    return {"subs": size, "index": rate, "naive": naive, "matches": per_pub, "build": build, "checked": len(expected)}
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sizes = [r["subs"] for r in rows]
+    ax.loglog(sizes, [r["index"] for r in rows], "o-", label="Veil index (batched)")
+    ax.loglog(sizes, [r["naive"] for r in rows], "s--", label="naive loop (seed approach)")
+    ax.set_xlabel("subscriptions")
+    ax.set_ylabel("publications/s (one core)")
+    ax.set_title("Matching kernel, logistics workload")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="100,1000,10000,100000,1000000")
+    parser.add_argument("--plot", default="docs/performance/kernel.png")
+    args = parser.parse_args()
+    rng = random.Random(1)
+    rows = []
+    print(f"cores: {os.cpu_count()}, numpy threads: {os.environ['OMP_NUM_THREADS']}")
+    header = f"{'subs':>9} {'index pub/s':>12} {'naive pub/s':>12} {'ratio':>8} {'matches/pub':>12} {'build s':>8}"
+    print(header)
+    print("-" * len(header))
+    for size in (int(s) for s in args.sizes.split(",")):
+        row = run(size, rng)
+        rows.append(row)
+        print(
+            f"{row['subs']:>9} {row['index']:>12.0f} {row['naive']:>12.1f} {row['index'] / row['naive']:>8.0f} "
+            f"{row['matches']:>12.3f} {row['build']:>8.1f}",
+            flush=True,
+        )
+    plot(rows, args.plot)
+    print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
