@@ -27,7 +27,9 @@ def predicates(draw: st.DrawFn) -> Predicate:
         return Predicate(key, "exists", None)
     if kind == "bool":
         op = draw(st.sampled_from(["eq", "ne", "in"]))
-        return Predicate(key, op, draw(st.lists(booleans, min_size=1, max_size=2, unique=True)) if op == "in" else draw(booleans))
+        return Predicate(
+            key, op, draw(st.lists(booleans, min_size=1, max_size=2, unique=True)) if op == "in" else draw(booleans)
+        )
     values = numbers if kind == "number" else strings
     ops = ["eq", "ne", "gt", "ge", "lt", "le", "between", "in"]
     if kind == "string":
@@ -88,6 +90,6 @@ def test_many_updates_trigger_merges_and_rebuilds():
     for i in range(0, 3000, 3):
         index.add(f"s{i}", [Predicate("x", "le", i % 100)])
     replaced = set(range(0, 3000, 3))
-    expected = {f"s{i}" for i in range(1, 5000, 2) if 50 > i % 100 and i not in replaced}
-    expected |= {f"s{i}" for i in replaced if 50 <= i % 100}
+    expected = {f"s{i}" for i in range(1, 5000, 2) if i % 100 < 50 and i not in replaced}
+    expected |= {f"s{i}" for i in replaced if i % 100 >= 50}
     assert set(index.match({"x": 50, "y": "a"})) == expected
