@@ -57,6 +57,12 @@ class Config:
     )
     workers: int | None = _opt(None, "Spark task threads in local mode", ("VEIL_WORKERS", "WORKERS"), int)
     partitions: int = _opt(2, "matcher partitions (fixed per deployment)", ("VEIL_PARTITIONS",))
+    partition_mode: str = _opt(
+        "subscriptions",
+        "subscriptions: each partition holds 1/N of them (scales their number); "
+        "publications: each holds all and matches 1/N of the publications (scales the rate)",
+        ("VEIL_PARTITION_MODE",),
+    )
     trigger_ms: int = _opt(50, "micro-batch trigger interval in milliseconds", ("VEIL_TRIGGER_MS",))
     max_batch_rows: int = _opt(50000, "most log entries per micro-batch", ("VEIL_MAX_BATCH_ROWS",))
     instances: int = _opt(1, "number of broker instances", ("VEIL_INSTANCES", "INSTANCES"))
@@ -119,6 +125,8 @@ class Config:
             )
         if self.partitions < 1:
             raise ValueError("--partitions: at least 1")
+        if self.partition_mode not in ("subscriptions", "publications"):
+            raise ValueError("--partition-mode: subscriptions or publications")
         if self.instances < 1 or not 0 <= self.instance_id < self.instances:
             raise ValueError("--instance-id must be below --instances")
         if self.metrics_interval < 1:

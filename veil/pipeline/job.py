@@ -59,9 +59,11 @@ def start_query(spark, config: Config):
         .option("store", url)
         .option("partitions", str(config.partitions))
         .option("maxRowsPerBatch", str(config.max_batch_rows))
+        .option("partitionMode", config.partition_mode)
         .load()
     )
-    matches = log_entries.mapInArrow(MatchPartition(url, config.partitions), MATCH_SCHEMA)
+    by_publication = config.partition_mode == "publications"
+    matches = log_entries.mapInArrow(MatchPartition(url, config.partitions, by_publication), MATCH_SCHEMA)
     return (
         matches.writeStream.queryName("veil_match")
         .foreachBatch(DeliveryWriter(url))
@@ -108,8 +110,10 @@ def run(config: Config, watch_parent: bool = True) -> int:
     spark = build_session(config)
     query = start_query(spark, config)
     store.set_status("pipeline", os.getpid())
-    log.info("pipeline running (%s, %d partitions) after %.1f s", config.master, config.partitions,
-             time.monotonic() - started)  # fmt: skip
+    log.info(
+        "pipeline running (%s, %d partitions by %s) after %.1f s",
+        config.master, config.partitions, config.partition_mode, time.monotonic() - started,
+    )  # fmt: skip
     try:
         while not stop.is_set():
             if query.awaitTermination(0.5):

@@ -37,9 +37,10 @@ class MatchPartition:
     """Picklable task function; the `until` mark rows of its output tell the exit point how far the
     log was processed."""
 
-    def __init__(self, url: str, partitions: int) -> None:
+    def __init__(self, url: str, partitions: int, by_publication: bool) -> None:
         self.url = url
         self.partitions = partitions
+        self.by_publication = by_publication
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         index: SubscriptionIndex | None = None
@@ -54,7 +55,7 @@ class MatchPartition:
                 columns["until"], strict=True,
             ):  # fmt: skip
                 if kind == KIND_MARK:
-                    key = (self.url, self.partitions, part)
+                    key = (self.url, self.partitions, -1 if self.by_publication else part)
                     index, end = self._index_at(key, part, offset), until
                 elif kind == KIND_PUBLICATION:
                     run.add(offset, body)
@@ -80,7 +81,10 @@ class MatchPartition:
         if cached is not None and cached[1] == start:
             return cached[0]
         store = store_for(self.url)
-        mine = lambda sub_id: partition_of(sub_id, self.partitions) == part  # noqa: E731
+
+        def mine(sub_id: str) -> bool:
+            return self.by_publication or partition_of(sub_id, self.partitions) == part
+
         if cached is not None and cached[1] < start:
             index = cached[0]
             dropped, added = store.subscription_changes(cached[1], start)

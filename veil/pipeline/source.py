@@ -34,12 +34,18 @@ _ARROW_SCHEMA = pa.schema(
 
 
 class LogRange(InputPartition):
-    def __init__(self, part: int, partitions: int, start: int, end: int) -> None:
+    """One matcher task's share of a micro-batch: the log range (start, end], of which it matches the
+    publications in (low, high] and applies the subscription changes routed to it."""
+
+    def __init__(self, part: int, partitions: int, start: int, end: int, low: int, high: int, by_publication: bool):
         super().__init__((part, start, end))
         self.part = part
         self.partitions = partitions
         self.start = start
         self.end = end
+        self.low = low
+        self.high = high
+        self.by_publication = by_publication
 
 
 class EventLogSource(DataSource):
@@ -59,6 +65,7 @@ class EventLogReader(DataSourceStreamReader):
         self.url = options["store"]
         self.partitions_n = int(options.get("partitions", "1"))
         self.max_rows = int(options.get("maxRowsPerBatch", "50000"))
+        self.by_publication = options.get("partitionMode", "subscriptions") == "publications"
 
     def initialOffset(self) -> dict:
         # Without a checkpoint, resume after what the store says was already delivered.
@@ -74,16 +81,26 @@ class EventLogReader(DataSourceStreamReader):
         return {"offset": max(head, start["offset"])}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        if start["offset"] >= end["offset"]:
+        """Subscription partitioning: every task sees every publication and 1/N of the subscriptions.
+        Publication partitioning: every task holds all subscriptions and matches 1/N of the range."""
+        low, high, n = start["offset"], end["offset"], self.partitions_n
+        if low >= high:
             return []
-        return [LogRange(p, self.partitions_n, start["offset"], end["offset"]) for p in range(self.partitions_n)]
+        if not self.by_publication:
+            return [LogRange(p, n, low, high, low, high, False) for p in range(n)]
+        cuts = [low + (high - low) * p // n for p in range(n + 1)]
+        return [LogRange(p, n, low, high, cuts[p], cuts[p + 1], True) for p in range(n) if cuts[p] < cuts[p + 1]]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, LogRange)
         part, n = partition.part, partition.partitions
         offsets, kinds, sub_ids, bodies = [partition.start], [KIND_MARK], [None], [None]
         for entry in store_for(self.url).log_range(partition.start, partition.end):
-            if entry.kind == KIND_PUBLICATION or partition_of(entry.sub_id, n) == part:  # type: ignore[arg-type]
+            if entry.kind == KIND_PUBLICATION:
+                wanted = partition.low < entry.offset <= partition.high
+            else:
+                wanted = partition.by_publication or partition_of(entry.sub_id, n) == part  # type: ignore[arg-type]
+            if wanted:
                 offsets.append(entry.offset)
                 kinds.append(entry.kind)
                 sub_ids.append(entry.sub_id)
