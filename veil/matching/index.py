@@ -31,8 +31,8 @@ OP_CODES = {
     "eq": EQ, "ne": NE, "gt": GT, "ge": GE, "lt": LT, "le": LE, "between": BETWEEN, "in": IN,
     "contains": CONTAINS, "starts_with": STARTS_WITH, "ends_with": ENDS_WITH, "exists": EXISTS,
 }  # fmt: skip
-RANGE_OPS = (GT, GE, LT, LE, BETWEEN)
-PYTHON_OPS = (IN, CONTAINS, STARTS_WITH, ENDS_WITH)
+CHECK_INTERVAL, CHECK_TOKEN, CHECK_PRESENT, CHECK_PYTHON = range(4)
+_CLASS_OF_TYPE = {bool: BOOL, int: NUMBER, float: NUMBER, str: STRING}
 EXACT_LIMIT = 2**53
 MERGE_MIN = 512
 CHUNK_PAIRS = 1 << 20
@@ -130,14 +130,21 @@ class SubscriptionIndex:
         self._start = _Column(np.int64)
         self._length = _Column(np.int64)
         self._dead = 0
-        # the predicate table, one row per predicate of every subscription ever filed
+        # the predicate table, one row per predicate of every subscription ever filed; `kind` says how
+        # a row is checked: as a numeric interval [low, high] (exclusive bounds moved one float step
+        # inwards; `ne` negated), as an interned token compared for (in)equality, as a presence
+        # test, or in Python for the rest (string order, `in`, substring operators)
         self._key = _Column(np.int64)
-        self._op = _Column(np.int8)
+        self._kind = _Column(np.int8)
         self._cls = _Column(np.int8)
-        self._num = _Column(np.float64)
-        self._num2 = _Column(np.float64)
+        self._low = _Column(np.float64)
+        self._high = _Column(np.float64)
+        self._negate = _Column(np.bool_)
+        self._token = _Column(np.int64)
+        self._op: list[int] = []
         self._obj: list[object] = []
         self._obj2: list[object] = []
+        self._tokens: dict[tuple[int, object], int] = {}
         self._key_ids: dict[str, int] = {}
         # access structures
         self._equal: dict[int, dict[tuple[int, object], list[int]]] = defaultdict(dict)
@@ -184,7 +191,7 @@ class SubscriptionIndex:
             self.add(sub_id, predicates)  # type: ignore[arg-type]
 
     def _file(self, slot: int, predicates: list[Predicate]) -> None:
-        self._start.append(len(self._obj))
+        self._start.append(len(self._op))
         self._length.append(len(predicates))
         for key, op, value in predicates:
             self._append_predicate(key, op, value)
@@ -194,7 +201,7 @@ class SubscriptionIndex:
         if not all(_exact(v) for p in predicates for v in (p.value if p.op in ("in", "between") else (p.value,))):
             self._inexact.append(slot)
             return
-        key, op, value = min(predicates, key=_access_rank)
+        key, op, value = self._access(predicates)
         key_id = self._key_ids[key]
         if op == "eq":
             self._equal[key_id].setdefault((_class_code(value), value), []).append(slot)
@@ -215,17 +222,62 @@ class SubscriptionIndex:
         else:
             self._present[key_id].append(slot)
 
+    def _access(self, predicates: list[Predicate]) -> Predicate:
+        """The predicate expected to let the fewest publications through, judged by how many filed
+        subscriptions its bucket or bound array already holds (a range lets about half through);
+        the presence of a key is the last resort."""
+        best, best_cost = predicates[0], float("inf")
+        for predicate in predicates:
+            key_id = self._key_ids[predicate.key]
+            op, value = predicate.op, predicate.value
+            if op == "eq":
+                cost = len(self._equal.get(key_id, {}).get((_class_code(value), value), ()))
+            elif op == "in":
+                bucket = self._equal.get(key_id, {})
+                cost = sum(len(bucket.get((_class_code(v), v), ())) for v in value) + 0.5  # type: ignore[union-attr]
+            elif op == "starts_with":
+                cost = len(self._prefix.get(key_id, {}).get(value, ())) + 0.5  # type: ignore[arg-type]
+            elif op in ("gt", "ge", "lt", "le", "between"):
+                bound = value[0] if op == "between" else value  # type: ignore[index]
+                bounds = self._bounds.get((key_id, OP_CODES[op], _class_code(bound)))
+                cost = (len(bounds.values) + len(bounds.new_values) if bounds else 0) / 2 + 1
+            else:
+                cost = float("inf")
+            if cost < best_cost:
+                best, best_cost = predicate, cost
+        return best
+
     def _append_predicate(self, key: str, op: str, value: object) -> None:
         key_id = self._key_ids.setdefault(key, len(self._key_ids))
-        self._key.append(key_id)
-        self._op.append(OP_CODES[op])
+        code = OP_CODES[op]
         first = value[0] if op in ("between", "in") else value  # type: ignore[index]
-        cls = -1 if op == "exists" else _class_code(first)
-        self._cls.append(cls)
-        numeric = cls == NUMBER and op != "in" and _exact(first)
-        self._num.append(float(first) if numeric else np.nan)  # type: ignore[arg-type]
         second = value[1] if op == "between" else None  # type: ignore[index]
-        self._num2.append(float(second) if numeric and second is not None else np.nan)  # type: ignore[arg-type]
+        cls = -1 if op == "exists" else _class_code(first)
+        low, high, token, kind = -np.inf, np.inf, -1, CHECK_PYTHON
+        if op == "exists":
+            kind = CHECK_PRESENT
+        elif cls == NUMBER and code in (EQ, NE, GT, GE, LT, LE, BETWEEN) and _exact(first) and _exact(second):
+            kind = CHECK_INTERVAL
+            t = float(first)  # type: ignore[arg-type]
+            if code in (EQ, NE):
+                low = high = t
+            elif code in (GT, GE):
+                low = np.nextafter(t, np.inf) if code == GT else t
+            elif code in (LT, LE):
+                high = np.nextafter(t, -np.inf) if code == LT else t
+            else:
+                low, high = t, float(second)  # type: ignore[arg-type]
+        elif cls in (STRING, BOOL) and code in (EQ, NE):
+            kind = CHECK_TOKEN
+            token = self._tokens.setdefault((cls, first), len(self._tokens))
+        self._key.append(key_id)
+        self._kind.append(kind)
+        self._cls.append(cls)
+        self._low.append(low)
+        self._high.append(high)
+        self._negate.append(code == NE)
+        self._token.append(token)
+        self._op.append(code)
         self._obj.append(frozenset(value) if op == "in" else first)  # type: ignore[arg-type]
         self._obj2.append(second)
 
@@ -244,7 +296,7 @@ class SubscriptionIndex:
 
     def match_pairs(self, publications: Sequence[Mapping[str, object]]) -> tuple[np.ndarray, np.ndarray]:
         """All (publication position, subscription slot) matches of a batch; `sub_id(slot)` names them."""
-        batch = _Batch(publications, self._key_ids)
+        batch = _Batch(publications, self._key_ids, self._tokens)
         pair_pubs, pair_slots = self._candidates(batch)
         keep = self._alive.view[pair_slots]
         pair_pubs, pair_slots = pair_pubs[keep], pair_slots[keep]
@@ -303,40 +355,28 @@ class SubscriptionIndex:
         """Check every predicate of every candidate pair at once; a pair holds if all of them do."""
         if not len(pair_pubs):
             return np.zeros(0, bool)
-        starts = self._start.view[pair_slots]
         lengths = self._length.view[pair_slots]
         total = int(lengths.sum())
         offsets = np.cumsum(lengths) - lengths
-        rows = np.repeat(starts - offsets, lengths) + np.arange(total)
-        pubs = np.repeat(pair_pubs, lengths)
-        columns = batch.column_of[self._key.view[rows]]
-        ops = self._op.view[rows]
-        classes = self._cls.view[rows]
-        present = columns >= 0
-        pub_classes = np.full(total, -1, np.int8)
-        pub_classes[present] = batch.classes[pubs[present], columns[present]]
-        ok = (ops == EXISTS) & (pub_classes >= 0)
-        same = (classes == pub_classes) & (ops != EXISTS)
-
-        numeric = np.nonzero(same & (classes == NUMBER) & (ops != IN))[0]
-        if len(numeric):
-            v = batch.numbers[pubs[numeric], columns[numeric]]
-            t = self._num.view[rows[numeric]]
-            o = ops[numeric]
-            ok[numeric] = np.select(
-                [o == EQ, o == NE, o == GT, o == GE, o == LT, o == LE, o == BETWEEN],
-                [v == t, v != t, v > t, v >= t, v < t, v <= t, (v >= t) & (v <= self._num2.view[rows[numeric]])],
-                False,
-            )
-        general = np.nonzero(same & (classes != NUMBER) | same & np.isin(ops, PYTHON_OPS))[0]
-        if len(general):
-            ok[general] = [
-                _holds(op, self._obj[row], self._obj2[row], batch.objects[pub][column])
-                for op, row, pub, column in zip(
-                    ops[general].tolist(), rows[general].tolist(), pubs[general].tolist(),
-                    columns[general].tolist(), strict=True,
-                )
-            ]  # fmt: skip
+        rows = np.repeat(self._start.view[pair_slots] - offsets, lengths) + np.arange(total)
+        # one flat index into the batch matrices per predicate; absent keys land in the empty column
+        cells = np.repeat(pair_pubs * batch.width, lengths) + batch.column_of[self._key.view[rows]]
+        pub_classes = batch.classes.take(cells)
+        kinds = self._kind.view[rows]
+        same = pub_classes == self._cls.view[rows]
+        numbers = batch.numbers.take(cells)
+        inside = (numbers >= self._low.view[rows]) & (numbers <= self._high.view[rows])
+        equal = batch.tokens.take(cells) == self._token.view[rows]
+        ok = np.where(kinds == CHECK_INTERVAL, inside, equal)
+        ok ^= self._negate.view[rows]
+        ok &= same
+        ok = np.where(kinds == CHECK_PRESENT, pub_classes >= 0, ok)
+        slow = np.nonzero((kinds == CHECK_PYTHON) & same)[0]
+        if len(slow):
+            ok[slow] = [
+                _holds(self._op[row], self._obj[row], self._obj2[row], batch.value_at(cell))
+                for row, cell in zip(rows[slow].tolist(), cells[slow].tolist(), strict=True)
+            ]
         return np.logical_and.reduceat(ok, offsets)
 
     def _by_reference(self, publications: Sequence[Mapping[str, object]], batch: _Batch) -> tuple[list[int], list[int]]:
@@ -354,11 +394,6 @@ class SubscriptionIndex:
                     pubs.append(pub)
                     slots.append(slot)
         return pubs, slots
-
-
-def _access_rank(predicate: Predicate) -> int:
-    """Which predicate files a subscription: the likeliest to be selective and cheap to look up."""
-    return {"eq": 0, "in": 1, "starts_with": 2, "between": 3, "gt": 4, "ge": 4, "lt": 4, "le": 4}.get(predicate.op, 9)
 
 
 def _holds(op: int, target: object, second: object, value: object) -> bool:
@@ -386,43 +421,85 @@ def _holds(op: int, target: object, second: object, value: object) -> bool:
 
 
 class _Batch:
-    """A batch of publications as dense matrices over the keys the index knows."""
+    """A batch of publications as dense matrices over the keys the index knows, plus one empty column
+    where keys a publication lacks point to."""
 
-    def __init__(self, publications: Sequence[Mapping[str, object]], key_ids: dict[str, int]) -> None:
+    def __init__(
+        self,
+        publications: Sequence[Mapping[str, object]],
+        key_ids: dict[str, int],
+        tokens: dict[tuple[int, object], int],
+    ) -> None:
         self.items: list[tuple[int, int, int, object]] = []
         self.inexact_pubs: set[int] = set()
         columns: dict[int, int] = {}
+        by_key: dict[tuple[int, int], tuple[list[int], list[object]]] = {}
+        cells: list[int] = []
+        classes: list[int] = []
+        class_of = _CLASS_OF_TYPE
         for pub, attributes in enumerate(publications):
             for key, value in attributes.items():
                 key_id = key_ids.get(key)
                 if key_id is None:
                     continue
-                if not _exact(value):
+                cls = class_of[type(value)]
+                if cls == NUMBER and type(value) is int and not -EXACT_LIMIT <= value <= EXACT_LIMIT:  # type: ignore[operator]
                     self.inexact_pubs.add(pub)
-                columns.setdefault(key_id, len(columns))
-                self.items.append((pub, key_id, _class_code(value), value))
-        n, width = len(publications), max(1, len(columns))
-        self.column_of = np.full(len(key_ids) + 1, -1, np.int64)
+                column = columns.get(key_id)
+                if column is None:
+                    column = columns[key_id] = len(columns)
+                self.items.append((pub, key_id, cls, value))
+                cells.append(column)
+                classes.append(cls)
+                found = by_key.get((key_id, cls))
+                if found is None:
+                    found = by_key[(key_id, cls)] = ([], [])
+                found[0].append(pub)
+                found[1].append(value)
+        n = len(publications)
+        self.width = width = len(columns) + 1
+        self.column_of = np.full(len(key_ids) + 1, width - 1, np.int64)
         for key_id, column in columns.items():
             self.column_of[key_id] = column
-        self.classes = np.full((n, width), -1, np.int8)
-        self.numbers = np.full((n, width), np.nan)
-        self.objects: list[list[object]] = [[None] * width for _ in range(n)]
-        self._by_key: dict[tuple[int, int], tuple[list[int], list[object]]] = defaultdict(lambda: ([], []))
+        if self.inexact_pubs:  # matched by the reference semantics instead: drop them here
+            keep = [i for i, item in enumerate(self.items) if item[0] not in self.inexact_pubs]
+            self.items = [self.items[i] for i in keep]
+            cells = [cells[i] for i in keep]
+            classes = [classes[i] for i in keep]
+            by_key = {}
+            for pub, key_id, cls, value in self.items:
+                found = by_key.setdefault((key_id, cls), ([], []))
+                found[0].append(pub)
+                found[1].append(value)
+        pubs = np.fromiter((item[0] for item in self.items), np.int64, len(self.items))
+        flat = pubs * width + np.asarray(cells, np.int64)
+        class_array = np.asarray(classes, np.int8)
+        self.classes = np.full(n * width, -1, np.int8)
+        self.classes[flat] = class_array
+        self.numbers = np.full(n * width, np.nan)
+        self.tokens = np.full(n * width, -1, np.int64)
+        numeric = class_array == NUMBER
+        values = [item[3] for item in self.items]
+        if numeric.any():
+            self.numbers[flat[numeric]] = np.array(
+                [v for v, m in zip(values, numeric.tolist(), strict=True) if m], np.float64
+            )
+        if not numeric.all():
+            self.tokens[flat[~numeric]] = [
+                tokens.get((c, v), -1) for v, c, m in zip(values, classes, numeric.tolist(), strict=True) if not m
+            ]
+        self._flat = flat
+        self._values = values
+        self._objects: dict[int, object] | None = None
+        self._by_key = by_key
         self._arrays: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-        for pub, key_id, cls, value in self.items:
-            if pub in self.inexact_pubs:
-                continue
-            column = columns[key_id]
-            self.classes[pub, column] = cls
-            self.objects[pub][column] = value
-            if cls == NUMBER:
-                self.numbers[pub, column] = value
-            found = self._by_key[(key_id, cls)]
-            found[0].append(pub)
-            found[1].append(value)
-        self.items = [item for item in self.items if item[0] not in self.inexact_pubs]
         self.exact_pubs = np.array([p for p in range(n) if p not in self.inexact_pubs], np.int64)
+
+    def value_at(self, cell: int) -> object:
+        """The value in a matrix cell, for the predicates checked in Python."""
+        if self._objects is None:
+            self._objects = dict(zip(self._flat.tolist(), self._values, strict=True))
+        return self._objects.get(cell)
 
     def values_of(self, key_id: int, cls: int) -> tuple[np.ndarray, np.ndarray]:
         """The publications carrying `key_id` with a value of class `cls`, and those values."""

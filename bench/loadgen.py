@@ -1,0 +1,162 @@
+"""Load generators, run as separate processes: HTTP publishers and TCP subscribers.
+
+The subscriber reads the line protocol in bulk, counts lines, and parses one delivery per read for
+its publish timestamp, so that measuring does not cost more than being measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import random
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+
+
+@dataclass
+class PublishResult:
+    acked: int = 0
+    refused: int = 0
+    started: float = 0.0
+    finished: float = 0.0
+
+
+@dataclass
+class SubscribeResult:
+    lines: int = 0
+    last: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+
+
+def lat_lon(rng: random.Random, run: str) -> dict:
+    return {"lat": rng.uniform(0, 100), "lon": rng.uniform(0, 100), "run": run, "t": time.time()}
+
+
+async def _publish(
+    url: str, run: str, seconds: float, rate: float | None, connections: int, batch: int, seed: int, make
+) -> PublishResult:
+    rng = random.Random(seed)
+    result = PublishResult(started=time.time())
+    stop_at = time.monotonic() + seconds
+    content_type = "application/x-ndjson" if batch > 1 else "application/json"
+    connector = aiohttp.TCPConnector(limit=connections)
+    async with aiohttp.ClientSession(connector=connector) as http:
+
+        async def worker(index: int) -> None:
+            sent = 0
+            begin = time.monotonic()
+            while time.monotonic() < stop_at:
+                body = b"\n".join(orjson.dumps(make(rng, run)) for _ in range(batch))
+                async with http.post(url + "/publish", data=body, headers={"Content-Type": content_type}) as response:
+                    await response.read()
+                    if response.status == 200:
+                        result.acked += batch
+                    else:
+                        result.refused += batch
+                        await asyncio.sleep(float(response.headers.get("Retry-After", "0.1")))
+                sent += 1
+                if rate:
+                    await asyncio.sleep(max(0.0, begin + sent * batch * connections / rate - time.monotonic()))
+
+        await asyncio.gather(*(worker(i) for i in range(connections)))
+    result.finished = time.time()
+    return result
+
+
+async def _subscribe(port: int, handshakes: list[bytes], seconds: float, ready, idle: float) -> SubscribeResult:
+    """Read until `seconds` pass, or `idle` seconds pass without a delivery once deliveries began."""
+    result = SubscribeResult()
+    deadline = time.monotonic() + seconds
+    connections = []
+    for handshake in handshakes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 24)
+        writer.write(handshake + b"\n")
+        await writer.drain()
+        connections.append((reader, writer))
+    ready.set()
+
+    async def read(reader: asyncio.StreamReader) -> None:
+        while (remaining := deadline - time.monotonic()) > 0:
+            if result.lines and time.time() - result.last > idle:
+                return
+            try:
+                chunk = await asyncio.wait_for(reader.read(1 << 20), min(remaining, idle / 4))
+            except TimeoutError:
+                continue
+            if not chunk:
+                return
+            now = time.time()
+            lines = chunk.count(b"\n")
+            if lines:
+                result.lines += lines
+                result.last = now
+                # one latency sample per read: the newest complete line
+                end = chunk.rfind(b"\n")
+                begin = chunk.rfind(b"\n", 0, end) + 1
+                with contextlib.suppress(orjson.JSONDecodeError, KeyError, TypeError):
+                    result.latencies.append(now - orjson.loads(chunk[begin:end])["t"])
+
+    await asyncio.gather(*(read(r) for r, _ in connections))
+    for _, writer in connections:
+        writer.close()
+    return result
+
+
+def _run_publisher(queue, *args) -> None:
+    queue.put(asyncio.run(_publish(*args)))
+
+
+def _run_subscriber(queue, ready, port, handshakes, seconds, idle) -> None:
+    queue.put(asyncio.run(_subscribe(port, handshakes, seconds, ready, idle)))
+
+
+class Processes:
+    """Start load generator processes and collect what they report."""
+
+    def __init__(self) -> None:
+        self.context = multiprocessing.get_context("spawn")
+        self.queue = self.context.Queue()
+        self.processes: list[multiprocessing.Process] = []
+
+    def subscribers(
+        self, port: int, handshakes: list[bytes], seconds: float, processes: int = 1, idle: float = 3.0
+    ) -> None:
+        events = []
+        for i in range(processes):
+            ready = self.context.Event()
+            share = handshakes[i::processes]
+            process = self.context.Process(target=_run_subscriber, args=(self.queue, ready, port, share, seconds, idle))
+            process.start()
+            self.processes.append(process)
+            events.append(ready)
+        for ready in events:
+            if not ready.wait(60):
+                raise TimeoutError("subscribers did not connect")
+
+    def publisher(
+        self,
+        url: str,
+        run: str,
+        seconds: float,
+        rate: float | None,
+        connections: int = 16,
+        batch: int = 1,
+        make=lat_lon,
+        seed: int = 0,
+    ) -> None:
+        process = self.context.Process(
+            target=_run_publisher, args=(self.queue, url, run, seconds, rate, connections, batch, seed, make)
+        )
+        process.start()
+        self.processes.append(process)
+
+    def results(self) -> list:
+        out = [self.queue.get() for _ in self.processes]
+        for process in self.processes:
+            process.join()
+        self.processes = []
+        return out

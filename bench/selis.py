@@ -1,0 +1,165 @@
+"""SELIS Fig. 9/11 (S0 §7.4): 1..512 subscriptions on lat/lon publications over HTTP, end to end.
+
+Each subscription is a random lat/lon box (4 constraints) matching a quarter of uniformly random
+publications; all are connected over the TCP line protocol from a separate subscriber process. A
+separate publisher process sends over 16 HTTP connections:
+  * latency: a constant rate; publish-sent → delivery-received, p50 and p99;
+  * saturation: as fast as acknowledgements come; publications/s and matches/s counted until the last
+    delivery arrived (end to end, not just acknowledged). `--batch N` sends NDJSON batches of N.
+The SELIS columns are the peer measurements of SPEC §11 (same machine type) and the seed's figure;
+the SELIS server itself cannot be run here.
+
+    python -m bench.selis [--subscriptions 1,2,4,8,16,32,128,512] [--seconds 10] [--rate 200] [--batch 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+
+import orjson
+
+from bench.loadgen import Processes
+from veil.client import VeilClient
+from veil.harness import BrokerProcess
+
+SELIS_PEER = {1: 459, 8: 674, 128: 264, 512: 86}  # pub/s, SPEC §11, measured 2026-11-21
+SELIS_SEED = {1: 700, 8: 420}  # pub/s, S0 Fig. 9 (i5-4590, wrk2)
+
+
+def box(rng: random.Random, run: str) -> list[dict]:
+    lat, lon = rng.uniform(0, 50), rng.uniform(0, 50)
+    return [
+        {"key": "lat", "val": lat, "type": "double", "op": "ge"},
+        {"key": "lat", "val": lat + 50, "type": "double", "op": "le"},
+        {"key": "lon", "val": lon, "type": "double", "op": "ge"},
+        {"key": "lon", "val": lon + 50, "type": "double", "op": "le"},
+        {"key": "run", "val": run, "op": "eq"},
+    ]
+
+
+def percentile(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100)[q - 1] if len(values) > 2 else float("nan")
+
+
+async def run_case(broker: BrokerProcess, n: int, seconds: float, rate: float, batch: int) -> dict:
+    rng = random.Random(n)
+    run = f"selis-{n}-{time.time_ns()}"
+    async with VeilClient(broker.url, auth_hash="bench") as client:
+        sub_ids = [(await client.subscribe(box(rng, run)))["subscriptionId"] for _ in range(n)]
+    handshakes = [orjson.dumps({"authHash": "bench", "subscriptionId": s}) for s in sub_ids]
+    processes = Processes()
+
+    processes.subscribers(broker.tcp_port, handshakes, seconds + 60)
+    processes.publisher(broker.url, run, seconds, rate, seed=n)
+    steady, listened = sorted(processes.results(), key=lambda r: hasattr(r, "lines"))
+    latencies = sorted(listened.latencies)
+
+    processes.subscribers(broker.tcp_port, handshakes, seconds + 120)
+    processes.publisher(broker.url, run, seconds, None, batch=batch, seed=n + 1)
+    flat_out, drained = sorted(processes.results(), key=lambda r: hasattr(r, "lines"))
+    elapsed = max(drained.last, flat_out.finished) - flat_out.started
+    async with VeilClient(broker.url, auth_hash="bench") as client:
+        for sub_id in sub_ids:
+            await client.unsubscribe(sub_id)
+    return {
+        "subs": n,
+        "selectivity": drained.lines / max(1, flat_out.acked) / n,
+        "rate": steady.acked / (steady.finished - steady.started),
+        "p50": percentile(latencies, 50),
+        "p99": percentile(latencies, 99),
+        "acked": flat_out.acked / (flat_out.finished - flat_out.started),
+        "refused": flat_out.refused,
+        "sustained": flat_out.acked / elapsed,
+        "matches": drained.lines / elapsed,
+    }
+
+
+def print_table(rows: list[dict], batch: int) -> None:
+    form = f"NDJSON batches of {batch}" if batch > 1 else "one publication per POST"
+    print(f"\nSELIS lat/lon workload, {form}, 16 HTTP connections, TCP delivery; {os.cpu_count()} cores")
+    header = (
+        f"{'subs':>5} {'select.':>7} {'at pub/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'acked/s':>8} {'503s':>6} "
+        f"{'e2e pub/s':>10} {'matches/s':>10} {'SELIS peer':>11} {'SELIS seed':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(
+            f"{r['subs']:>5} {r['selectivity']:>7.3f} {r['rate']:>9.0f} {r['p50'] * 1000:>7.0f} "
+            f"{r['p99'] * 1000:>7.0f} {r['acked']:>8.0f} {r['refused']:>6} {r['sustained']:>10.0f} "
+            f"{r['matches']:>10.0f} {SELIS_PEER.get(r['subs'], '-')!s:>11} {SELIS_SEED.get(r['subs'], '-')!s:>11}"
+        )
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    subs = [r["subs"] for r in rows]
+    left.semilogx(subs, [r["sustained"] for r in rows], "o-", base=2, label="Veil, end to end")
+    peers = sorted(SELIS_PEER.items())
+    left.semilogx([p[0] for p in peers], [p[1] for p in peers], "s--", base=2, label="SELIS server (SPEC §11)")
+    left.set_xlabel("subscriptions")
+    left.set_ylabel("publications/s")
+    left.set_title("Throughput (S0 Fig. 9)")
+    left.legend()
+    left.grid(True, alpha=0.3)
+    right.semilogx(subs, [r["p50"] * 1000 for r in rows], "o-", base=2, label="p50")
+    right.semilogx(subs, [r["p99"] * 1000 for r in rows], "^-", base=2, label="p99")
+    right.set_xlabel("subscriptions")
+    right.set_ylabel("publish → delivery, ms")
+    right.set_title(f"Latency at {rows[0]['rate']:.0f} pub/s (S0 Fig. 11)")
+    right.legend()
+    right.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    data_dir = tempfile.mkdtemp(prefix="veil-bench-")
+    broker = BrokerProcess(data_dir, *args.broker_args).start()
+    try:
+        await run_case(broker, 8, 3, args.rate, args.batch)  # warm-up: JIT, Python workers, caches
+        rows = []
+        for n in args.subscriptions:
+            rows.append(await run_case(broker, n, args.seconds, args.rate, args.batch))
+            print(rows[-1], flush=True)
+        print_table(rows, args.batch)
+        if args.plot:
+            plot(rows, args.plot)
+            print(f"plot: {args.plot}")
+    finally:
+        broker.close()
+        if args.keep:
+            print(f"broker data and log kept in {data_dir}")
+        else:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--subscriptions", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16, 32, 128, 512]
+    )
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=200.0, help="publications/s in the latency phase")
+    parser.add_argument("--batch", type=int, default=1, help="publications per POST in the saturation phase")
+    parser.add_argument("--plot", default="docs/performance/selis.png")
+    parser.add_argument("--keep", action="store_true", help="keep the broker's data directory and log")
+    parser.add_argument("--broker-args", nargs=argparse.REMAINDER, default=[], help="extra `veil serve` flags")
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
