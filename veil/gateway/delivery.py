@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import ssl
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from veil.gateway.rest import check_identity
@@ -12,6 +15,7 @@ from veil.protocol import ProtocolError, parse_ack, parse_handshake
 if TYPE_CHECKING:
     from veil.gateway.server import Broker
 
+Receive = Callable[[], Awaitable[bytes | str | None]]
 HANDSHAKE_TIMEOUT = 30.0
 MAX_LINE = 64 * 1024
 
@@ -44,3 +48,32 @@ def handle_client_line(session: Session, raw: bytes | str) -> None:
     if raw.strip():
         with contextlib.suppress(ProtocolError):
             session.acknowledge(parse_ack(raw))
+
+
+async def run_session(
+    broker: Broker, handshake: bytes | str, identity: str | None, send: Send, close: Close, receive: Receive
+) -> None:
+    """Serve one delivery connection: push deliveries while reading acknowledgements, until either
+    side ends it. `receive` returns the client's next message, or None when the client is done."""
+    try:
+        session = await open_session(broker, handshake, identity, send, close)
+    except ProtocolError as exc:
+        await close(exc.to_json())
+        return
+    pusher = asyncio.create_task(session.run())
+    try:
+        while not pusher.done():
+            reading = asyncio.create_task(receive())
+            done, _ = await asyncio.wait({reading, pusher}, return_when=asyncio.FIRST_COMPLETED)
+            if reading not in done:
+                reading.cancel()
+                break
+            message = reading.result()
+            if message is None:
+                break
+            handle_client_line(session, message)
+    finally:
+        await session.close()
+        pusher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
+            await pusher

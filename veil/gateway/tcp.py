@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import ssl
 from typing import TYPE_CHECKING
 
-from veil.gateway.delivery import HANDSHAKE_TIMEOUT, MAX_LINE, handle_client_line, open_session
+from veil.gateway.delivery import HANDSHAKE_TIMEOUT, MAX_LINE, run_session
 from veil.protocol import ProtocolError
 from veil.security.tls import peer_identity
 
 if TYPE_CHECKING:
     from veil.gateway.server import Broker
-
-log = logging.getLogger("veil.gateway")
 
 
 async def start_tcp(broker: Broker, host: str, port: int, context: ssl.SSLContext | None) -> asyncio.Server:
@@ -56,28 +53,11 @@ async def _serve(broker: Broker, reader: asyncio.StreamReader, writer: asyncio.S
     if not line.strip():
         await close(ProtocolError("handshake", "empty handshake line").to_json())
         return
-    identity = peer_identity(writer.get_extra_info("ssl_object"))
-    try:
-        session = await open_session(broker, line, identity, send, close)
-    except ProtocolError as exc:
-        await close(exc.to_json())
-        return
-    pusher = asyncio.create_task(session.run())
-    try:
-        while not pusher.done():
-            reading = asyncio.create_task(reader.readline())
-            done, _ = await asyncio.wait({reading, pusher}, return_when=asyncio.FIRST_COMPLETED)
-            if reading not in done:
-                reading.cancel()
-                break
-            line = reading.result()
-            if not line:
-                break
-            handle_client_line(session, line)
-    except ValueError:
-        pass  # an over-long client line: the client is not speaking the protocol
-    finally:
-        await session.close()
-        pusher.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
-            await pusher
+
+    async def receive() -> bytes | None:
+        try:
+            return await reader.readline() or None
+        except ValueError:
+            return None  # an over-long client line: the client is not speaking the protocol
+
+    await run_session(broker, line, peer_identity(writer.get_extra_info("ssl_object")), send, close, receive)

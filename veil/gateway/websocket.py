@@ -3,13 +3,11 @@ publication per text message; acknowledgements may come back as messages."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import TYPE_CHECKING
 
 from aiohttp import WSMsgType, web
 
-from veil.gateway.delivery import HANDSHAKE_TIMEOUT, MAX_LINE, handle_client_line, open_session
+from veil.gateway.delivery import HANDSHAKE_TIMEOUT, MAX_LINE, run_session
 from veil.gateway.rest import errors, identity_of
 from veil.protocol import ProtocolError
 
@@ -51,25 +49,9 @@ async def _serve(broker: Broker, ws: web.WebSocketResponse, identity: str | None
         return
     if first.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
         return
-    try:
-        session = await open_session(broker, first.data, identity, send, close)
-    except ProtocolError as exc:
-        await close(exc.to_json())
-        return
-    pusher = asyncio.create_task(session.run())
-    try:
-        while not pusher.done():
-            reading = asyncio.create_task(ws.receive())
-            done, _ = await asyncio.wait({reading, pusher}, return_when=asyncio.FIRST_COMPLETED)
-            if reading not in done:
-                reading.cancel()
-                break
-            message = reading.result()
-            if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
-                break
-            handle_client_line(session, message.data)
-    finally:
-        await session.close()
-        pusher.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-            await pusher
+
+    async def receive() -> bytes | str | None:
+        message = await ws.receive()
+        return message.data if message.type in (WSMsgType.TEXT, WSMsgType.BINARY) else None
+
+    await run_session(broker, first.data, identity, send, close, receive)
