@@ -26,7 +26,8 @@ async def open_session(broker: Broker, raw: bytes | str, identity: str | None, s
     check_identity(handshake.auth_hash, identity)
     store = broker.threads.store
     owner = await broker.threads.read(store.subscription_owner, handshake.subscription_id)
-    if owner is None:
+    number = await broker.threads.read(store.subscription_number, handshake.subscription_id)
+    if owner is None or number is None:
         raise ProtocolError("subscriptionId", "unknown subscription", 404)
     if owner != handshake.auth_hash:
         raise ProtocolError("authHash", "not the owner of this subscription", 403)
@@ -34,7 +35,7 @@ async def open_session(broker: Broker, raw: bytes | str, identity: str | None, s
     if start is None:
         saved = await broker.threads.read(store.cursor, handshake.subscription_id)
         start = max(saved, broker.hub.unsaved_cursor(handshake.subscription_id))
-    session = Session(broker.hub, handshake, start, send, close)
+    session = Session(broker.hub, handshake, number, start, send, close)
     await broker.hub.attach(session)
     # An unsubscription that ran between the check above and the attach found no session to close.
     if await broker.threads.read(store.subscription_owner, handshake.subscription_id) is None:

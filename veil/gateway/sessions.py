@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Awaitable, Callable
+
+import numpy as np
 
 from veil.gateway.storage import StoreThreads
 from veil.protocol import Handshake, ProtocolError
-from veil.store.base import Delivery
+from veil.store.base import Delivery, FeedEntry
 
 log = logging.getLogger("veil.gateway")
 
@@ -35,9 +37,12 @@ def frame(delivery: Delivery, envelope: bool) -> bytes:
 
 
 class Session:
-    def __init__(self, hub: DeliveryHub, handshake: Handshake, start_after: int, send: Send, close: Close) -> None:
+    def __init__(
+        self, hub: DeliveryHub, handshake: Handshake, number: int, start_after: int, send: Send, close: Close
+    ) -> None:
         self.hub = hub
         self.sub_id = handshake.subscription_id
+        self.number = number
         self.envelope = handshake.envelope
         self.acks = handshake.ack
         self._send = send
@@ -107,27 +112,31 @@ class DeliveryHub:
         self.threads = threads
         self.poll_interval = poll_interval
         self.sessions: dict[str, Session] = {}
+        self._by_number: dict[int, Session] = {}
         self.last_seq = 0
         self._cursors: dict[str, int] = {}
         self._stopping = asyncio.Event()
 
     async def start(self) -> None:
-        self.last_seq = await self.threads.read(self.threads.store.last_delivery_seq)
+        self.last_seq = await self.threads.read(self.threads.store.last_feed_seq)
 
     async def attach(self, session: Session) -> None:
         previous = self.sessions.get(session.sub_id)
         self.sessions[session.sub_id] = session
+        self._by_number[session.number] = session
         if previous is not None:
             await previous.close(ProtocolError("subscriptionId", "replaced by a newer connection", 409).to_json())
 
     def detach(self, session: Session) -> None:
         if self.sessions.get(session.sub_id) is session:
             del self.sessions[session.sub_id]
+            del self._by_number[session.number]
 
     async def kick(self, sub_id: str, reason: bytes) -> None:
-        session = self.sessions.pop(sub_id, None)
+        session = self.sessions.get(sub_id)
         self._cursors.pop(sub_id, None)
         if session is not None:
+            self.detach(session)
             await session.close(reason)
 
     def save_cursor(self, sub_id: str, pub: int) -> None:
@@ -138,20 +147,33 @@ class DeliveryHub:
         return self._cursors.get(sub_id, 0)
 
     async def poll(self) -> None:
+        """Fan the pipeline's feed out to the connected sessions, batch by batch."""
         store = self.threads.store
         while not self._stopping.is_set():
-            rows = await self.threads.read(store.deliveries_since, self.last_seq, 8192)
-            if not rows:
+            entries = await self.threads.read(store.feed_since, self.last_seq, 64)
+            if not entries:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), self.poll_interval)
                 continue
-            self.last_seq = rows[-1].seq
-            by_sub: dict[str, list[Delivery]] = defaultdict(list)
-            for row in rows:
-                if row.sub_id in self.sessions:
-                    by_sub[row.sub_id].append(row)
-            for sub_id, mine in by_sub.items():
-                self.sessions[sub_id].offer(mine)
+            for entry in entries:
+                if self._by_number:
+                    await self._fan_out(entry)
+                self.last_seq = entry.seq
+
+    async def _fan_out(self, entry: FeedEntry) -> None:
+        connected = np.fromiter(self._by_number, np.int64, len(self._by_number))
+        mine = np.isin(entry.sub_nos, connected)
+        if not mine.any():
+            return
+        sub_nos, pubs = entry.sub_nos[mine], entry.pubs[mine]
+        bodies = await self.threads.read(self.threads.store.bodies, np.unique(pubs))
+        order = np.argsort(sub_nos, kind="stable")  # by subscription, publication order kept
+        sub_nos, pubs = sub_nos[order], pubs[order]
+        cuts = np.flatnonzero(np.diff(sub_nos)) + 1
+        for group_nos, group_pubs in zip(np.split(sub_nos, cuts), np.split(pubs, cuts), strict=True):
+            session = self._by_number.get(int(group_nos[0]))
+            if session is not None:
+                session.offer([Delivery(pub, bodies[pub]) for pub in group_pubs.tolist() if pub in bodies])
 
     async def save_cursors_periodically(self, interval: float = 0.1) -> None:
         while not self._stopping.is_set():

@@ -21,7 +21,10 @@ class DeliveryWriter:
         is_mark = pc.is_null(table.column("sub_id"))
         marks = table.filter(is_mark).column("offset")
         matches = table.filter(pc.invert(is_mark)).sort_by([("offset", "ascending"), ("sub_id", "ascending")])
-        pairs = zip(matches.column("sub_id").to_pylist(), matches.column("offset").to_pylist(), strict=True)
-        processed = pc.max(marks).as_py() if len(marks) else None
-        if processed is not None:
-            store_for(self.url).record_deliveries(batch_id, pairs, processed)
+        if len(marks):
+            store_for(self.url).record_deliveries(
+                batch_id,
+                matches.column("sub_id").to_pylist(),
+                matches.column("offset").to_numpy(),
+                pc.max(marks).as_py(),
+            )

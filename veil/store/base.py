@@ -9,8 +9,9 @@ publication is matched against exactly the subscriptions whose changes precede i
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
 from typing import NamedTuple
+
+import numpy as np
 
 KIND_PUBLICATION = 0
 KIND_SUBSCRIBE = 1
@@ -25,10 +26,17 @@ class LogEntry(NamedTuple):
 
 
 class Delivery(NamedTuple):
-    seq: int
-    sub_id: str
     pub: int
     body: bytes
+
+
+class FeedEntry(NamedTuple):
+    """The matches of one micro-batch, in publication order: parallel arrays of subscription numbers
+    and publication offsets."""
+
+    seq: int
+    sub_nos: np.ndarray
+    pubs: np.ndarray
 
 
 class UnknownSubscription(LookupError):
@@ -57,13 +65,21 @@ class EventStore(ABC):
     def subscription_owner(self, sub_id: str) -> str | None: ...
 
     @abstractmethod
-    def deliveries_since(self, seq: int, limit: int) -> list[Delivery]:
-        """New deliveries of all subscriptions in the order the pipeline wrote them."""
+    def subscription_number(self, sub_id: str) -> int | None:
+        """The compact number a subscription id goes by in queues and feeds."""
+
+    @abstractmethod
+    def feed_since(self, seq: int, limit: int) -> list[FeedEntry]:
+        """The matches of the micro-batches queued after `seq`, in the order the pipeline wrote them."""
+
+    @abstractmethod
+    def bodies(self, pubs: np.ndarray) -> dict[int, bytes]:
+        """The published bytes of these publications."""
 
     @abstractmethod
     def backlog(self, sub_id: str, after_pub: int, limit: int) -> tuple[list[Delivery], int]:
         """A subscription's queued deliveries after `after_pub`, in publication order, and the highest
-        delivery seq visible to the same read (so a caller knows what the live stream must add)."""
+        feed seq visible to the same read (so a caller knows what the live feed must add)."""
 
     @abstractmethod
     def cursor(self, sub_id: str) -> int: ...
@@ -75,7 +91,7 @@ class EventStore(ABC):
     def head_offset(self) -> int: ...
 
     @abstractmethod
-    def last_delivery_seq(self) -> int: ...
+    def last_feed_seq(self) -> int: ...
 
     # --- pipeline side ------------------------------------------------------------------------
     @abstractmethod
@@ -91,10 +107,10 @@ class EventStore(ABC):
         """What changed between two offsets: ids to drop, then (id, body) to add."""
 
     @abstractmethod
-    def record_deliveries(self, batch_id: int, pairs: Iterable[tuple[str, int]], processed: int) -> None:
-        """Queue (subscription, publication) pairs and record the processed offset in one transaction;
-        pairs already queued, or for subscriptions removed since, are ignored, so a replayed batch
-        delivers nothing twice."""
+    def record_deliveries(self, batch_id: int, sub_ids: list[str], pubs: np.ndarray, processed: int) -> None:
+        """Queue the (subscription, publication) matches of a micro-batch, sorted by publication, add
+        them to the feed and record the processed offset, in one transaction; pairs already queued
+        are ignored, so a replayed batch delivers nothing twice."""
 
     @abstractmethod
     def processed_offset(self) -> int: ...
@@ -108,8 +124,9 @@ class EventStore(ABC):
 
     @abstractmethod
     def compact(self, limit: int) -> int:
-        """Drop up to `limit` deliveries that their subscriptions have consumed, and the publications
-        that the pipeline has processed and no queue still holds; returns the rows removed."""
+        """Drop up to `limit` deliveries that their subscriptions have consumed or that belong to
+        removed subscriptions, old feed entries, and the publications that the pipeline has processed
+        and no queue still holds; returns the rows removed."""
 
     @abstractmethod
     def close(self) -> None: ...

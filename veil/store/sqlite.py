@@ -10,7 +10,9 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+
+import numpy as np
+import orjson
 
 from veil.store.base import (
     KIND_PUBLICATION,
@@ -18,10 +20,13 @@ from veil.store.base import (
     KIND_UNSUBSCRIBE,
     Delivery,
     EventStore,
+    FeedEntry,
     LogEntry,
     NotOwner,
     UnknownSubscription,
 )
+
+FEED_RETENTION = 120.0  # seconds a micro-batch's matches stay in the live feed
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS log (
@@ -40,11 +45,23 @@ CREATE TABLE IF NOT EXISTS subscriptions (
 );
 CREATE INDEX IF NOT EXISTS subscriptions_created ON subscriptions(created);
 CREATE INDEX IF NOT EXISTS subscriptions_deleted ON subscriptions(deleted);
+CREATE TABLE IF NOT EXISTS subscription_numbers (
+    no INTEGER PRIMARY KEY,
+    sub_id TEXT NOT NULL UNIQUE
+);
 CREATE TABLE IF NOT EXISTS deliveries (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    sub_id TEXT NOT NULL,
+    sub_no INTEGER NOT NULL,
     pub INTEGER NOT NULL,
-    UNIQUE (sub_id, pub)
+    PRIMARY KEY (sub_no, pub)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS feed (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    pairs BLOB NOT NULL,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS removed (
+    sub_no INTEGER PRIMARY KEY,
+    at_offset INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS cursors (
     sub_id TEXT PRIMARY KEY,
@@ -63,6 +80,7 @@ class SqliteStore(EventStore):
         self.path = os.path.abspath(path)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self._local = threading.local()
+        self._numbers: dict[str, int] = {}
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._db().executescript(SCHEMA)
@@ -103,6 +121,10 @@ class SqliteStore(EventStore):
                 "INSERT INTO subscriptions(sub_id, created, owner, body) VALUES (?, ?, ?, ?)",
                 (sub_id, offset, owner, body),
             )
+            db.execute("INSERT OR IGNORE INTO subscription_numbers(sub_id) VALUES (?)", (sub_id,))
+            db.execute(
+                "DELETE FROM removed WHERE sub_no = (SELECT no FROM subscription_numbers WHERE sub_id = ?)", (sub_id,)
+            )
         return offset  # type: ignore[return-value]
 
     def remove_subscription(self, sub_id: str, owner: str) -> int:
@@ -114,29 +136,51 @@ class SqliteStore(EventStore):
                 raise NotOwner(sub_id)
             offset = db.execute("INSERT INTO log(kind, sub_id) VALUES (?, ?)", (KIND_UNSUBSCRIBE, sub_id)).lastrowid
             db.execute("UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id))
-            db.execute("DELETE FROM deliveries WHERE sub_id = ?", (sub_id,))
+            # matches computed before the unsubscription may still arrive: compaction drops them
+            db.execute(
+                "INSERT OR REPLACE INTO removed(sub_no, at_offset) "
+                "SELECT no, ? FROM subscription_numbers WHERE sub_id = ?",
+                (offset, sub_id),
+            )
+            db.execute(
+                "DELETE FROM deliveries WHERE sub_no = (SELECT no FROM subscription_numbers WHERE sub_id = ?)",
+                (sub_id,),
+            )
             db.execute("DELETE FROM cursors WHERE sub_id = ?", (sub_id,))
         return offset  # type: ignore[return-value]
 
     def subscription_owner(self, sub_id: str) -> str | None:
         return _live_owner(self._db(), sub_id)
 
-    def deliveries_since(self, seq: int, limit: int) -> list[Delivery]:
+    def subscription_number(self, sub_id: str) -> int | None:
+        row = self._db().execute("SELECT no FROM subscription_numbers WHERE sub_id = ?", (sub_id,)).fetchone()
+        return row[0] if row else None
+
+    def feed_since(self, seq: int, limit: int) -> list[FeedEntry]:
+        rows = self._db().execute("SELECT seq, pairs FROM feed WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit))
+        entries = []
+        for entry_seq, pairs in rows:
+            both = np.frombuffer(pairs, np.int64)
+            half = len(both) // 2
+            entries.append(FeedEntry(entry_seq, both[:half], both[half:]))
+        return entries
+
+    def bodies(self, pubs: np.ndarray) -> dict[int, bytes]:
         rows = self._db().execute(
-            "SELECT d.seq, d.sub_id, d.pub, l.body FROM deliveries d JOIN log l ON l.offset = d.pub "
-            "WHERE d.seq > ? ORDER BY d.seq LIMIT ?",
-            (seq, limit),
+            "SELECT offset, body FROM log WHERE offset IN (SELECT value FROM json_each(?))",
+            (orjson.dumps(pubs, option=orjson.OPT_SERIALIZE_NUMPY),),
         )
-        return [Delivery(*row) for row in rows]
+        return dict(rows.fetchall())
 
     def backlog(self, sub_id: str, after_pub: int, limit: int) -> tuple[list[Delivery], int]:
         with self._tx(write=False) as db:
             rows = db.execute(
-                "SELECT d.seq, d.sub_id, d.pub, l.body FROM deliveries d JOIN log l ON l.offset = d.pub "
-                "WHERE d.sub_id = ? AND d.pub > ? ORDER BY d.pub LIMIT ?",
+                "SELECT d.pub, l.body FROM deliveries d JOIN log l ON l.offset = d.pub "
+                "WHERE d.sub_no = (SELECT no FROM subscription_numbers WHERE sub_id = ?) AND d.pub > ? "
+                "ORDER BY d.pub LIMIT ?",
                 (sub_id, after_pub, limit),
             ).fetchall()
-            watermark = db.execute("SELECT COALESCE(MAX(seq), 0) FROM deliveries").fetchone()[0]
+            watermark = db.execute("SELECT COALESCE(MAX(seq), 0) FROM feed").fetchone()[0]
         return [Delivery(*row) for row in rows], watermark
 
     def cursor(self, sub_id: str) -> int:
@@ -155,8 +199,8 @@ class SqliteStore(EventStore):
     def head_offset(self) -> int:
         return self._db().execute("SELECT COALESCE(MAX(offset), 0) FROM log").fetchone()[0]
 
-    def last_delivery_seq(self) -> int:
-        return self._db().execute("SELECT COALESCE(MAX(seq), 0) FROM deliveries").fetchone()[0]
+    def last_feed_seq(self) -> int:
+        return self._db().execute("SELECT COALESCE(MAX(seq), 0) FROM feed").fetchone()[0]
 
     # --- pipeline side ------------------------------------------------------------------------
     def log_range(self, start: int, end: int) -> list[LogEntry]:
@@ -191,20 +235,36 @@ class SqliteStore(EventStore):
             ).fetchall()
         return dropped, added
 
-    def record_deliveries(self, batch_id: int, pairs: Iterable[tuple[str, int]], processed: int) -> None:
+    def record_deliveries(self, batch_id: int, sub_ids: list[str], pubs: np.ndarray, processed: int) -> None:
+        numbers = self._numbers_of(sub_ids)
+        sub_nos = np.fromiter((numbers[s] for s in sub_ids), np.int64, len(sub_ids))
+        pubs = np.asarray(pubs, np.int64)
         now = time.time()
         with self._tx() as db:
-            # A match computed before an unsubscription may arrive after it: its queue is gone.
-            db.executemany(
-                "INSERT OR IGNORE INTO deliveries(sub_id, pub) SELECT ?1, ?2 WHERE EXISTS "
-                "(SELECT 1 FROM subscriptions WHERE sub_id = ?1 AND deleted IS NULL)",
-                pairs,
-            )
+            if len(pubs):
+                # one statement for the whole batch: SQLite unpacks the pairs itself
+                pairs = orjson.dumps(np.column_stack([sub_nos, pubs]), option=orjson.OPT_SERIALIZE_NUMPY)
+                db.execute(
+                    "INSERT OR IGNORE INTO deliveries(sub_no, pub) SELECT value ->> 0, value ->> 1 FROM json_each(?)",
+                    (pairs,),
+                )
+                db.execute("INSERT INTO feed(pairs, created) VALUES (?, ?)", (sub_nos.tobytes() + pubs.tobytes(), now))
             db.executemany(
                 "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) "
                 "ON CONFLICT(name) DO UPDATE SET value = MAX(value, excluded.value), updated = excluded.updated",
                 [("processed", processed, now), ("batch", batch_id, now)],
             )
+
+    def _numbers_of(self, sub_ids: list[str]) -> dict[str, int]:
+        """Subscription numbers, cached: a number never changes once given to an id."""
+        missing = set(sub_ids) - self._numbers.keys()
+        if missing:
+            rows = self._db().execute(
+                "SELECT sub_id, no FROM subscription_numbers WHERE sub_id IN (SELECT value FROM json_each(?))",
+                (orjson.dumps(sorted(missing)),),
+            )
+            self._numbers.update(rows.fetchall())
+        return self._numbers
 
     def processed_offset(self) -> int:
         found = self.status("processed")
@@ -223,21 +283,28 @@ class SqliteStore(EventStore):
 
     def compact(self, limit: int) -> int:
         with self._tx() as db:
+            processed = db.execute("SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'processed'").fetchone()[0]
+            removed = db.execute("DELETE FROM deliveries WHERE sub_no IN (SELECT sub_no FROM removed)").rowcount
+            # once the pipeline is past an unsubscription, no late match for it can come any more
+            db.execute("DELETE FROM removed WHERE at_offset <= ?", (processed,))
             consumed = db.execute(
-                "DELETE FROM deliveries WHERE seq IN (SELECT d.seq FROM cursors c JOIN deliveries d "
-                "ON d.sub_id = c.sub_id AND d.pub <= c.pub LIMIT ?)",
+                "DELETE FROM deliveries WHERE (sub_no, pub) IN (SELECT d.sub_no, d.pub FROM cursors c "
+                "JOIN subscription_numbers n ON n.sub_id = c.sub_id "
+                "JOIN deliveries d ON d.sub_no = n.no AND d.pub <= c.pub LIMIT ?)",
                 (limit,),
             ).rowcount
+            fed = db.execute("DELETE FROM feed WHERE created < ?", (time.time() - FEED_RETENTION,)).rowcount
             # Publications at or below the processed offset are never read by the pipeline again (a
             # replayed batch starts after the last recorded one), and below the oldest queued delivery
             # no queue needs their bodies.
+            oldest = db.execute("SELECT MIN(pub) FROM deliveries").fetchone()[0]
+            horizon = processed if oldest is None else min(processed, oldest - 1)
             published = db.execute(
-                "DELETE FROM log WHERE offset IN (SELECT offset FROM log WHERE kind = ?1 AND offset <= "
-                "MIN((SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'processed'), "
-                "COALESCE((SELECT MIN(pub) - 1 FROM deliveries), 9223372036854775807)) ORDER BY offset LIMIT ?2)",
-                (KIND_PUBLICATION, limit),
+                "DELETE FROM log WHERE offset IN (SELECT offset FROM log WHERE kind = ? AND offset <= ? "
+                "ORDER BY offset LIMIT ?)",
+                (KIND_PUBLICATION, horizon, limit),
             ).rowcount
-        return consumed + published
+        return removed + consumed + fed + published
 
     def close(self) -> None:
         with self._lock:
