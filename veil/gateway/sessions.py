@@ -32,8 +32,8 @@ Close = Callable[[bytes | None], Awaitable[None]]
 
 def frame(delivery: Delivery, envelope: bool) -> bytes:
     if not envelope:
-        return delivery.body
-    return b'{"seq":%d,"id":"%d","publication":%s}' % (delivery.pub, delivery.pub, delivery.body)
+        return delivery[1]
+    return b'{"seq":%d,"id":"%d","publication":%s}' % (delivery[0], delivery[0], delivery[1])
 
 
 class Session:
@@ -58,13 +58,13 @@ class Session:
         if not self.caught_up or self.closed:
             return
         for row in rows:
-            if row.pub <= self.last_queued:
+            if row[0] <= self.last_queued:
                 continue
             if len(self.pending) >= QUEUE_LIMIT:
                 self.caught_up = False  # the rest waits in the store; the session refills from there
                 break
             self.pending.append(row)
-            self.last_queued = row.pub
+            self.last_queued = row[0]
         self._wake.set()
 
     def acknowledge(self, seq: int) -> None:
@@ -78,7 +78,7 @@ class Session:
                 if self.pending:
                     batch = [self.pending.popleft() for _ in range(min(SEND_BATCH, len(self.pending)))]
                     await self._send([frame(row, self.envelope) for row in batch])
-                    self.sent = batch[-1].pub
+                    self.sent = batch[-1][0]
                     if not self.acks:
                         self.hub.save_cursor(self.sub_id, self.sent)
                 elif not self.caught_up:
@@ -95,7 +95,7 @@ class Session:
         rows, watermark = await threads.read(threads.store.backlog, self.sub_id, self.last_queued, QUEUE_LIMIT)
         for row in rows:
             self.pending.append(row)
-            self.last_queued = row.pub
+            self.last_queued = row[0]
         # Rows the hub handled after our snapshot were not offered to us: read again before going live.
         if len(rows) < QUEUE_LIMIT and self.hub.last_seq <= watermark:
             self.caught_up = True
@@ -173,7 +173,7 @@ class DeliveryHub:
         for group_nos, group_pubs in zip(np.split(sub_nos, cuts), np.split(pubs, cuts), strict=True):
             session = self._by_number.get(int(group_nos[0]))
             if session is not None:
-                session.offer([Delivery(pub, bodies[pub]) for pub in group_pubs.tolist() if pub in bodies])
+                session.offer([(pub, bodies[pub]) for pub in group_pubs.tolist() if pub in bodies])
 
     async def save_cursors_periodically(self, interval: float = 0.1) -> None:
         while not self._stopping.is_set():

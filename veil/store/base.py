@@ -25,9 +25,8 @@ class LogEntry(NamedTuple):
     body: bytes | None
 
 
-class Delivery(NamedTuple):
-    pub: int
-    body: bytes
+Delivery = tuple[int, bytes]
+"""(publication offset, published bytes): plain tuples, since one is made per delivery."""
 
 
 class FeedEntry(NamedTuple):

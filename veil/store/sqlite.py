@@ -181,7 +181,7 @@ class SqliteStore(EventStore):
                 (sub_id, after_pub, limit),
             ).fetchall()
             watermark = db.execute("SELECT COALESCE(MAX(seq), 0) FROM feed").fetchone()[0]
-        return [Delivery(*row) for row in rows], watermark
+        return rows, watermark
 
     def cursor(self, sub_id: str) -> int:
         row = self._db().execute("SELECT pub FROM cursors WHERE sub_id = ?", (sub_id,)).fetchone()
@@ -242,8 +242,12 @@ class SqliteStore(EventStore):
         now = time.time()
         with self._tx() as db:
             if len(pubs):
-                # one statement for the whole batch: SQLite unpacks the pairs itself
-                pairs = orjson.dumps(np.column_stack([sub_nos, pubs]), option=orjson.OPT_SERIALIZE_NUMPY)
+                # one statement for the whole batch, SQLite unpacking the pairs itself, in key order so
+                # that the B-tree is filled sequentially per subscription
+                order = np.lexsort((pubs, sub_nos))
+                pairs = orjson.dumps(
+                    np.column_stack([sub_nos[order], pubs[order]]), option=orjson.OPT_SERIALIZE_NUMPY
+                )
                 db.execute(
                     "INSERT OR IGNORE INTO deliveries(sub_no, pub) SELECT value ->> 0, value ->> 1 FROM json_each(?)",
                     (pairs,),
