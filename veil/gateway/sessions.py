@@ -113,6 +113,7 @@ class DeliveryHub:
         self.poll_interval = poll_interval
         self.sessions: dict[str, Session] = {}
         self._by_number: dict[int, Session] = {}
+        self._connected = np.zeros(1024, bool)  # indexed by subscription number
         self.last_seq = 0
         self._cursors: dict[str, int] = {}
         self._stopping = asyncio.Event()
@@ -124,6 +125,8 @@ class DeliveryHub:
         previous = self.sessions.get(session.sub_id)
         self.sessions[session.sub_id] = session
         self._by_number[session.number] = session
+        if session.number < len(self._connected):
+            self._connected[session.number] = True
         if previous is not None:
             await previous.close(ProtocolError("subscriptionId", "replaced by a newer connection", 409).to_json())
 
@@ -131,6 +134,8 @@ class DeliveryHub:
         if self.sessions.get(session.sub_id) is session:
             del self.sessions[session.sub_id]
             del self._by_number[session.number]
+            if session.number < len(self._connected):
+                self._connected[session.number] = False
 
     async def kick(self, sub_id: str, reason: bytes) -> None:
         session = self.sessions.get(sub_id)
@@ -161,8 +166,10 @@ class DeliveryHub:
                 self.last_seq = entry.seq
 
     async def _fan_out(self, entry: FeedEntry) -> None:
-        connected = np.fromiter(self._by_number, np.int64, len(self._by_number))
-        mine = np.isin(entry.sub_nos, connected)
+        if len(self._connected) <= entry.sub_nos.max(initial=0):
+            self._connected = np.zeros(max(2 * len(self._connected), int(entry.sub_nos.max()) + 1), bool)
+            self._connected[list(self._by_number)] = True
+        mine = self._connected[entry.sub_nos]
         if not mine.any():
             return
         sub_nos, pubs = entry.sub_nos[mine], entry.pubs[mine]
