@@ -123,7 +123,7 @@ class Processes:
         self.processes: list[multiprocessing.Process] = []
 
     def subscribers(
-        self, port: int, handshakes: list[bytes], seconds: float, processes: int = 1, idle: float = 3.0
+        self, port: int, handshakes: list[bytes], seconds: float, processes: int = 1, idle: float = 10.0
     ) -> None:
         events = []
         for i in range(processes):

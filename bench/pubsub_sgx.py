@@ -22,6 +22,7 @@ import time
 import orjson
 
 from bench.loadgen import Processes
+from bench.selis import finished_matching
 from veil.client import VeilClient
 from veil.harness import BrokerProcess
 
@@ -57,8 +58,9 @@ async def run_case(partitions: int, seconds: float, mode: str) -> dict:
         processes.results()
         processes.subscribers(broker.tcp_port, handshakes, seconds + 120)
         processes.publisher(broker.url, run, seconds, None, make=publication, seed=1)  # same stream each time
+        processed_at = await finished_matching(broker, seconds)
         published, received = sorted(processes.results(), key=lambda r: hasattr(r, "lines"))
-        elapsed = max(received.last, published.finished) - published.started
+        elapsed = max(received.last, processed_at) - published.started
         return {
             "partitions": partitions,
             "acked": published.acked / (published.finished - published.started),

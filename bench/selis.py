@@ -44,6 +44,12 @@ def box(rng: random.Random, run: str) -> list[dict]:
     ]
 
 
+async def finished_matching(broker: BrokerProcess, seconds: float) -> float:
+    """When the pipeline had matched everything the publisher sent (it publishes for `seconds`)."""
+    await asyncio.sleep(seconds + 0.5)
+    return await asyncio.to_thread(broker.wait_processed, 300)
+
+
 def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) > 2 else float("nan")
 
@@ -63,8 +69,9 @@ async def run_case(broker: BrokerProcess, n: int, seconds: float, rate: float, b
 
     processes.subscribers(broker.tcp_port, handshakes, seconds + 120)
     processes.publisher(broker.url, run, seconds, None, batch=batch, seed=n + 1)
+    processed_at = await finished_matching(broker, seconds)
     flat_out, drained = sorted(processes.results(), key=lambda r: hasattr(r, "lines"))
-    elapsed = max(drained.last, flat_out.finished) - flat_out.started
+    elapsed = max(drained.last, processed_at) - flat_out.started
     async with VeilClient(broker.url, auth_hash="bench") as client:
         for sub_id in sub_ids:
             await client.unsubscribe(sub_id)

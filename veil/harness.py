@@ -72,14 +72,14 @@ class BrokerProcess:
             time.sleep(0.25)
         raise TimeoutError(f"broker not ready after {timeout} s:\n{self.tail()}")
 
-    def wait_processed(self, timeout: float = 60.0) -> None:
-        """Until the pipeline has matched everything in the log."""
+    def wait_processed(self, timeout: float = 60.0) -> float:
+        """Until the pipeline has matched everything in the log; returns the time it got there."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             state = self.health()
             if state["processed"] >= state["head"]:
-                return
-            time.sleep(0.1)
+                return time.time()
+            time.sleep(0.05)
         raise TimeoutError(f"pipeline still behind: {self.health()}")
 
     def stop(self, timeout: float = 90.0) -> int:

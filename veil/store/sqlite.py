@@ -245,9 +245,7 @@ class SqliteStore(EventStore):
                 # one statement for the whole batch, SQLite unpacking the pairs itself, in key order so
                 # that the B-tree is filled sequentially per subscription
                 order = np.lexsort((pubs, sub_nos))
-                pairs = orjson.dumps(
-                    np.column_stack([sub_nos[order], pubs[order]]), option=orjson.OPT_SERIALIZE_NUMPY
-                )
+                pairs = orjson.dumps(np.column_stack([sub_nos[order], pubs[order]]), option=orjson.OPT_SERIALIZE_NUMPY)
                 db.execute(
                     "INSERT OR IGNORE INTO deliveries(sub_no, pub) SELECT value ->> 0, value ->> 1 FROM json_each(?)",
                     (pairs,),
