@@ -16,6 +16,7 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the kernel figures ask
 
+from bench.report import figure, print_table
 from bench.workloads import logistics_publication, logistics_subscription
 from veil.matching import Predicate, SubscriptionIndex, matches
 
@@ -60,23 +61,11 @@ def run(size: int, rng: random.Random) -> dict:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 4))
     sizes = [r["subs"] for r in rows]
-    ax.loglog(sizes, [r["index"] for r in rows], "o-", label="Veil index (batched)")
-    ax.loglog(sizes, [r["naive"] for r in rows], "s--", label="naive loop (seed approach)")
-    ax.set_xlabel("subscriptions")
-    ax.set_ylabel("publications/s (one core)")
-    ax.set_title("Matching kernel, logistics workload")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with figure(path) as (ax,):
+        ax.loglog(sizes, [r["index"] for r in rows], "o-", label="Veil index (batched)")
+        ax.loglog(sizes, [r["naive"] for r in rows], "s--", label="naive loop (seed approach)")
+        ax.set(xlabel="subscriptions", ylabel="publications/s (one core)", title="Matching kernel, logistics workload")
 
 
 def main() -> None:
@@ -85,21 +74,20 @@ def main() -> None:
     parser.add_argument("--plot", default="docs/performance/kernel.png")
     args = parser.parse_args()
     rng = random.Random(1)
-    rows = []
-    print(f"cores: {os.cpu_count()}, numpy threads: {os.environ['OMP_NUM_THREADS']}")
-    header = f"{'subs':>9} {'index pub/s':>12} {'naive pub/s':>12} {'ratio':>8} {'matches/pub':>12} {'build s':>8}"
-    print(header)
-    print("-" * len(header))
-    for size in (int(s) for s in args.sizes.split(",")):
-        row = run(size, rng)
-        rows.append(row)
-        print(
-            f"{row['subs']:>9} {row['index']:>12.0f} {row['naive']:>12.1f} {row['index'] / row['naive']:>8.0f} "
-            f"{row['matches']:>12.3f} {row['build']:>8.1f}",
-            flush=True,
-        )
+    rows = [run(int(size), rng) for size in args.sizes.split(",")]
+    print_table(
+        f"Matching kernel, logistics workload; {os.cpu_count()} cores, numpy threads: {os.environ['OMP_NUM_THREADS']}",
+        [
+            ("subs", 9, lambda r: r["subs"]),
+            ("index pub/s", 12, lambda r: f"{r['index']:.0f}"),
+            ("naive pub/s", 12, lambda r: f"{r['naive']:.1f}"),
+            ("ratio", 8, lambda r: f"{r['index'] / r['naive']:.0f}"),
+            ("matches/pub", 12, lambda r: f"{r['matches']:.3f}"),
+            ("build s", 8, lambda r: f"{r['build']:.1f}"),
+        ],
+        rows,
+    )
     plot(rows, args.plot)
-    print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

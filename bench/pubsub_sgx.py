@@ -22,6 +22,7 @@ import time
 import orjson
 
 from bench.loadgen import Processes
+from bench.report import figure, print_table
 from bench.selis import finished_matching
 from veil.client import VeilClient
 from veil.harness import BrokerProcess
@@ -84,39 +85,31 @@ def main() -> None:
     for n in (int(x) for x in args.partitions.split(",")):
         rows.append(asyncio.run(run_case(n, args.seconds, args.mode)))
         print(rows[-1], flush=True)
-    print(
-        f"\nPubSub-SGX workload: {SUBSCRIPTIONS} subscriptions x {ATTRIBUTES} attributes, partitioned by "
-        f"{args.mode}, one publication per POST, 16 HTTP connections; {os.cpu_count()} cores"
+    print_table(
+        f"PubSub-SGX workload: {SUBSCRIPTIONS} subscriptions x {ATTRIBUTES} attributes, partitioned by "
+        f"{args.mode}, one publication per POST, 16 HTTP connections; {os.cpu_count()} cores",
+        [
+            ("partitions", 10, lambda r: r["partitions"]),
+            ("select.", 8, lambda r: f"{r['selectivity']:.4f}"),
+            ("acked/s", 8, lambda r: f"{r['acked']:.0f}"),
+            ("e2e pub/s", 10, lambda r: f"{r['sustained']:.0f}"),
+            ("matches/s", 10, lambda r: f"{r['matches']:.0f}"),
+            ("seed pub/s", 11, lambda r: SEED_FIGURES.get(r["partitions"])),
+        ],
+        rows,
     )
-    header = f"{'partitions':>10} {'select.':>8} {'acked/s':>8} {'e2e pub/s':>10} {'matches/s':>10} {'seed pub/s':>11}"
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        print(
-            f"{r['partitions']:>10} {r['selectivity']:>8.4f} {r['acked']:>8.0f} {r['sustained']:>10.0f} "
-            f"{r['matches']:>10.0f} {SEED_FIGURES.get(r['partitions'], '-')!s:>11}"
-        )
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        os.makedirs(os.path.dirname(args.plot) or ".", exist_ok=True)
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(
-            [r["partitions"] for r in rows], [r["sustained"] for r in rows], "o-", label="Veil, 1 machine (2 cores)"
-        )
-        ax.plot(list(SEED_FIGURES), list(SEED_FIGURES.values()), "s--", label="PubSub-SGX, 8 machines (S1 Fig. 2)")
-        ax.set_xlabel("matcher partitions")
-        ax.set_ylabel("publications/s")
-        ax.set_yscale("log")
-        ax.set_title("256 subscriptions x 40 attributes")
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
-        print(f"plot: {args.plot}")
+        with figure(args.plot) as (ax,):
+            ax.plot(
+                [r["partitions"] for r in rows], [r["sustained"] for r in rows], "o-", label="Veil, 1 machine (2 cores)"
+            )
+            ax.plot(list(SEED_FIGURES), list(SEED_FIGURES.values()), "s--", label="PubSub-SGX, 8 machines (S1 Fig. 2)")
+            ax.set(
+                xlabel="matcher partitions",
+                ylabel="publications/s",
+                yscale="log",
+                title="256 subscriptions x 40 attributes",
+            )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import time
 import orjson
 
 from bench.loadgen import Processes
+from bench.report import figure, print_table
 from veil.client import VeilClient
 from veil.harness import BrokerProcess
 
@@ -88,49 +89,41 @@ async def run_case(broker: BrokerProcess, n: int, seconds: float, rate: float, b
     }
 
 
-def print_table(rows: list[dict], batch: int) -> None:
+def print_rows(rows: list[dict], batch: int) -> None:
     form = f"NDJSON batches of {batch}" if batch > 1 else "one publication per POST"
-    print(f"\nSELIS lat/lon workload, {form}, 16 HTTP connections, TCP delivery; {os.cpu_count()} cores")
-    header = (
-        f"{'subs':>5} {'select.':>7} {'at pub/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'acked/s':>8} {'503s':>6} "
-        f"{'e2e pub/s':>10} {'matches/s':>10} {'SELIS peer':>11} {'SELIS seed':>11}"
+    print_table(
+        f"SELIS lat/lon workload, {form}, 16 HTTP connections, TCP delivery; {os.cpu_count()} cores",
+        [
+            ("subs", 5, lambda r: r["subs"]),
+            ("select.", 7, lambda r: f"{r['selectivity']:.3f}"),
+            ("at pub/s", 9, lambda r: f"{r['rate']:.0f}"),
+            ("p50 ms", 7, lambda r: f"{r['p50'] * 1000:.0f}"),
+            ("p99 ms", 7, lambda r: f"{r['p99'] * 1000:.0f}"),
+            ("acked/s", 8, lambda r: f"{r['acked']:.0f}"),
+            ("503s", 6, lambda r: r["refused"]),
+            ("e2e pub/s", 10, lambda r: f"{r['sustained']:.0f}"),
+            ("matches/s", 10, lambda r: f"{r['matches']:.0f}"),
+            ("SELIS peer", 11, lambda r: SELIS_PEER.get(r["subs"])),
+            ("SELIS seed", 11, lambda r: SELIS_SEED.get(r["subs"])),
+        ],
+        rows,
     )
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        print(
-            f"{r['subs']:>5} {r['selectivity']:>7.3f} {r['rate']:>9.0f} {r['p50'] * 1000:>7.0f} "
-            f"{r['p99'] * 1000:>7.0f} {r['acked']:>8.0f} {r['refused']:>6} {r['sustained']:>10.0f} "
-            f"{r['matches']:>10.0f} {SELIS_PEER.get(r['subs'], '-')!s:>11} {SELIS_SEED.get(r['subs'], '-')!s:>11}"
-        )
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     subs = [r["subs"] for r in rows]
-    left.semilogx(subs, [r["sustained"] for r in rows], "o-", base=2, label="Veil, end to end")
     peers = sorted(SELIS_PEER.items())
-    left.semilogx([p[0] for p in peers], [p[1] for p in peers], "s--", base=2, label="SELIS server (SPEC §11)")
-    left.set_xlabel("subscriptions")
-    left.set_ylabel("publications/s")
-    left.set_title("Throughput (S0 Fig. 9)")
-    left.legend()
-    left.grid(True, alpha=0.3)
-    right.semilogx(subs, [r["p50"] * 1000 for r in rows], "o-", base=2, label="p50")
-    right.semilogx(subs, [r["p99"] * 1000 for r in rows], "^-", base=2, label="p99")
-    right.set_xlabel("subscriptions")
-    right.set_ylabel("publish → delivery, ms")
-    right.set_title(f"Latency at {rows[0]['rate']:.0f} pub/s (S0 Fig. 11)")
-    right.legend()
-    right.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with figure(path, columns=2) as (left, right):
+        left.semilogx(subs, [r["sustained"] for r in rows], "o-", base=2, label="Veil, end to end")
+        left.semilogx([p[0] for p in peers], [p[1] for p in peers], "s--", base=2, label="SELIS server (SPEC §11)")
+        left.set(xlabel="subscriptions", ylabel="publications/s", title="Throughput (S0 Fig. 9)")
+        right.semilogx(subs, [r["p50"] * 1000 for r in rows], "o-", base=2, label="p50")
+        right.semilogx(subs, [r["p99"] * 1000 for r in rows], "^-", base=2, label="p99")
+        right.set(
+            xlabel="subscriptions",
+            ylabel="publish → delivery, ms",
+            title=f"Latency at {rows[0]['rate']:.0f} pub/s (S0 Fig. 11)",
+        )
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -142,10 +135,9 @@ async def main_async(args: argparse.Namespace) -> None:
         for n in args.subscriptions:
             rows.append(await run_case(broker, n, args.seconds, args.rate, args.batch))
             print(rows[-1], flush=True)
-        print_table(rows, args.batch)
+        print_rows(rows, args.batch)
         if args.plot:
             plot(rows, args.plot)
-            print(f"plot: {args.plot}")
     finally:
         broker.close()
         if args.keep:
