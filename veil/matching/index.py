@@ -128,6 +128,9 @@ def _compare(op: int, value: np.ndarray, bound: np.ndarray) -> np.ndarray:
 
 class SubscriptionIndex:
     def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
         self._slots: dict[str, int] = {}
         self._sub_ids: list[str | None] = []
         self._predicates: list[list[Predicate] | None] = []
@@ -185,7 +188,7 @@ class SubscriptionIndex:
 
     def _rebuild(self) -> None:
         live = [(s, p) for s, p in zip(self._sub_ids, self._predicates, strict=True) if s is not None]
-        self.__init__()  # type: ignore[misc]
+        self._clear()
         for sub_id, predicates in live:
             self.add(sub_id, predicates)  # type: ignore[arg-type]
 

@@ -20,7 +20,8 @@ class DeliveryWriter:
         table = frame.toArrow()
         is_mark = pc.is_null(table.column("sub_id"))
         marks = table.filter(is_mark).column("offset")
-        matches = table.filter(pc.invert(is_mark)).sort_by([("offset", "ascending"), ("sub_id", "ascending")])
+        # publication order is all a queue needs; a publication matches a subscription once
+        matches = table.filter(pc.invert(is_mark)).sort_by("offset")
         if len(marks):
             store_for(self.url).record_deliveries(
                 batch_id,
