@@ -18,11 +18,12 @@ def test_log_orders_publications_and_subscription_changes(store):
     assert pubs == [s1 + 1, s1 + 2] and s2 == pubs[-1] + 1 and u == s2 + 1
     kinds = [e.kind for e in store.log_range(0, u)]
     assert kinds == [KIND_SUBSCRIBE, KIND_PUBLICATION, KIND_PUBLICATION, KIND_SUBSCRIBE, KIND_UNSUBSCRIBE]
-    assert store.subscriptions_at(s1) == [("s", b"[]")]
-    assert store.subscriptions_at(s2) == [("s", b'[["a","eq",1]]')]
+    no = store.subscription_number("s")
+    assert store.subscriptions_at(s1) == [("s", no, b"[]")]
+    assert store.subscriptions_at(s2) == [("s", no, b'[["a","eq",1]]')]
     assert store.subscriptions_at(u) == []
     dropped, added = store.subscription_changes(s1, s2)
-    assert dropped == ["s"] and added == [("s", b'[["a","eq",1]]')]
+    assert dropped == ["s"] and added == [("s", no, b'[["a","eq",1]]')]
 
 
 def test_ownership(store):
@@ -39,8 +40,9 @@ def test_ownership(store):
 def test_replayed_batches_deliver_once(store):
     store.put_subscription("s", "alice", b"[]")
     (pub,) = store.append_publications([b'{"a":1}'])
-    store.record_deliveries(0, ["s"], [pub], pub)
-    store.record_deliveries(0, ["s"], [pub], pub)
+    s = store.subscription_number("s")
+    store.record_deliveries(0, [s], [pub], pub)
+    store.record_deliveries(0, [s], [pub], pub)
     rows, watermark = store.backlog("s", 0, 10)
     assert rows == [(pub, b'{"a":1}')]
     assert watermark == store.last_feed_seq() == 2 and store.processed_offset() == pub
@@ -62,7 +64,8 @@ def test_compaction_keeps_what_queues_and_the_pipeline_still_need(store):
     store.put_subscription("s", "alice", b"[]")
     store.put_subscription("t", "bob", b"[]")
     pubs = store.append_publications([b'{"n":1}', b'{"n":2}', b'{"n":3}', b'{"n":4}'])
-    store.record_deliveries(0, ["s", "s", "t"], [pubs[0], pubs[1], pubs[1]], pubs[2])
+    s, t = store.subscription_number("s"), store.subscription_number("t")
+    store.record_deliveries(0, [s, s, t], [pubs[0], pubs[1], pubs[1]], pubs[2])
     store.save_cursors({"s": pubs[1]})
     assert store.compact(1000) == 2 + 1  # s's two consumed deliveries; publication 1, before t's queue
     assert [pub for pub, _ in store.backlog("t", 0, 10)[0]] == [pubs[1]]
@@ -77,7 +80,8 @@ def test_matches_for_removed_subscriptions_are_dropped(store):
     store.put_subscription("s", "alice", b"[]")
     (pub,) = store.append_publications([b"{}"])
     store.remove_subscription("s", "alice")
-    store.record_deliveries(0, ["s"], [pub], pub)  # computed before the unsubscription, written after
+    # computed before the unsubscription, written after
+    store.record_deliveries(0, [store.subscription_number("s")], [pub], pub)
     store.compact(1000)
     store.put_subscription("s", "alice", b"[]")
     assert store.backlog("s", 0, 10)[0] == []

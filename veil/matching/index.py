@@ -135,6 +135,7 @@ class SubscriptionIndex:
         self._sub_ids: list[str | None] = []
         self._predicates: list[list[Predicate] | None] = []
         self._alive = _Column(np.bool_)
+        self._number = _Column(np.int64)
         self._start = _Column(np.int64)
         self._length = _Column(np.int64)
         self._dead = 0
@@ -164,8 +165,9 @@ class SubscriptionIndex:
         return sub_id in self._slots
 
     # --- updates ----------------------------------------------------------------------------
-    def add(self, sub_id: str, predicates: Iterable[Sequence]) -> None:
-        """Store a subscription; an existing one with the same id is replaced."""
+    def add(self, sub_id: str, predicates: Iterable[Sequence], number: int = -1) -> None:
+        """Store a subscription; an existing one with the same id is replaced. `number` is the caller's
+        integer name for it, which `numbers` returns for slots without a Python object per match."""
         self.remove(sub_id)
         stored = [Predicate(*p) for p in predicates]
         slot = len(self._sub_ids)
@@ -173,6 +175,7 @@ class SubscriptionIndex:
         self._sub_ids.append(sub_id)
         self._predicates.append(stored)
         self._alive.append(True)
+        self._number.append(number)
         self._file(slot, stored)
 
     def remove(self, sub_id: str) -> None:
@@ -187,10 +190,14 @@ class SubscriptionIndex:
             self._rebuild()
 
     def _rebuild(self) -> None:
-        live = [(s, p) for s, p in zip(self._sub_ids, self._predicates, strict=True) if s is not None]
+        live = [
+            (s, p, n)
+            for s, p, n in zip(self._sub_ids, self._predicates, self._number.view.tolist(), strict=True)
+            if s is not None
+        ]
         self._clear()
-        for sub_id, predicates in live:
-            self.add(sub_id, predicates)  # type: ignore[arg-type]
+        for sub_id, predicates, number in live:
+            self.add(sub_id, predicates, number)  # type: ignore[arg-type]
 
     def _file(self, slot: int, predicates: list[Predicate]) -> None:
         self._start.append(len(self._op))
@@ -304,6 +311,9 @@ class SubscriptionIndex:
 
     def sub_id(self, slot: int) -> str:
         return self._sub_ids[slot]  # type: ignore[return-value]
+
+    def numbers(self, slots: np.ndarray) -> np.ndarray:
+        return self._number.view[slots]
 
     def _candidates(self, batch: _Batch) -> tuple[np.ndarray, np.ndarray]:
         pubs: list[np.ndarray] = []

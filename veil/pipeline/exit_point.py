@@ -6,9 +6,10 @@ ignores pairs it already holds, so a batch that Spark replays after a crash deli
 
 from __future__ import annotations
 
-import pyarrow.compute as pc
+import numpy as np
 from pyspark.sql import DataFrame
 
+from veil.pipeline.match import MARK
 from veil.pipeline.stores import store_for
 
 
@@ -18,14 +19,13 @@ class DeliveryWriter:
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         table = frame.toArrow()
-        is_mark = pc.is_null(table.column("sub_id"))
-        marks = table.filter(is_mark).column("offset")
-        # publication order is all a queue needs; a publication matches a subscription once
-        matches = table.filter(pc.invert(is_mark)).sort_by("offset")
-        if len(marks):
+        offsets = table.column("offset").to_numpy()
+        sub_nos = table.column("sub_no").to_numpy()
+        is_mark = sub_nos == MARK
+        if is_mark.any():
+            matches = ~is_mark
+            # publication order is all a queue needs; a publication matches a subscription once
+            order = np.argsort(offsets[matches], kind="stable")
             store_for(self.url).record_deliveries(
-                batch_id,
-                matches.column("sub_id").to_pylist(),
-                matches.column("offset").to_numpy(),
-                pc.max(marks).as_py(),
+                batch_id, sub_nos[matches][order], offsets[matches][order], int(offsets[is_mark].max())
             )

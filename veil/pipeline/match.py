@@ -21,8 +21,9 @@ from veil.pipeline.stores import store_for
 from veil.protocol import flatten
 from veil.store import KIND_PUBLICATION, KIND_SUBSCRIBE
 
-MATCH_SCHEMA = "offset LONG, sub_id STRING"
-_OUT_SCHEMA = pa.schema([("offset", pa.int64()), ("sub_id", pa.string())])
+MATCH_SCHEMA = "offset LONG, sub_no LONG"
+_OUT_SCHEMA = pa.schema([("offset", pa.int64()), ("sub_no", pa.int64())])
+MARK = -1  # the sub_no of a row that only carries how far the log was processed
 _FLUSH_ROWS = 65536
 RUN_LIMIT = 4096  # publications matched per index call
 
@@ -65,7 +66,8 @@ class MatchPartition:
                     # publications before a subscription change are matched before it applies
                     run.match(index, out)  # type: ignore[arg-type]
                     if kind == KIND_SUBSCRIBE:
-                        index.add(sub_id, decode_subscription(body))  # type: ignore[union-attr]
+                        number = store_for(self.url).subscription_number(sub_id)
+                        index.add(sub_id, decode_subscription(body), number)  # type: ignore[union-attr]
                     else:
                         index.remove(sub_id)  # type: ignore[union-attr]
             if len(out) >= _FLUSH_ROWS:
@@ -93,9 +95,9 @@ class MatchPartition:
         else:
             index = SubscriptionIndex()
             added = store.subscriptions_at(start)
-        for sub_id, body in added:
+        for sub_id, number, body in added:
             if mine(sub_id):
-                index.add(sub_id, decode_subscription(body))
+                index.add(sub_id, decode_subscription(body), number)
         return index
 
 
@@ -117,26 +119,26 @@ class _Run:
         if self.offsets:
             pubs, slots = index.match_pairs(self.documents)
             out.offsets.append(np.asarray(self.offsets, np.int64)[pubs])
-            out.sub_ids.extend(index.sub_id(slot) for slot in slots.tolist())
+            out.sub_nos.append(index.numbers(slots))
             self.offsets, self.documents = [], []
 
 
 class _Output:
     def __init__(self) -> None:
         self.offsets: list[np.ndarray] = []
-        self.sub_ids: list[str | None] = []
+        self.sub_nos: list[np.ndarray] = []
 
     def __len__(self) -> int:
-        return len(self.sub_ids)
+        return sum(len(chunk) for chunk in self.sub_nos)
 
     def mark(self, end: int) -> None:
         self.offsets.append(np.array([end], np.int64))
-        self.sub_ids.append(None)
+        self.sub_nos.append(np.array([MARK], np.int64))
 
     def take(self) -> pa.RecordBatch:
-        offsets = np.concatenate(self.offsets) if self.offsets else np.empty(0, np.int64)
-        batch = pa.RecordBatch.from_arrays(
-            [pa.array(offsets, pa.int64()), pa.array(self.sub_ids, pa.string())], schema=_OUT_SCHEMA
-        )
-        self.offsets, self.sub_ids = [], []
+        def joined(chunks: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(chunks) if chunks else np.empty(0, np.int64)
+
+        batch = pa.RecordBatch.from_arrays([joined(self.offsets), joined(self.sub_nos)], schema=_OUT_SCHEMA)
+        self.offsets, self.sub_nos = [], []
         return batch

@@ -98,16 +98,17 @@ class EventStore(ABC):
         """Entries with start < offset <= end, in offset order."""
 
     @abstractmethod
-    def subscriptions_at(self, offset: int) -> list[tuple[str, bytes]]:
-        """The subscriptions in force just after `offset`: what a matcher must hold there."""
+    def subscriptions_at(self, offset: int) -> list[tuple[str, int, bytes]]:
+        """The subscriptions in force just after `offset`, as (id, number, body): what a matcher must
+        hold there."""
 
     @abstractmethod
-    def subscription_changes(self, after: int, upto: int) -> tuple[list[str], list[tuple[str, bytes]]]:
-        """What changed between two offsets: ids to drop, then (id, body) to add."""
+    def subscription_changes(self, after: int, upto: int) -> tuple[list[str], list[tuple[str, int, bytes]]]:
+        """What changed between two offsets: ids to drop, then (id, number, body) to add."""
 
     @abstractmethod
-    def record_deliveries(self, batch_id: int, sub_ids: list[str], pubs: np.ndarray, processed: int) -> None:
-        """Queue the (subscription, publication) matches of a micro-batch, sorted by publication, add
+    def record_deliveries(self, batch_id: int, sub_nos: np.ndarray, pubs: np.ndarray, processed: int) -> None:
+        """Queue the (subscription number, publication) matches of a micro-batch, sorted by publication, add
         them to the feed and record the processed offset, in one transaction; pairs already queued
         are ignored, so a replayed batch delivers nothing twice."""
 

@@ -80,7 +80,6 @@ class SqliteStore(EventStore):
         self.path = os.path.abspath(path)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self._local = threading.local()
-        self._numbers: dict[str, int] = {}
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._db().executescript(SCHEMA)
@@ -210,17 +209,18 @@ class SqliteStore(EventStore):
         )
         return [LogEntry(*row) for row in rows]
 
-    def subscriptions_at(self, offset: int) -> list[tuple[str, bytes]]:
+    def subscriptions_at(self, offset: int) -> list[tuple[str, int, bytes]]:
         return (
             self._db()
             .execute(
-                "SELECT sub_id, body FROM subscriptions WHERE created <= ?1 AND (deleted IS NULL OR deleted > ?1)",
+                "SELECT s.sub_id, n.no, s.body FROM subscriptions s JOIN subscription_numbers n USING (sub_id) "
+                "WHERE s.created <= ?1 AND (s.deleted IS NULL OR s.deleted > ?1)",
                 (offset,),
             )
             .fetchall()
         )
 
-    def subscription_changes(self, after: int, upto: int) -> tuple[list[str], list[tuple[str, bytes]]]:
+    def subscription_changes(self, after: int, upto: int) -> tuple[list[str], list[tuple[str, int, bytes]]]:
         with self._tx(write=False) as db:
             dropped = [
                 row[0]
@@ -229,15 +229,15 @@ class SqliteStore(EventStore):
                 )
             ]
             added = db.execute(
-                "SELECT sub_id, body FROM subscriptions WHERE created > ?1 AND created <= ?2 "
-                "AND (deleted IS NULL OR deleted > ?2) ORDER BY created",
+                "SELECT s.sub_id, n.no, s.body FROM subscriptions s JOIN subscription_numbers n USING (sub_id) "
+                "WHERE s.created > ?1 AND s.created <= ?2 AND (s.deleted IS NULL OR s.deleted > ?2) "
+                "ORDER BY s.created",
                 (after, upto),
             ).fetchall()
         return dropped, added
 
-    def record_deliveries(self, batch_id: int, sub_ids: list[str], pubs: np.ndarray, processed: int) -> None:
-        numbers = self._numbers_of(sub_ids)
-        sub_nos = np.fromiter((numbers[s] for s in sub_ids), np.int64, len(sub_ids))
+    def record_deliveries(self, batch_id: int, sub_nos: np.ndarray, pubs: np.ndarray, processed: int) -> None:
+        sub_nos = np.asarray(sub_nos, np.int64)
         pubs = np.asarray(pubs, np.int64)
         now = time.time()
         with self._tx() as db:
@@ -256,17 +256,6 @@ class SqliteStore(EventStore):
                 "ON CONFLICT(name) DO UPDATE SET value = MAX(value, excluded.value), updated = excluded.updated",
                 [("processed", processed, now), ("batch", batch_id, now)],
             )
-
-    def _numbers_of(self, sub_ids: list[str]) -> dict[str, int]:
-        """Subscription numbers, cached: a number never changes once given to an id."""
-        missing = set(sub_ids) - self._numbers.keys()
-        if missing:
-            rows = self._db().execute(
-                "SELECT sub_id, no FROM subscription_numbers WHERE sub_id IN (SELECT value FROM json_each(?))",
-                (orjson.dumps(sorted(missing)),),
-            )
-            self._numbers.update(rows.fetchall())
-        return self._numbers
 
     def processed_offset(self) -> int:
         found = self.status("processed")
