@@ -1,3 +1,5 @@
+import time
+
 import pytest
 
 from veil.store import KIND_PUBLICATION, KIND_SUBSCRIBE, KIND_UNSUBSCRIBE, NotOwner, UnknownSubscription, open_store
@@ -45,10 +47,20 @@ def test_replayed_batches_deliver_once(store):
     store.record_deliveries(0, [s], [pub], pub)
     rows, watermark = store.backlog("s", 0, 10)
     assert rows == [(pub, b'{"a":1}')]
-    assert watermark == store.last_feed_seq() == 2 and store.processed_offset() == pub
+    assert watermark == store.last_feed_seq() == 1 and store.processed_offset() == pub
     feed = store.feed_since(0, 10)
-    assert [(e.sub_nos.tolist(), e.pubs.tolist()) for e in feed] == [([store.subscription_number("s")], [pub])] * 2
+    assert [(e.sub_nos.tolist(), e.pubs.tolist()) for e in feed] == [([s], [pub])]
     assert store.bodies(feed[0].pubs) == {pub: b'{"a":1}'}
+
+
+def test_feed_entries_are_sorted_by_subscription(store):
+    for sub_id in "st":
+        store.put_subscription(sub_id, "alice", b"[]")
+    pubs = store.append_publications([b"{}", b"{}"])
+    s, t = store.subscription_number("s"), store.subscription_number("t")
+    store.record_deliveries(0, [t, s, t, s], [pubs[0], pubs[0], pubs[1], pubs[1]], pubs[1])
+    (entry,) = store.feed_since(0, 10)
+    assert entry.sub_nos.tolist() == [s, s, t, t] and entry.pubs.tolist() == [pubs[0], pubs[1]] * 2
 
 
 def test_cursors_only_move_forward_and_die_with_the_subscription(store):
@@ -60,19 +72,41 @@ def test_cursors_only_move_forward_and_die_with_the_subscription(store):
     assert store.cursor("s") == 0
 
 
-def test_compaction_keeps_what_queues_and_the_pipeline_still_need(store):
+def spill_everything(store, fanned_out=1 << 40):
+    return store.compact(1000, fanned_out, time.time() + 1)
+
+
+def test_backlog_reads_spilled_rows_then_the_feed(store):
+    store.put_subscription("s", "alice", b"[]")
+    s = store.subscription_number("s")
+    pubs = store.append_publications([b'{"n":1}', b'{"n":2}', b'{"n":3}'])
+    store.record_deliveries(0, [s], [pubs[0]], pubs[0])
+    spill_everything(store)
+    store.record_deliveries(1, [s, s], pubs[1:], pubs[2])
+    assert store.backlog("s", 0, 10)[0] == [(pubs[0], b'{"n":1}'), (pubs[1], b'{"n":2}'), (pubs[2], b'{"n":3}')]
+    assert [pub for pub, _ in store.backlog("s", pubs[0], 1)[0]] == [pubs[1]]
+    assert [pub for pub, _ in store.backlog("s", pubs[1], 10)[0]] == [pubs[2]]
+
+
+def test_compaction_spills_only_what_was_not_consumed(store):
     store.put_subscription("s", "alice", b"[]")
     store.put_subscription("t", "bob", b"[]")
-    pubs = store.append_publications([b'{"n":1}', b'{"n":2}', b'{"n":3}', b'{"n":4}'])
     s, t = store.subscription_number("s"), store.subscription_number("t")
+    pubs = store.append_publications([b'{"n":1}', b'{"n":2}', b'{"n":3}', b'{"n":4}'])
     store.record_deliveries(0, [s, s, t], [pubs[0], pubs[1], pubs[1]], pubs[2])
     store.save_cursors({"s": pubs[1]})
-    assert store.compact(1000) == 2 + 1  # s's two consumed deliveries; publication 1, before t's queue
+    assert store.compact(1000, 1 << 40, time.time() - 60) == 0  # too young to spill, so nothing else goes
+    spill_everything(store, fanned_out=0)
+    assert store.last_feed_seq() == 1  # not fanned out yet: the feed entry stays
+    spill_everything(store)
+    assert store.last_feed_seq() == 0 and store.feed_since(0, 10) == []
+    assert store.backlog("s", 0, 10)[0] == []
     assert [pub for pub, _ in store.backlog("t", 0, 10)[0]] == [pubs[1]]
+    # publication 1 was consumed by everyone; 2 waits in t's queue; 4 is not processed yet
     assert [e.offset for e in store.log_range(0, pubs[-1]) if e.kind == 0] == pubs[1:]
     store.save_cursors({"t": pubs[1]})
-    store.compact(1000)
-    # publication 4 is not processed yet: the pipeline still has to read it
+    spill_everything(store)
+    assert store.backlog("t", 0, 10)[0] == []
     assert [e.offset for e in store.log_range(0, pubs[-1]) if e.kind == 0] == [pubs[3]]
 
 
@@ -82,6 +116,17 @@ def test_matches_for_removed_subscriptions_are_dropped(store):
     store.remove_subscription("s", "alice")
     # computed before the unsubscription, written after
     store.record_deliveries(0, [store.subscription_number("s")], [pub], pub)
-    store.compact(1000)
     store.put_subscription("s", "alice", b"[]")
     assert store.backlog("s", 0, 10)[0] == []
+    spill_everything(store)
+    assert store.backlog("s", 0, 10)[0] == []
+
+
+def test_replacing_a_subscription_keeps_its_queue(store):
+    store.put_subscription("s", "alice", b"[]")
+    (pub,) = store.append_publications([b"{}"])
+    store.record_deliveries(0, [store.subscription_number("s")], [pub], pub)
+    store.put_subscription("s", "alice", b'[["a","eq",1]]')
+    assert [p for p, _ in store.backlog("s", 0, 10)[0]] == [pub]
+    spill_everything(store)
+    assert [p for p, _ in store.backlog("s", 0, 10)[0]] == [pub]

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 
 from aiohttp import web
 
@@ -24,6 +25,7 @@ log = logging.getLogger("veil.gateway")
 PROGRESS_INTERVAL = 0.1
 COMPACT_INTERVAL = 2.0
 COMPACT_CHUNK = 20000  # rows per transaction, so that compaction never holds the write lock for long
+SPILL_AFTER = 2.0  # seconds a match may wait in the feed before it gets its own queue row
 
 
 class Broker:
@@ -103,7 +105,10 @@ class Broker:
         store = self.threads.store
         while True:
             try:
-                while await self.threads.write(store.compact, COMPACT_CHUNK) == COMPACT_CHUNK:
+                while (
+                    await self.threads.write(store.compact, COMPACT_CHUNK, self.hub.last_seq, time.time() - SPILL_AFTER)
+                    >= COMPACT_CHUNK
+                ):
                     pass
             except Exception:
                 log.exception("compacting the store failed")

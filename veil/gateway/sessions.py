@@ -172,10 +172,8 @@ class DeliveryHub:
         mine = self._connected[entry.sub_nos]
         if not mine.any():
             return
-        sub_nos, pubs = entry.sub_nos[mine], entry.pubs[mine]
+        sub_nos, pubs = entry.sub_nos[mine], entry.pubs[mine]  # grouped by subscription already
         bodies = await self.threads.read(self.threads.store.bodies, np.unique(pubs))
-        order = np.argsort(sub_nos, kind="stable")  # by subscription, publication order kept
-        sub_nos, pubs = sub_nos[order], pubs[order]
         cuts = np.flatnonzero(np.diff(sub_nos)) + 1
         for group_nos, group_pubs in zip(np.split(sub_nos, cuts), np.split(pubs, cuts), strict=True):
             session = self._by_number.get(int(group_nos[0]))

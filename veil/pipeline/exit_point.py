@@ -1,12 +1,11 @@
 """The exit point (foreachBatch on the driver): queue the micro-batch's matches in the store.
 
-Matches are written in publication order, with the processed offset, in one transaction; the store
-ignores pairs it already holds, so a batch that Spark replays after a crash delivers nothing twice.
+The matches are written as one feed entry with the processed offset, in one transaction; the store
+recognises a batch that Spark replays after a crash by its processed offset and writes it only once.
 """
 
 from __future__ import annotations
 
-import numpy as np
 from pyspark.sql import DataFrame
 
 from veil.pipeline.match import MARK
@@ -24,8 +23,6 @@ class DeliveryWriter:
         is_mark = sub_nos == MARK
         if is_mark.any():
             matches = ~is_mark
-            # publication order is all a queue needs; a publication matches a subscription once
-            order = np.argsort(offsets[matches], kind="stable")
             store_for(self.url).record_deliveries(
-                batch_id, sub_nos[matches][order], offsets[matches][order], int(offsets[is_mark].max())
+                batch_id, sub_nos[matches], offsets[matches], int(offsets[is_mark].max())
             )

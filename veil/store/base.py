@@ -30,8 +30,8 @@ Delivery = tuple[int, bytes]
 
 
 class FeedEntry(NamedTuple):
-    """The matches of one micro-batch, in publication order: parallel arrays of subscription numbers
-    and publication offsets."""
+    """The matches of one micro-batch: parallel arrays of subscription numbers and publication
+    offsets, sorted by subscription number, then publication."""
 
     seq: int
     sub_nos: np.ndarray
@@ -108,9 +108,9 @@ class EventStore(ABC):
 
     @abstractmethod
     def record_deliveries(self, batch_id: int, sub_nos: np.ndarray, pubs: np.ndarray, processed: int) -> None:
-        """Queue the (subscription number, publication) matches of a micro-batch, sorted by publication, add
-        them to the feed and record the processed offset, in one transaction; pairs already queued
-        are ignored, so a replayed batch delivers nothing twice."""
+        """Queue the (subscription number, publication) matches of a micro-batch as one feed entry and
+        record the processed offset, in one transaction; a replayed batch (one that does not move the
+        processed offset) adds nothing, so nothing is delivered twice."""
 
     @abstractmethod
     def processed_offset(self) -> int: ...
@@ -123,10 +123,12 @@ class EventStore(ABC):
         """(value, unix time of the update) of a named status entry."""
 
     @abstractmethod
-    def compact(self, limit: int) -> int:
-        """Drop up to `limit` deliveries that their subscriptions have consumed or that belong to
-        removed subscriptions, old feed entries, and the publications that the pipeline has processed
-        and no queue still holds; returns the rows removed."""
+    def compact(self, limit: int, fanned_out: int, spill_before: float) -> int:
+        """One bounded step of housekeeping: spill the unconsumed matches of feed entries created
+        before `spill_before` into per-subscription queues, drop up to `limit` queued deliveries their
+        subscriptions consumed, feed entries both spilled and fanned out (seq <= `fanned_out`), and
+        publications that neither the pipeline nor any queue still needs. Returns the rows handled;
+        a result below `limit` means nothing is left to do for now."""
 
     @abstractmethod
     def close(self) -> None: ...

@@ -2,6 +2,14 @@
 before the gateway acknowledges it. Each thread gets its own connection (SQLite connections are not
 shareable across threads); the gateway funnels its writes through a single thread so that one
 commit covers many concurrent publishes.
+
+Matches are queued in two tiers. The pipeline writes each micro-batch's matches as one packed feed
+row (16 bytes a match, one insert a batch); a feed row is the durable queue for every match in it.
+Once a row is a few seconds old, compaction spills the matches its subscriptions have not yet
+consumed into the `deliveries` table (one row each, indexed by subscription) and the row can go. A
+subscriber that keeps up therefore costs no per-match row at all; one that lags or is away gets a
+per-subscription queue. Publications are monotonic across feed rows (a replayed batch is not
+written twice), so a backlog is the spilled rows followed by the unspilled feed.
 """
 
 from __future__ import annotations
@@ -26,7 +34,9 @@ from veil.store.base import (
     UnknownSubscription,
 )
 
-FEED_RETENTION = 120.0  # seconds a micro-batch's matches stay in the live feed
+NEVER = np.iinfo(np.int64).max
+SPILLED = "(SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'spilled')"  # last feed seq spilled
+PROCESSED = "(SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'processed')"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS log (
@@ -47,7 +57,8 @@ CREATE INDEX IF NOT EXISTS subscriptions_created ON subscriptions(created);
 CREATE INDEX IF NOT EXISTS subscriptions_deleted ON subscriptions(deleted);
 CREATE TABLE IF NOT EXISTS subscription_numbers (
     no INTEGER PRIMARY KEY,
-    sub_id TEXT NOT NULL UNIQUE
+    sub_id TEXT NOT NULL UNIQUE,
+    reset INTEGER NOT NULL DEFAULT 0  -- the last unsubscription: older matches are not for the id's queue
 );
 CREATE TABLE IF NOT EXISTS deliveries (
     sub_no INTEGER NOT NULL,
@@ -57,11 +68,8 @@ CREATE TABLE IF NOT EXISTS deliveries (
 CREATE TABLE IF NOT EXISTS feed (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     pairs BLOB NOT NULL,
+    first INTEGER NOT NULL,
     created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS removed (
-    sub_no INTEGER PRIMARY KEY,
-    at_offset INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS cursors (
     sub_id TEXT PRIMARY KEY,
@@ -121,9 +129,6 @@ class SqliteStore(EventStore):
                 (sub_id, offset, owner, body),
             )
             db.execute("INSERT OR IGNORE INTO subscription_numbers(sub_id) VALUES (?)", (sub_id,))
-            db.execute(
-                "DELETE FROM removed WHERE sub_no = (SELECT no FROM subscription_numbers WHERE sub_id = ?)", (sub_id,)
-            )
         return offset  # type: ignore[return-value]
 
     def remove_subscription(self, sub_id: str, owner: str) -> int:
@@ -135,12 +140,9 @@ class SqliteStore(EventStore):
                 raise NotOwner(sub_id)
             offset = db.execute("INSERT INTO log(kind, sub_id) VALUES (?, ?)", (KIND_UNSUBSCRIBE, sub_id)).lastrowid
             db.execute("UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id))
-            # matches computed before the unsubscription may still arrive: compaction drops them
-            db.execute(
-                "INSERT OR REPLACE INTO removed(sub_no, at_offset) "
-                "SELECT no, ? FROM subscription_numbers WHERE sub_id = ?",
-                (offset, sub_id),
-            )
+            # matches computed before the unsubscription may still arrive in the feed: they are never
+            # spilled or served, since only live subscriptions get them and only after their reset
+            db.execute("UPDATE subscription_numbers SET reset = ? WHERE sub_id = ?", (offset, sub_id))
             db.execute(
                 "DELETE FROM deliveries WHERE sub_no = (SELECT no FROM subscription_numbers WHERE sub_id = ?)",
                 (sub_id,),
@@ -157,15 +159,14 @@ class SqliteStore(EventStore):
 
     def feed_since(self, seq: int, limit: int) -> list[FeedEntry]:
         rows = self._db().execute("SELECT seq, pairs FROM feed WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit))
-        entries = []
-        for entry_seq, pairs in rows:
-            both = np.frombuffer(pairs, np.int64)
-            half = len(both) // 2
-            entries.append(FeedEntry(entry_seq, both[:half], both[half:]))
-        return entries
+        return [_unpack(entry_seq, pairs) for entry_seq, pairs in rows]
 
     def bodies(self, pubs: np.ndarray) -> dict[int, bytes]:
-        rows = self._db().execute(
+        return self._bodies(self._db(), pubs)
+
+    @staticmethod
+    def _bodies(db: sqlite3.Connection, pubs: np.ndarray) -> dict[int, bytes]:
+        rows = db.execute(
             "SELECT offset, body FROM log WHERE offset IN (SELECT value FROM json_each(?))",
             (orjson.dumps(pubs, option=orjson.OPT_SERIALIZE_NUMPY),),
         )
@@ -173,14 +174,44 @@ class SqliteStore(EventStore):
 
     def backlog(self, sub_id: str, after_pub: int, limit: int) -> tuple[list[Delivery], int]:
         with self._tx(write=False) as db:
+            watermark = db.execute("SELECT COALESCE(MAX(seq), 0) FROM feed").fetchone()[0]
+            live = db.execute(
+                "SELECT n.no, n.reset FROM subscriptions s JOIN subscription_numbers n USING (sub_id) "
+                "WHERE s.sub_id = ? AND s.deleted IS NULL",
+                (sub_id,),
+            ).fetchone()
+            if live is None:
+                return [], watermark
+            number, floor = live[0], max(after_pub, live[1])
             rows = db.execute(
                 "SELECT d.pub, l.body FROM deliveries d JOIN log l ON l.offset = d.pub "
-                "WHERE d.sub_no = (SELECT no FROM subscription_numbers WHERE sub_id = ?) AND d.pub > ? "
-                "ORDER BY d.pub LIMIT ?",
-                (sub_id, after_pub, limit),
+                "WHERE d.sub_no = ? AND d.pub > ? ORDER BY d.pub LIMIT ?",
+                (number, floor, limit),
             ).fetchall()
-            watermark = db.execute("SELECT COALESCE(MAX(seq), 0) FROM feed").fetchone()[0]
+            if len(rows) < limit:
+                floor = rows[-1][0] if rows else floor
+                pubs = self._unspilled(db, number, floor, watermark, limit - len(rows))
+                if len(pubs):
+                    bodies = self._bodies(db, pubs)
+                    rows.extend((pub, bodies[pub]) for pub in pubs.tolist())
         return rows, watermark
+
+    def _unspilled(self, db: sqlite3.Connection, number: int, floor: int, upto_seq: int, limit: int) -> np.ndarray:
+        """A subscription's matches after `floor` in the feed rows not yet spilled: a binary search in
+        each row, whose pairs are sorted by subscription number."""
+        found: list[np.ndarray] = []
+        rows = db.execute(
+            f"SELECT pairs FROM feed WHERE seq > {SPILLED} AND seq <= ? ORDER BY seq",
+            (upto_seq,),
+        )
+        for (pairs,) in rows:
+            entry = _unpack(0, pairs)
+            low, high = np.searchsorted(entry.sub_nos, [number, number + 1])
+            mine = entry.pubs[low:high]
+            found.append(mine[mine > floor])
+            if sum(len(f) for f in found) >= limit:
+                break
+        return np.concatenate(found)[:limit] if found else np.empty(0, np.int64)
 
     def cursor(self, sub_id: str) -> int:
         row = self._db().execute("SELECT pub FROM cursors WHERE sub_id = ?", (sub_id,)).fetchone()
@@ -239,18 +270,16 @@ class SqliteStore(EventStore):
     def record_deliveries(self, batch_id: int, sub_nos: np.ndarray, pubs: np.ndarray, processed: int) -> None:
         sub_nos = np.asarray(sub_nos, np.int64)
         pubs = np.asarray(pubs, np.int64)
+        order = np.lexsort((pubs, sub_nos))
         now = time.time()
         with self._tx() as db:
-            if len(pubs):
-                # one statement for the whole batch, SQLite unpacking the pairs itself, in key order so
-                # that the B-tree is filled sequentially per subscription
-                order = np.lexsort((pubs, sub_nos))
-                pairs = orjson.dumps(np.column_stack([sub_nos[order], pubs[order]]), option=orjson.OPT_SERIALIZE_NUMPY)
+            done = db.execute(f"SELECT {PROCESSED}").fetchone()[0]
+            # every real batch moves the processed offset forward; one that does not is a replay
+            if len(pubs) and processed > done:
                 db.execute(
-                    "INSERT OR IGNORE INTO deliveries(sub_no, pub) SELECT value ->> 0, value ->> 1 FROM json_each(?)",
-                    (pairs,),
+                    "INSERT INTO feed(pairs, first, created) VALUES (?, ?, ?)",
+                    (sub_nos[order].tobytes() + pubs[order].tobytes(), int(pubs.min()), now),
                 )
-                db.execute("INSERT INTO feed(pairs, created) VALUES (?, ?)", (sub_nos.tobytes() + pubs.tobytes(), now))
             db.executemany(
                 "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) "
                 "ON CONFLICT(name) DO UPDATE SET value = MAX(value, excluded.value), updated = excluded.updated",
@@ -272,30 +301,86 @@ class SqliteStore(EventStore):
     def status(self, name: str) -> tuple[int, float] | None:
         return self._db().execute("SELECT value, updated FROM status WHERE name = ?", (name,)).fetchone()
 
-    def compact(self, limit: int) -> int:
+    def compact(self, limit: int, fanned_out: int, spill_before: float) -> int:
         with self._tx() as db:
-            processed = db.execute("SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'processed'").fetchone()[0]
-            removed = db.execute("DELETE FROM deliveries WHERE sub_no IN (SELECT sub_no FROM removed)").rowcount
-            # once the pipeline is past an unsubscription, no late match for it can come any more
-            db.execute("DELETE FROM removed WHERE at_offset <= ?", (processed,))
+            spilled = self._spill(db, spill_before, limit)
             consumed = db.execute(
                 "DELETE FROM deliveries WHERE (sub_no, pub) IN (SELECT d.sub_no, d.pub FROM cursors c "
                 "JOIN subscription_numbers n ON n.sub_id = c.sub_id "
                 "JOIN deliveries d ON d.sub_no = n.no AND d.pub <= c.pub LIMIT ?)",
                 (limit,),
             ).rowcount
-            fed = db.execute("DELETE FROM feed WHERE created < ?", (time.time() - FEED_RETENTION,)).rowcount
+            fed = db.execute(
+                f"DELETE FROM feed WHERE seq <= MIN(?, {SPILLED})",
+                (fanned_out,),
+            ).rowcount
             # Publications at or below the processed offset are never read by the pipeline again (a
             # replayed batch starts after the last recorded one), and below the oldest queued delivery
             # no queue needs their bodies.
-            oldest = db.execute("SELECT MIN(pub) FROM deliveries").fetchone()[0]
-            horizon = processed if oldest is None else min(processed, oldest - 1)
+            processed, oldest_spilled, oldest_fed = db.execute(
+                f"SELECT {PROCESSED}, (SELECT MIN(pub) FROM deliveries), (SELECT MIN(first) FROM feed)"
+            ).fetchone()
+            horizon = min([processed] + [oldest - 1 for oldest in (oldest_spilled, oldest_fed) if oldest is not None])
             published = db.execute(
                 "DELETE FROM log WHERE offset IN (SELECT offset FROM log WHERE kind = ? AND offset <= ? "
                 "ORDER BY offset LIMIT ?)",
                 (KIND_PUBLICATION, horizon, limit),
             ).rowcount
-        return removed + consumed + fed + published
+        return spilled + consumed + fed + published
+
+    def _spill(self, db: sqlite3.Connection, before: float, limit: int) -> int:
+        """Move the matches of feed rows created before `before` that live subscriptions have not
+        consumed into per-subscription rows; returns the matches looked at."""
+        spilled = db.execute(f"SELECT {SPILLED}").fetchone()[0]
+        entries: list[FeedEntry] = []
+        size = 0
+        for seq, pairs in db.execute(
+            "SELECT seq, pairs FROM feed WHERE seq > ? AND created < ? ORDER BY seq", (spilled, before)
+        ):
+            entries.append(_unpack(seq, pairs))
+            size += len(entries[-1].pubs)
+            if size >= limit:
+                break
+        if not entries:
+            return 0
+        floor = self._consumed_floor(db)
+        kept_nos, kept_pubs = [], []
+        for entry in entries:
+            known = entry.sub_nos < len(floor)
+            keep = known.copy()
+            keep[known] = entry.pubs[known] > floor[entry.sub_nos[known]]
+            kept_nos.append(entry.sub_nos[keep])
+            kept_pubs.append(entry.pubs[keep])
+        sub_nos, pubs = np.concatenate(kept_nos), np.concatenate(kept_pubs)
+        if len(pubs):
+            order = np.lexsort((pubs, sub_nos))  # key order: the B-tree fills sequentially per subscription
+            db.execute(
+                "INSERT OR IGNORE INTO deliveries(sub_no, pub) SELECT value ->> 0, value ->> 1 FROM json_each(?)",
+                (orjson.dumps(np.column_stack([sub_nos[order], pubs[order]]), option=orjson.OPT_SERIALIZE_NUMPY),),
+            )
+        db.execute(
+            "INSERT INTO status(name, value, updated) VALUES ('spilled', ?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET value = excluded.value, updated = excluded.updated",
+            (entries[-1].seq, time.time()),
+        )
+        return size
+
+    @staticmethod
+    def _consumed_floor(db: sqlite3.Connection) -> np.ndarray:
+        """Per subscription number, the publication up to which nothing needs queueing: the consumed
+        cursor, or the last unsubscription of the id (earlier matches belong to a removed version);
+        NEVER for numbers with no live subscription."""
+        rows = np.array(
+            db.execute(
+                "SELECT n.no, MAX(n.reset, COALESCE(c.pub, 0)) FROM subscriptions s "
+                "JOIN subscription_numbers n USING (sub_id) LEFT JOIN cursors c USING (sub_id) "
+                "WHERE s.deleted IS NULL"
+            ).fetchall(),
+            np.int64,
+        ).reshape(-1, 2)
+        floor = np.full(int(rows[:, 0].max(initial=0)) + 1, NEVER, np.int64)
+        floor[rows[:, 0]] = rows[:, 1]
+        return floor
 
     def close(self) -> None:
         with self._lock:
@@ -303,6 +388,12 @@ class SqliteStore(EventStore):
                 db.close()
             self._connections.clear()
         self._local = threading.local()
+
+
+def _unpack(seq: int, pairs: bytes) -> FeedEntry:
+    both = np.frombuffer(pairs, np.int64)
+    half = len(both) // 2
+    return FeedEntry(seq, both[:half], both[half:])
 
 
 def _live_owner(db: sqlite3.Connection, sub_id: str) -> str | None:
