@@ -94,9 +94,13 @@ async def _subscribe(port: int, handshakes: list[bytes], seconds: float, ready, 
             if lines:
                 result.lines += lines
                 result.last = now
-                # one latency sample per read: the newest complete line
-                end = chunk.rfind(b"\n")
-                begin = chunk.rfind(b"\n", 0, end) + 1
+                # one latency sample per read: the oldest line known to start in this chunk (a read
+                # may begin inside a line), so that a backlog shows in the figures rather than hides
+                begin = chunk.find(b"\n") + 1
+                end = chunk.find(b"\n", begin)
+                if end < 0:
+                    end = begin - 1
+                    begin = chunk.rfind(b"\n", 0, end) + 1
                 with contextlib.suppress(orjson.JSONDecodeError, KeyError, TypeError):
                     result.latencies.append(now - orjson.loads(chunk[begin:end])["t"])
 

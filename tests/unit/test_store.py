@@ -130,3 +130,12 @@ def test_replacing_a_subscription_keeps_its_queue(store):
     assert [p for p, _ in store.backlog("s", 0, 10)[0]] == [pub]
     spill_everything(store)
     assert [p for p, _ in store.backlog("s", 0, 10)[0]] == [pub]
+
+
+def test_a_replay_over_a_longer_range_adds_only_the_new_matches(store):
+    store.put_subscription("s", "alice", b"[]")
+    s = store.subscription_number("s")
+    pubs = store.append_publications([b"{}", b"{}"])
+    store.record_deliveries(0, [s], pubs[:1], pubs[0])
+    store.record_deliveries(0, [s, s], pubs, pubs[1])
+    assert [e.pubs.tolist() for e in store.feed_since(0, 10)] == [[pubs[0]], [pubs[1]]]

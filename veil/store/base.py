@@ -109,8 +109,8 @@ class EventStore(ABC):
     @abstractmethod
     def record_deliveries(self, batch_id: int, sub_nos: np.ndarray, pubs: np.ndarray, processed: int) -> None:
         """Queue the (subscription number, publication) matches of a micro-batch as one feed entry and
-        record the processed offset, in one transaction; a replayed batch (one that does not move the
-        processed offset) adds nothing, so nothing is delivered twice."""
+        record the processed offset, in one transaction; matches of publications at or below the
+        offset already recorded are dropped, so a replayed batch delivers nothing twice."""
 
     @abstractmethod
     def processed_offset(self) -> int: ...

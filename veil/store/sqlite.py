@@ -270,12 +270,14 @@ class SqliteStore(EventStore):
     def record_deliveries(self, batch_id: int, sub_nos: np.ndarray, pubs: np.ndarray, processed: int) -> None:
         sub_nos = np.asarray(sub_nos, np.int64)
         pubs = np.asarray(pubs, np.int64)
-        order = np.lexsort((pubs, sub_nos))
         now = time.time()
         with self._tx() as db:
-            done = db.execute(f"SELECT {PROCESSED}").fetchone()[0]
-            # every real batch moves the processed offset forward; one that does not is a replay
-            if len(pubs) and processed > done:
+            # matches of publications at or below the processed offset were recorded by an earlier
+            # run of this batch: a replay adds only what is new
+            fresh = pubs > db.execute(f"SELECT {PROCESSED}").fetchone()[0]
+            sub_nos, pubs = sub_nos[fresh], pubs[fresh]
+            if len(pubs):
+                order = np.lexsort((pubs, sub_nos))
                 db.execute(
                     "INSERT INTO feed(pairs, first, created) VALUES (?, ?, ?)",
                     (sub_nos[order].tobytes() + pubs[order].tobytes(), int(pubs.min()), now),

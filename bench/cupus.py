@@ -1,0 +1,207 @@
+"""CUPUS Fig. 21 (S4 §6): publish → delivery delay with 1..20,000 and then 100,000 subscriptions.
+
+Sensor readings (CO, O3, NO2, UFP, lat/lon, timestamp) from a fixed pool of 4,000; a subscription is
+1-3 constraints of a random reading with random <, <=, >, >=, one in five also with a 1-6 h time
+window, so about a quarter of all subscriptions match each reading (SPEC §11). Subscriptions are
+added cumulatively to one broker. For each size a separate publisher process sends readings at a
+constant rate over 16 HTTP connections and separate subscriber processes hold the delivery
+connections (TCP line protocol, resuming after the current log head so each size measures only its
+own publications): up to `--connect` of them, since one process may hold at most 20,000 descriptors
+here; subscriptions not connected are queued durably, as for any offline subscriber.
+
+Beside the end-to-end figures, the index and a naive loop over every subscription (the seed
+matcher's approach) are timed on one core in this process, on the same subscriptions and readings.
+The CUPUS columns are its published delay (Fig. 21, config5 on VM-4) and the peer measurements of
+its matcher on our machines (SPEC §11); CUPUS itself cannot be run here.
+
+    python -m bench.cupus [--subscriptions 1,10,100,1000,5000,10000,20000,100000] [--rate 1000] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+
+import aiohttp
+import orjson
+
+from bench.loadgen import Processes
+from bench.report import figure, print_table
+from bench.selis import finished_matching, percentile
+from bench.workloads import sensor_publication, sensor_subscription
+from veil.harness import BrokerProcess
+from veil.matching import Predicate, SubscriptionIndex
+from veil.matching.predicates import matches
+from veil.protocol import flatten
+from veil.protocol.subscriptions import parse_subscribe
+
+CUPUS_DELAY = {20_000: 1.0}  # s, average publish → delivery, S4 Fig. 21 (config5, VM-4, "up to ~1 s")
+CUPUS_PEER = {1_000: 1691, 10_000: 124, 20_000: 42, 100_000: 8.4}  # matched pub/s, SPEC §11
+PER_SUBSCRIBER_PROCESS = 5000
+
+
+class Subscriptions:
+    """The subscriptions registered so far, over HTTP, mirrored here for the one-core comparison."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.ids: list[str] = []
+        self.predicates: list[list[Predicate]] = []
+        self.index = SubscriptionIndex()
+        self.rng = random.Random(21)
+
+    async def grow_to(self, n: int, concurrency: int = 16) -> None:
+        wanted = [sensor_subscription(self.rng) for _ in range(n - len(self.ids))]
+        semaphore = asyncio.Semaphore(concurrency)
+        async with aiohttp.ClientSession() as http:
+
+            async def register(data: list[dict]) -> tuple[str, list[Predicate]]:
+                body = orjson.dumps({"authHash": "bench", "data": data})
+                async with semaphore, http.post(self.url + "/subscribe", data=body) as response:
+                    answer = await response.json(content_type=None)
+                    if response.status != 200:
+                        raise RuntimeError(f"subscribe failed: {answer}")
+                return answer["subscriptionId"], parse_subscribe(body).predicates
+
+            for low in range(0, len(wanted), 1000):
+                for sub_id, predicates in await asyncio.gather(*map(register, wanted[low : low + 1000])):
+                    self.ids.append(sub_id)
+                    self.predicates.append(predicates)
+                    self.index.add(sub_id, predicates)
+
+
+def one_core_rates(subs: Subscriptions, budget: float = 2.0) -> tuple[float, float]:
+    """Publications/s of the index (in batches of 256) and of the naive loop, on one core."""
+    rng = random.Random(7)
+    readings = [flatten(sensor_publication(rng, "kernel")) for _ in range(4096)]
+    done, began = 0, time.perf_counter()
+    while time.perf_counter() - began < budget and done < len(readings):
+        subs.index.match_pairs(readings[done : done + 256])
+        done += 256
+    indexed = done / (time.perf_counter() - began)
+    done, began = 0, time.perf_counter()
+    while time.perf_counter() - began < budget:
+        for predicates in subs.predicates:
+            matches(predicates, readings[done % len(readings)])
+        done += 1
+    return indexed, done / (time.perf_counter() - began)
+
+
+async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: argparse.Namespace) -> dict:
+    await subs.grow_to(n)
+    indexed, naive = await asyncio.to_thread(one_core_rates, subs)
+    head = await asyncio.to_thread(lambda: broker.health()["head"])
+    connected = random.Random(n).sample(subs.ids, min(n, args.connect))
+    handshakes = [orjson.dumps({"authHash": "bench", "subscriptionId": s, "resumeAfter": head}) for s in connected]
+    processes = Processes()
+    processes.subscribers(
+        broker.tcp_port, handshakes, args.seconds + 300, math.ceil(len(connected) / PER_SUBSCRIBER_PROCESS), idle=10
+    )
+    processes.publisher(broker.url, f"cupus-{n}", args.seconds, args.rate, make=sensor_publication, seed=n)
+    processed_at = await finished_matching(broker, args.seconds)
+    results = processes.results()
+    published = next(r for r in results if not hasattr(r, "lines"))
+    received = [r for r in results if hasattr(r, "lines")]
+    lines = sum(r.lines for r in received)
+    delays = sorted(d for r in received for d in r.latencies)
+    last = max([processed_at, *(r.last for r in received)])
+    return {
+        "subs": n,
+        "connected": len(connected),
+        "selectivity": lines / max(1, published.acked) / len(connected),
+        "rate": published.acked / (published.finished - published.started),
+        "refused": published.refused,
+        "mean": statistics.fmean(delays) if delays else float("nan"),
+        "p50": percentile(delays, 50),
+        "p99": percentile(delays, 99),
+        "matches": lines / (last - published.started),
+        "indexed": indexed,
+        "naive": naive,
+    }
+
+
+def print_rows(rows: list[dict], rate: float) -> None:
+    print_table(
+        f"CUPUS sensor workload, {rate:.0f} pub/s offered over 16 HTTP connections, TCP delivery; "
+        f"{os.cpu_count()} cores",
+        [
+            ("subs", 7, lambda r: r["subs"]),
+            ("online", 7, lambda r: r["connected"]),
+            ("select.", 7, lambda r: f"{r['selectivity']:.3f}"),
+            ("pub/s", 6, lambda r: f"{r['rate']:.0f}"),
+            ("503s", 6, lambda r: r["refused"]),
+            ("mean s", 7, lambda r: f"{r['mean']:.3f}"),
+            ("p50 s", 7, lambda r: f"{r['p50']:.3f}"),
+            ("p99 s", 7, lambda r: f"{r['p99']:.3f}"),
+            ("deliv/s", 9, lambda r: f"{r['matches']:.0f}"),
+            ("index/core", 11, lambda r: f"{r['indexed']:.0f}"),
+            ("naive/core", 11, lambda r: f"{r['naive']:.1f}"),
+            ("CUPUS peer", 11, lambda r: CUPUS_PEER.get(r["subs"])),
+            ("CUPUS s", 8, lambda r: CUPUS_DELAY.get(r["subs"])),
+        ],
+        rows,
+    )
+
+
+def plot(rows: list[dict], path: str) -> None:
+    subs = [r["subs"] for r in rows]
+    with figure(path, columns=2) as (left, right):
+        left.loglog(subs, [r["mean"] for r in rows], "o-", label="Veil mean, end to end")
+        left.loglog(subs, [r["p99"] for r in rows], "^-", label="Veil p99, end to end")
+        left.loglog(list(CUPUS_DELAY), list(CUPUS_DELAY.values()), "s", label="CUPUS mean (S4 Fig. 21)")
+        left.set(xlabel="subscriptions", ylabel="publish → delivery, s", title="Propagation delay (S4 Fig. 21)")
+        right.loglog(subs, [r["indexed"] for r in rows], "o-", label="Veil index, one core")
+        right.loglog(subs, [r["naive"] for r in rows], "x--", label="naive loop, one core")
+        right.loglog(list(CUPUS_PEER), list(CUPUS_PEER.values()), "s--", label="CUPUS matcher (SPEC §11)")
+        right.set(xlabel="subscriptions", ylabel="publications/s matched", title="Matching, same subscriptions")
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    data_dir = tempfile.mkdtemp(prefix="veil-bench-")
+    broker = BrokerProcess(data_dir, *args.broker_args).start()
+    try:
+        warm_up = Processes()  # JIT, Python workers and caches, before anything is measured
+        warm_up.publisher(broker.url, "warm-up", 3, args.rate, make=sensor_publication)
+        warm_up.results()
+        await asyncio.to_thread(broker.wait_processed, 120)
+        subs = Subscriptions(broker.url)
+        rows = []
+        for n in args.subscriptions:
+            rows.append(await run_case(broker, subs, n, args))
+            print(rows[-1], flush=True)
+        print_rows(rows, args.rate)
+        if args.plot:
+            plot(rows, args.plot)
+    finally:
+        broker.close()
+        if args.keep:
+            print(f"broker data and log kept in {data_dir}")
+        else:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--subscriptions",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 10, 100, 1000, 5000, 10000, 20000, 100000],
+    )
+    parser.add_argument("--rate", type=float, default=1000.0, help="publications/s offered")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--connect", type=int, default=18000, help="most delivery connections held")
+    parser.add_argument("--plot", default="docs/performance/cupus.png")
+    parser.add_argument("--keep", action="store_true", help="keep the broker's data directory and log")
+    parser.add_argument("--broker-args", nargs=argparse.REMAINDER, default=[], help="extra `veil serve` flags")
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
