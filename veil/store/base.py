@@ -124,11 +124,11 @@ class EventStore(ABC):
 
     @abstractmethod
     def compact(self, limit: int, fanned_out: int, spill_before: float) -> int:
-        """One bounded step of housekeeping: spill the unconsumed matches of feed entries created
-        before `spill_before` into per-subscription queues, drop up to `limit` queued deliveries their
-        subscriptions consumed, feed entries both spilled and fanned out (seq <= `fanned_out`), and
-        publications that neither the pipeline nor any queue still needs. Returns the rows handled;
-        a result below `limit` means nothing is left to do for now."""
+        """One bounded step of housekeeping. Feed entries that the hub has fanned out (seq <=
+        `fanned_out`) and that were created before `spill_before` get their unconsumed matches
+        spilled into per-subscription queues, then go; up to `limit` queued deliveries that their
+        subscriptions consumed go, and so do publications that neither the pipeline nor any queue
+        still needs. Returns the rows handled; below `limit` means nothing is left for now."""
 
     @abstractmethod
     def close(self) -> None: ...

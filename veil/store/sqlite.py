@@ -305,7 +305,9 @@ class SqliteStore(EventStore):
 
     def compact(self, limit: int, fanned_out: int, spill_before: float) -> int:
         with self._tx() as db:
-            spilled = self._spill(db, spill_before, limit)
+            # the hub offers entries to connected sessions first; spilling one it has not offered yet
+            # would write rows that are about to be consumed
+            spilled = self._spill(db, fanned_out, spill_before, limit)
             consumed = db.execute(
                 "DELETE FROM deliveries WHERE (sub_no, pub) IN (SELECT d.sub_no, d.pub FROM cursors c "
                 "JOIN subscription_numbers n ON n.sub_id = c.sub_id "
@@ -330,14 +332,15 @@ class SqliteStore(EventStore):
             ).rowcount
         return spilled + consumed + fed + published
 
-    def _spill(self, db: sqlite3.Connection, before: float, limit: int) -> int:
-        """Move the matches of feed rows created before `before` that live subscriptions have not
-        consumed into per-subscription rows; returns the matches looked at."""
+    def _spill(self, db: sqlite3.Connection, upto: int, before: float, limit: int) -> int:
+        """Move the matches of feed rows up to seq `upto` created before `before` that live
+        subscriptions have not consumed into per-subscription rows; returns the matches looked at."""
         spilled = db.execute(f"SELECT {SPILLED}").fetchone()[0]
         entries: list[FeedEntry] = []
         size = 0
         for seq, pairs in db.execute(
-            "SELECT seq, pairs FROM feed WHERE seq > ? AND created < ? ORDER BY seq", (spilled, before)
+            "SELECT seq, pairs FROM feed WHERE seq > ? AND seq <= ? AND created < ? ORDER BY seq",
+            (spilled, upto, before),
         ):
             entries.append(_unpack(seq, pairs))
             size += len(entries[-1].pubs)
