@@ -75,6 +75,11 @@ class Session:
             self._queue(Chunk(chunk.pubs[take], chunk.bodies[take]))
         self._wake.set()
 
+    def resync(self) -> None:
+        """Take the next deliveries from the store rather than from offers."""
+        self.caught_up = False
+        self._wake.set()
+
     def _queue(self, chunk: Chunk) -> None:
         self.pending.append(chunk)
         self.queued += len(chunk.pubs)
@@ -148,8 +153,8 @@ class DeliveryHub:
         previous = self.sessions.get(session.sub_id)
         self.sessions[session.sub_id] = session
         self._by_number[session.number] = session
-        if session.number < len(self._connected):
-            self._connected[session.number] = True
+        self._grow(session.number + 1)
+        self._connected[session.number] = True
         if previous is not None:
             await previous.close(ProtocolError("subscriptionId", "replaced by a newer connection", 409).to_json())
 
@@ -157,8 +162,13 @@ class DeliveryHub:
         if self.sessions.get(session.sub_id) is session:
             del self.sessions[session.sub_id]
             del self._by_number[session.number]
-            if session.number < len(self._connected):
-                self._connected[session.number] = False
+            self._connected[session.number] = False
+
+    def _grow(self, size: int) -> None:
+        if size > len(self._connected):
+            grown = np.zeros(max(size, 2 * len(self._connected)), bool)
+            grown[: len(self._connected)] = self._connected
+            self._connected = grown
 
     async def kick(self, sub_id: str, reason: bytes) -> None:
         session = self.sessions.get(sub_id)
@@ -185,13 +195,16 @@ class DeliveryHub:
                 continue
             for entry in entries:
                 if self._by_number:
-                    await self._fan_out(entry)
+                    try:
+                        await self._fan_out(entry)
+                    except Exception:
+                        log.exception("fanning out feed entry %d failed; sessions re-read the store", entry.seq)
+                        for session in self.sessions.values():
+                            session.resync()
                 self.last_seq = entry.seq
 
     async def _fan_out(self, entry: FeedEntry) -> None:
-        if len(self._connected) <= entry.sub_nos.max(initial=0):
-            self._connected = np.zeros(max(2 * len(self._connected), int(entry.sub_nos.max()) + 1), bool)
-            self._connected[list(self._by_number)] = True
+        self._grow(int(entry.sub_nos.max(initial=0)) + 1)
         mine = self._connected[entry.sub_nos]
         if not mine.any():
             return
