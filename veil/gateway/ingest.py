@@ -2,8 +2,9 @@
 
 Concurrent publish requests wait together for one store commit (one fsync), so throughput grows with
 concurrency instead of being capped by disk latency. When too many publications wait for a commit,
-or the pipeline lags too far behind the log, new publishes are refused with Overloaded (→ 503 and
-Retry-After) instead of piling up in RAM.
+the pipeline lags too far behind the log, or delivery to most connected subscriptions lags behind
+the pipeline, new publishes are refused with Overloaded (→ 503 and Retry-After) instead of piling
+up in RAM or on disk.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import asyncio
 
 from veil.gateway.storage import StoreThreads
+
+MIN_SESSIONS = 8  # fewer connected subscriptions never count as delivery overload
 
 
 class Overloaded(Exception):
@@ -29,6 +32,7 @@ class Ingest:
         self._flusher: asyncio.Task[None] | None = None
         self.head = 0
         self.processed = 0
+        self.behind: tuple[int, int] = (0, 0)  # (sessions reading their backlog, sessions connected)
 
     @property
     def lag(self) -> int:
@@ -39,6 +43,11 @@ class Ingest:
             raise Overloaded(f"{self._pending} publications are waiting for the log")
         if self.lag > self._max_lag:
             raise Overloaded(f"the matching pipeline is {self.lag} log entries behind", retry_after=2)
+        behind, connected = self.behind
+        # One slow subscriber only grows its own queue; most of them behind means delivery as a whole
+        # cannot keep up, and taking more would only move matches from memory to disk.
+        if connected >= MIN_SESSIONS and 2 * behind > connected:
+            raise Overloaded(f"delivery is behind for {behind} of {connected} connected subscriptions")
         future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         self._waiting.append((bodies, future))
         self._pending += len(bodies)

@@ -94,6 +94,7 @@ class Broker:
         while True:
             try:
                 self.ingest.processed = await self.threads.read(store.processed_offset)
+                self.ingest.behind = (self.hub.behind(), len(self.hub.sessions))
                 status = await self.threads.read(store.status, "pipeline")
                 self.pipeline_state = "running" if status and status[0] else "starting"
             except Exception:

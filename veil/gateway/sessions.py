@@ -164,6 +164,10 @@ class DeliveryHub:
             del self._by_number[session.number]
             self._connected[session.number] = False
 
+    def behind(self) -> int:
+        """Connected sessions that are reading their backlog from the store instead of taking offers."""
+        return sum(not session.caught_up for session in self.sessions.values())
+
     def _grow(self, size: int) -> None:
         if size > len(self._connected):
             grown = np.zeros(max(size, 2 * len(self._connected)), bool)

@@ -1,0 +1,30 @@
+"""Load shedding at the front door: which kinds of lag refuse a publish."""
+
+from __future__ import annotations
+
+import pytest
+
+from veil.gateway.ingest import Ingest, Overloaded
+from veil.gateway.storage import StoreThreads
+from veil.store import open_store
+
+
+@pytest.fixture
+def threads(tmp_path):
+    threads = StoreThreads(open_store(f"sqlite:///{tmp_path}/veil.db"))
+    yield threads
+    threads.close()
+
+
+async def test_most_subscriptions_behind_refuses_publishes(threads):
+    ingest = Ingest(threads, max_pending=100, max_lag=100)
+    ingest.behind = (5, 8)
+    with pytest.raises(Overloaded, match="5 of 8"):
+        await ingest.append([b"{}"])
+
+
+async def test_a_few_slow_subscribers_do_not(threads):
+    ingest = Ingest(threads, max_pending=100, max_lag=100)
+    for behind in ((4, 8), (3, 3)):  # half of them, or too few connected to judge
+        ingest.behind = behind
+        assert len(await ingest.append([b"{}"])) == 1
