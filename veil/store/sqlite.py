@@ -36,6 +36,8 @@ from veil.store.base import (
 
 NEVER = np.iinfo(np.int64).max
 SPILLED = "(SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'spilled')"  # last feed seq spilled
+# the highest feed seq ever given (AUTOINCREMENT never reuses one), even once compaction emptied the feed
+LAST_FEED_SEQ = "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'feed'), 0)"
 PROCESSED = "(SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'processed')"
 
 SCHEMA = """
@@ -174,7 +176,7 @@ class SqliteStore(EventStore):
 
     def backlog(self, sub_id: str, after_pub: int, limit: int) -> tuple[list[Delivery], int]:
         with self._tx(write=False) as db:
-            watermark = db.execute("SELECT COALESCE(MAX(seq), 0) FROM feed").fetchone()[0]
+            watermark = db.execute(LAST_FEED_SEQ).fetchone()[0]
             live = db.execute(
                 "SELECT n.no, n.reset FROM subscriptions s JOIN subscription_numbers n USING (sub_id) "
                 "WHERE s.sub_id = ? AND s.deleted IS NULL",
@@ -230,7 +232,7 @@ class SqliteStore(EventStore):
         return self._db().execute("SELECT COALESCE(MAX(offset), 0) FROM log").fetchone()[0]
 
     def last_feed_seq(self) -> int:
-        return self._db().execute("SELECT COALESCE(MAX(seq), 0) FROM feed").fetchone()[0]
+        return self._db().execute(LAST_FEED_SEQ).fetchone()[0]
 
     # --- pipeline side ------------------------------------------------------------------------
     def log_range(self, start: int, end: int) -> list[LogEntry]:
