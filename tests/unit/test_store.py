@@ -149,3 +149,18 @@ def test_the_feed_watermark_survives_compaction(store):
     spill_everything(store)
     assert store.feed_since(0, 10) == []
     assert store.last_feed_seq() == 1 and store.backlog("s", 0, 10) == ([], 1)
+
+
+def test_a_large_feed_entry_is_spilled_in_steps_of_whole_subscriptions(store):
+    for sub_id in "stu":
+        store.put_subscription(sub_id, "alice", b"[]")
+    s, t, u = (store.subscription_number(x) for x in "stu")
+    pubs = store.append_publications([b"{}", b"{}"])
+    store.record_deliveries(0, [s, s, t, t, u, u], pubs * 3, pubs[1])
+    # a budget of 3 ends inside t: s and t go in the first step, u in the second
+    assert store.compact(3, 1 << 40, time.time() + 1) >= 3
+    assert store.feed_since(0, 10) != []
+    assert [p for p, _ in store.backlog("t", 0, 10)[0]] == pubs
+    store.compact(3, 1 << 40, time.time() + 1)
+    assert store.feed_since(0, 10) == []
+    assert all([p for p, _ in store.backlog(x, 0, 10)[0]] == pubs for x in "stu")

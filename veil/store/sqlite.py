@@ -38,6 +38,7 @@ NEVER = np.iinfo(np.int64).max
 SPILLED = "(SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'spilled')"  # last feed seq spilled
 # the highest feed seq ever given (AUTOINCREMENT never reuses one), even once compaction emptied the feed
 LAST_FEED_SEQ = "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'feed'), 0)"
+SPILL_POSITION = "(SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'spill_position')"  # within the next
 PROCESSED = "(SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'processed')"
 
 SCHEMA = """
@@ -336,41 +337,38 @@ class SqliteStore(EventStore):
 
     def _spill(self, db: sqlite3.Connection, upto: int, before: float, limit: int) -> int:
         """Move the matches of feed rows up to seq `upto` created before `before` that live
-        subscriptions have not consumed into per-subscription rows; returns the matches looked at."""
-        spilled = db.execute(f"SELECT {SPILLED}").fetchone()[0]
-        entries: list[FeedEntry] = []
-        size = 0
-        for seq, pairs in db.execute(
-            "SELECT seq, pairs FROM feed WHERE seq > ? AND seq <= ? AND created < ? ORDER BY seq",
+        subscriptions have not consumed into per-subscription rows: one entry, or about `limit` of its
+        matches, per call (a large entry is spilled over several calls, whole subscriptions at a time,
+        so that no transaction holds the write lock for long); returns `limit` after a step, 0 when
+        nothing is due."""
+        spilled, position = db.execute(f"SELECT {SPILLED}, {SPILL_POSITION}").fetchone()
+        row = db.execute(
+            "SELECT seq, pairs FROM feed WHERE seq > ? AND seq <= ? AND created < ? ORDER BY seq LIMIT 1",
             (spilled, upto, before),
-        ):
-            entries.append(_unpack(seq, pairs))
-            size += len(entries[-1].pubs)
-            if size >= limit:
-                break
-        if not entries:
+        ).fetchone()
+        if row is None:
             return 0
+        entry = _unpack(*row)
+        end = len(entry.pubs)
+        if end - position > limit:  # cut after the subscription that the budget ends in
+            end = int(np.searchsorted(entry.sub_nos, entry.sub_nos[position + limit - 1], side="right"))
+        sub_nos, pubs = entry.sub_nos[position:end], entry.pubs[position:end]
         floor = self._consumed_floor(db)
-        kept_nos, kept_pubs = [], []
-        for entry in entries:
-            known = entry.sub_nos < len(floor)
-            keep = known.copy()
-            keep[known] = entry.pubs[known] > floor[entry.sub_nos[known]]
-            kept_nos.append(entry.sub_nos[keep])
-            kept_pubs.append(entry.pubs[keep])
-        sub_nos, pubs = np.concatenate(kept_nos), np.concatenate(kept_pubs)
-        if len(pubs):
-            order = np.lexsort((pubs, sub_nos))  # key order: the B-tree fills sequentially per subscription
+        keep = sub_nos < len(floor)
+        keep[keep] = pubs[keep] > floor[sub_nos[keep]]
+        if keep.any():  # pairs are sorted by (subscription, publication): the B-tree fills sequentially
             db.execute(
                 "INSERT OR IGNORE INTO deliveries(sub_no, pub) SELECT value ->> 0, value ->> 1 FROM json_each(?)",
-                (orjson.dumps(np.column_stack([sub_nos[order], pubs[order]]), option=orjson.OPT_SERIALIZE_NUMPY),),
+                (orjson.dumps(np.column_stack([sub_nos[keep], pubs[keep]]), option=orjson.OPT_SERIALIZE_NUMPY),),
             )
-        db.execute(
-            "INSERT INTO status(name, value, updated) VALUES ('spilled', ?, ?) "
+        done = end == len(entry.pubs)
+        now = time.time()
+        db.executemany(
+            "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) "
             "ON CONFLICT(name) DO UPDATE SET value = excluded.value, updated = excluded.updated",
-            (entries[-1].seq, time.time()),
+            [("spilled", entry.seq if done else spilled, now), ("spill_position", 0 if done else end, now)],
         )
-        return size
+        return limit  # a full step: the caller comes back until nothing is left to spill
 
     @staticmethod
     def _consumed_floor(db: sqlite3.Connection) -> np.ndarray:
