@@ -311,12 +311,14 @@ class SqliteStore(EventStore):
             # the hub offers entries to connected sessions first; spilling one it has not offered yet
             # would write rows that are about to be consumed
             spilled = self._spill(db, fanned_out, spill_before, limit)
-            consumed = db.execute(
-                "DELETE FROM deliveries WHERE (sub_no, pub) IN (SELECT d.sub_no, d.pub FROM cursors c "
-                "JOIN subscription_numbers n ON n.sub_id = c.sub_id "
-                "JOIN deliveries d ON d.sub_no = n.no AND d.pub <= c.pub LIMIT ?)",
-                (limit,),
-            ).rowcount
+            consumed = 0
+            # one primary-key range delete per cursor: cost follows the rows deleted, not the table
+            for number, pub in db.execute(
+                "SELECT n.no, c.pub FROM cursors c JOIN subscription_numbers n USING (sub_id)"
+            ).fetchall():
+                consumed += db.execute("DELETE FROM deliveries WHERE sub_no = ? AND pub <= ?", (number, pub)).rowcount
+                if consumed >= limit:
+                    break
             fed = db.execute(
                 f"DELETE FROM feed WHERE seq <= MIN(?, {SPILLED})",
                 (fanned_out,),
