@@ -314,7 +314,8 @@ class SqliteStore(EventStore):
             consumed = 0
             # one primary-key range delete per cursor: cost follows the rows deleted, not the table
             for number, pub in db.execute(
-                "SELECT n.no, c.pub FROM cursors c JOIN subscription_numbers n USING (sub_id)"
+                "SELECT n.no, c.pub FROM cursors c JOIN subscription_numbers n USING (sub_id) "
+                "WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.sub_no = n.no AND d.pub <= c.pub)"
             ).fetchall():
                 consumed += db.execute("DELETE FROM deliveries WHERE sub_no = ? AND pub <= ?", (number, pub)).rowcount
                 if consumed >= limit:
@@ -339,38 +340,46 @@ class SqliteStore(EventStore):
 
     def _spill(self, db: sqlite3.Connection, upto: int, before: float, limit: int) -> int:
         """Move the matches of feed rows up to seq `upto` created before `before` that live
-        subscriptions have not consumed into per-subscription rows: one entry, or about `limit` of its
-        matches, per call (a large entry is spilled over several calls, whole subscriptions at a time,
-        so that no transaction holds the write lock for long); returns `limit` after a step, 0 when
-        nothing is due."""
+        subscriptions have not consumed into per-subscription rows, about `limit` matches per call
+        (a large entry is spilled over several calls, whole subscriptions at a time, so that no
+        transaction holds the write lock for long); returns the matches looked at."""
         spilled, position = db.execute(f"SELECT {SPILLED}, {SPILL_POSITION}").fetchone()
-        row = db.execute(
-            "SELECT seq, pairs FROM feed WHERE seq > ? AND seq <= ? AND created < ? ORDER BY seq LIMIT 1",
+        rows = db.execute(
+            "SELECT seq, pairs FROM feed WHERE seq > ? AND seq <= ? AND created < ? ORDER BY seq",
             (spilled, upto, before),
-        ).fetchone()
-        if row is None:
-            return 0
-        entry = _unpack(*row)
-        end = len(entry.pubs)
-        if end - position > limit:  # cut after the subscription that the budget ends in
-            end = int(np.searchsorted(entry.sub_nos, entry.sub_nos[position + limit - 1], side="right"))
-        sub_nos, pubs = entry.sub_nos[position:end], entry.pubs[position:end]
-        floor = self._consumed_floor(db)
-        keep = sub_nos < len(floor)
-        keep[keep] = pubs[keep] > floor[sub_nos[keep]]
-        if keep.any():  # pairs are sorted by (subscription, publication): the B-tree fills sequentially
-            db.execute(
-                "INSERT OR IGNORE INTO deliveries(sub_no, pub) SELECT value ->> 0, value ->> 1 FROM json_each(?)",
-                (orjson.dumps(np.column_stack([sub_nos[keep], pubs[keep]]), option=orjson.OPT_SERIALIZE_NUMPY),),
+        ).fetchall()
+        looked = 0
+        floor: np.ndarray | None = None
+        for row in rows:
+            entry = _unpack(*row)
+            end = len(entry.pubs)
+            if end - position > limit - looked:  # cut after the subscription that the budget ends in
+                last = entry.sub_nos[position + max(1, limit - looked) - 1]
+                end = int(np.searchsorted(entry.sub_nos, last, side="right"))
+            sub_nos, pubs = entry.sub_nos[position:end], entry.pubs[position:end]
+            floor = self._consumed_floor(db) if floor is None else floor
+            keep = sub_nos < len(floor)
+            keep[keep] = pubs[keep] > floor[sub_nos[keep]]
+            if keep.any():  # pairs are sorted by (subscription, publication): the B-tree fills in order
+                db.execute(
+                    "INSERT OR IGNORE INTO deliveries(sub_no, pub) SELECT value ->> 0, value ->> 1 FROM json_each(?)",
+                    (orjson.dumps(np.column_stack([sub_nos[keep], pubs[keep]]), option=orjson.OPT_SERIALIZE_NUMPY),),
+                )
+            looked += end - position
+            if end < len(entry.pubs):
+                position = end
+                break
+            spilled, position = entry.seq, 0
+            if looked >= limit:
+                break
+        if rows:
+            now = time.time()
+            db.executemany(
+                "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET value = excluded.value, updated = excluded.updated",
+                [("spilled", spilled, now), ("spill_position", position, now)],
             )
-        done = end == len(entry.pubs)
-        now = time.time()
-        db.executemany(
-            "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) "
-            "ON CONFLICT(name) DO UPDATE SET value = excluded.value, updated = excluded.updated",
-            [("spilled", entry.seq if done else spilled, now), ("spill_position", 0 if done else end, now)],
-        )
-        return limit  # a full step: the caller comes back until nothing is left to spill
+        return looked
 
     @staticmethod
     def _consumed_floor(db: sqlite3.Connection) -> np.ndarray:
