@@ -24,14 +24,13 @@ import asyncio
 import math
 import os
 import random
-import shutil
 import statistics
-import tempfile
 import time
 
 import aiohttp
 import orjson
 
+from bench.brokers import add_broker_arguments, benched_broker, subscription_counts
 from bench.loadgen import Processes
 from bench.report import figure, print_table
 from bench.selis import finished_matching, percentile
@@ -164,9 +163,7 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    data_dir = tempfile.mkdtemp(prefix="veil-bench-")
-    broker = BrokerProcess(data_dir, *args.broker_args).start()
-    try:
+    with benched_broker(*args.broker_args, keep=args.keep) as broker:
         warm_up = Processes()  # JIT, Python workers and caches, before anything is measured
         warm_up.publisher(broker.url, "warm-up", 3, args.rate, make=sensor_publication)
         warm_up.results()
@@ -176,30 +173,21 @@ async def main_async(args: argparse.Namespace) -> None:
         for n in args.subscriptions:
             rows.append(await run_case(broker, subs, n, args))
             print(rows[-1], flush=True)
-        print_rows(rows, args.rate)
-        if args.plot:
-            plot(rows, args.plot)
-    finally:
-        broker.close()
-        if args.keep:
-            print(f"broker data and log kept in {data_dir}")
-        else:
-            shutil.rmtree(data_dir, ignore_errors=True)
+    print_rows(rows, args.rate)
+    if args.plot:
+        plot(rows, args.plot)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--subscriptions",
-        type=lambda s: [int(x) for x in s.split(",")],
-        default=[1, 10, 100, 1000, 5000, 10000, 20000, 100000],
+        "--subscriptions", type=subscription_counts, default=[1, 10, 100, 1000, 5000, 10000, 20000, 100000]
     )
     parser.add_argument("--rate", type=float, default=1000.0, help="publications/s offered")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--connect", type=int, default=18000, help="most delivery connections held")
     parser.add_argument("--plot", default="docs/performance/cupus.png")
-    parser.add_argument("--keep", action="store_true", help="keep the broker's data directory and log")
-    parser.add_argument("--broker-args", nargs=argparse.REMAINDER, default=[], help="extra `veil serve` flags")
+    add_broker_arguments(parser)
     asyncio.run(main_async(parser.parse_args()))
 
 

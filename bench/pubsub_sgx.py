@@ -15,17 +15,15 @@ import argparse
 import asyncio
 import os
 import random
-import shutil
-import tempfile
 import time
 
 import orjson
 
+from bench.brokers import benched_broker
 from bench.loadgen import Processes
 from bench.report import figure, print_table
 from bench.selis import finished_matching
 from veil.client import VeilClient
-from veil.harness import BrokerProcess
 
 ATTRIBUTES = 40
 SUBSCRIPTIONS = 256
@@ -45,9 +43,7 @@ def subscription(rng: random.Random, run: str) -> list[dict]:
 
 
 async def run_case(partitions: int, seconds: float, mode: str) -> dict:
-    data_dir = tempfile.mkdtemp(prefix="veil-bench-")
-    broker = BrokerProcess(data_dir, "--partitions", str(partitions), "--partition-mode", mode).start()
-    try:
+    with benched_broker("--partitions", str(partitions), "--partition-mode", mode) as broker:
         rng = random.Random(0)  # the same subscriptions and publications for every partition count
         run = f"sgx-{partitions}"
         async with VeilClient(broker.url, auth_hash="bench") as client:
@@ -69,9 +65,6 @@ async def run_case(partitions: int, seconds: float, mode: str) -> dict:
             "matches": received.lines / elapsed,
             "selectivity": received.lines / max(1, published.acked) / SUBSCRIPTIONS,
         }
-    finally:
-        broker.close()
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def main() -> None:

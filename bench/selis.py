@@ -18,13 +18,12 @@ import argparse
 import asyncio
 import os
 import random
-import shutil
 import statistics
-import tempfile
 import time
 
 import orjson
 
+from bench.brokers import add_broker_arguments, benched_broker, subscription_counts
 from bench.loadgen import Processes
 from bench.report import figure, print_table
 from veil.client import VeilClient
@@ -127,36 +126,25 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    data_dir = tempfile.mkdtemp(prefix="veil-bench-")
-    broker = BrokerProcess(data_dir, *args.broker_args).start()
-    try:
+    with benched_broker(*args.broker_args, keep=args.keep) as broker:
         await run_case(broker, 8, 3, args.rate, args.batch)  # warm-up: JIT, Python workers, caches
         rows = []
         for n in args.subscriptions:
             rows.append(await run_case(broker, n, args.seconds, args.rate, args.batch))
             print(rows[-1], flush=True)
-        print_rows(rows, args.batch)
-        if args.plot:
-            plot(rows, args.plot)
-    finally:
-        broker.close()
-        if args.keep:
-            print(f"broker data and log kept in {data_dir}")
-        else:
-            shutil.rmtree(data_dir, ignore_errors=True)
+    print_rows(rows, args.batch)
+    if args.plot:
+        plot(rows, args.plot)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--subscriptions", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16, 32, 128, 512]
-    )
+    parser.add_argument("--subscriptions", type=subscription_counts, default=[1, 2, 4, 8, 16, 32, 128, 512])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=200.0, help="publications/s in the latency phase")
     parser.add_argument("--batch", type=int, default=1, help="publications per POST in the saturation phase")
     parser.add_argument("--plot", default="docs/performance/selis.png")
-    parser.add_argument("--keep", action="store_true", help="keep the broker's data directory and log")
-    parser.add_argument("--broker-args", nargs=argparse.REMAINDER, default=[], help="extra `veil serve` flags")
+    add_broker_arguments(parser)
     asyncio.run(main_async(parser.parse_args()))
 
 

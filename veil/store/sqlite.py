@@ -203,6 +203,7 @@ class SqliteStore(EventStore):
         """A subscription's matches after `floor` in the feed rows not yet spilled: a binary search in
         each row, whose pairs are sorted by subscription number."""
         found: list[np.ndarray] = []
+        count = 0
         rows = db.execute(
             f"SELECT pairs FROM feed WHERE seq > {SPILLED} AND seq <= ? ORDER BY seq",
             (upto_seq,),
@@ -212,7 +213,8 @@ class SqliteStore(EventStore):
             low, high = np.searchsorted(entry.sub_nos, [number, number + 1])
             mine = entry.pubs[low:high]
             found.append(mine[mine > floor])
-            if sum(len(f) for f in found) >= limit:
+            count += len(found[-1])
+            if count >= limit:
                 break
         return np.concatenate(found)[:limit] if found else np.empty(0, np.int64)
 
