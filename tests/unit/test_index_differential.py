@@ -51,7 +51,11 @@ def predicates(draw: st.DrawFn) -> Predicate:
 publications = st.dictionaries(st.sampled_from([*KEYS, "other"]), scalars, max_size=5)
 operations = st.lists(
     st.one_of(
-        st.tuples(st.just("add"), st.integers(0, 30), st.lists(predicates(), max_size=4)),
+        st.tuples(
+            st.just("add"),
+            st.integers(0, 30),
+            st.lists(predicates(), max_size=4) | st.lists(predicates(), min_size=5, max_size=40),
+        ),
         st.tuples(st.just("remove"), st.integers(0, 30)),
         st.tuples(st.just("match"), st.lists(publications, min_size=1, max_size=8)),
     ),
@@ -93,3 +97,18 @@ def test_many_updates_trigger_merges_and_rebuilds():
     expected = {f"s{i}" for i in range(1, 5000, 2) if i % 100 < 50 and i not in replaced}
     expected |= {f"s{i}" for i in replaced if i % 100 >= 50}
     assert set(index.match({"x": 50, "y": "a"})) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 45), min_size=1, max_size=30), st.lists(st.integers(-1, 45), min_size=1, max_size=20))
+def test_long_subscriptions_fail_at_any_position(lengths, failures):
+    """Verification drops pairs stage by stage: a publication failing a subscription's n-th
+    predicate, for every n across the stage boundaries, matches exactly as the reference says."""
+    index = SubscriptionIndex()
+    reference = {}
+    for i, length in enumerate(lengths):
+        reference[f"s{i}"] = [Predicate(f"a{j}", "ge", 0) for j in range(length)]
+        index.add(f"s{i}", reference[f"s{i}"])
+    batch = [{f"a{j}": -1 if j == failing else 1 for j in range(45)} for failing in failures]
+    for publication, found in zip(batch, index.match_batch(batch), strict=True):
+        assert sorted(found) == sorted(s for s, p in reference.items() if matches(p, publication))

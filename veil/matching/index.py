@@ -17,6 +17,7 @@ exactly, are matched by the reference semantics instead.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -41,6 +42,7 @@ PREDICATE_ROW = np.dtype(
 EXACT_LIMIT = 2**53
 MERGE_MIN = 512
 CHUNK_PAIRS = 1 << 20
+VERIFY_STAGES = (4, 12, 28, np.iinfo(np.int64).max)  # predicate positions where pairs are dropped
 
 
 def _class_code(value: object) -> int:
@@ -349,16 +351,32 @@ class SubscriptionIndex:
         return np.concatenate(pubs), np.concatenate(slots)
 
     def _verify(self, batch: _Batch, pair_pubs: np.ndarray, pair_slots: np.ndarray) -> np.ndarray:
-        """Check every predicate of every candidate pair at once; a pair holds if all of them do."""
-        if not len(pair_pubs):
-            return np.zeros(0, bool)
+        """Check the candidate pairs' predicates in stages of growing width, dropping a pair at its
+        first failed stage: long subscriptions whose early predicates fail (the usual case) cost a few
+        checks instead of all of theirs, while short ones are still checked in one pass."""
         lengths = self._length.view.take(pair_slots)
-        total = int(lengths.sum())
-        offsets = np.cumsum(lengths) - lengths
-        rows = np.repeat(self._start.view.take(pair_slots) - offsets, lengths) + np.arange(total)
+        starts = self._start.view.take(pair_slots)
+        result = self._check(batch, pair_pubs, starts, np.minimum(lengths, VERIFY_STAGES[0]))
+        alive = np.nonzero(result & (lengths > VERIFY_STAGES[0]))[0]
+        for low, high in itertools.pairwise(VERIFY_STAGES):
+            if not len(alive):
+                break
+            width = np.minimum(lengths[alive] - low, high - low)
+            ok = self._check(batch, pair_pubs[alive], starts[alive] + low, width)
+            result[alive[~ok]] = False
+            alive = alive[ok & (lengths[alive] > high)]
+        return result
+
+    def _check(self, batch: _Batch, pubs: np.ndarray, first_rows: np.ndarray, widths: np.ndarray) -> np.ndarray:
+        """Whether each pair's `widths` predicates from table row `first_rows` on all hold (widths > 0)."""
+        if not len(pubs):
+            return np.zeros(0, bool)
+        total = int(widths.sum())
+        offsets = np.cumsum(widths) - widths
+        rows = np.repeat(first_rows - offsets, widths) + np.arange(total)
         table = self._table.view.take(rows)  # one gather of whole rows: one cache miss per predicate
         # one flat index into the batch matrices per predicate; absent keys land in the empty column
-        cells = np.repeat(pair_pubs * batch.width, lengths) + batch.column_of.take(table["key"])
+        cells = np.repeat(pubs * batch.width, widths) + batch.column_of.take(table["key"])
         pub_classes = batch.classes.take(cells)
         kinds = table["kind"]
         same = pub_classes == table["cls"]
