@@ -8,6 +8,7 @@ partition, a retried or replayed batch) catches up from the store's subscription
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 
 import numpy as np
@@ -47,6 +48,7 @@ class MatchPartition:
         index: SubscriptionIndex | None = None
         key: tuple[str, int, int] | None = None
         end = 0
+        changed = False
         run = _Run()
         out = _Output()
         for batch in batches:
@@ -57,7 +59,8 @@ class MatchPartition:
             ):  # fmt: skip
                 if kind == KIND_MARK:
                     key = (self.url, self.partitions, -1 if self.by_publication else part)
-                    index, end = self._index_at(key, part, offset), until
+                    index, fresh = self._index_at(key, part, offset)
+                    changed, end = changed or fresh, until
                 elif kind == KIND_PUBLICATION:
                     run.add(offset, body)
                     if len(run) >= RUN_LIMIT:
@@ -65,6 +68,7 @@ class MatchPartition:
                 else:
                     # publications before a subscription change are matched before it applies
                     run.match(index, out)  # type: ignore[arg-type]
+                    changed = True
                     if kind == KIND_SUBSCRIBE:
                         number = store_for(self.url).subscription_number(sub_id)
                         index.add(sub_id, decode_subscription(body), number)  # type: ignore[union-attr]
@@ -75,13 +79,16 @@ class MatchPartition:
         if index is not None and key is not None:
             run.match(index, out)
             _indexes[key] = (index, end)
+            if changed:
+                _settle()
             out.mark(end)
         yield out.take()
 
-    def _index_at(self, key: tuple[str, int, int], part: int, start: int) -> SubscriptionIndex:
+    def _index_at(self, key: tuple[str, int, int], part: int, start: int) -> tuple[SubscriptionIndex, bool]:
+        """The partition's index as of `start`, and whether it had to be built or caught up."""
         cached = _indexes.pop(key, None)
         if cached is not None and cached[1] == start:
-            return cached[0]
+            return cached[0], False
         store = store_for(self.url)
 
         def mine(sub_id: str) -> bool:
@@ -98,7 +105,15 @@ class MatchPartition:
         for sub_id, number, body in added:
             if mine(sub_id):
                 index.add(sub_id, decode_subscription(body), number)
-        return index
+        return index, True
+
+
+def _settle() -> None:
+    """PySpark's worker daemon runs a full `gc.collect()` after every task, and over an index of many
+    thousands of Python objects that collection was most of a worker's CPU. Collect once when the
+    index changed and move what survives (the index) out of the collector's sight."""
+    gc.collect()
+    gc.freeze()
 
 
 class _Run:
