@@ -14,6 +14,8 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from veil.security.identity import METHODS as AUTH_METHODS
+
 
 def _bool(text: str | bool) -> bool:
     if isinstance(text, bool):
@@ -74,8 +76,24 @@ class Config:
         5.0, "seconds between monitoring messages (>= 1)", ("VEIL_METRICS_INTERVAL", "METRICSINTERVAL")
     )
     with_authorization: bool = _opt(
-        True, "enforce authorization rules", ("VEIL_WITH_AUTHORIZATION", "WITH_AUTHORIZATION")
+        True, "deliver only what an authorization rule allows", ("VEIL_WITH_AUTHORIZATION", "WITH_AUTHORIZATION")
     )
+    registry: str | None = _opt(
+        None, "registry file (YAML or JSON) applied at start: users, groups, rules, policies, cropping, keys",
+        ("VEIL_REGISTRY",), str,
+    )  # fmt: skip
+    auth: str = _opt(
+        "certificate,token,hash",
+        "accepted proofs of identity: certificate, token, hash (static hashes the registry lists), "
+        "any-hash (any claimed authHash; development only)",
+        ("VEIL_AUTH",),
+    )
+    anonymous: bool = _opt(False, "let clients without credentials in, as anonymous", ("VEIL_ANONYMOUS",))
+    jwks: str | None = _opt(
+        None, "identity provider's public keys for bearer tokens: JWKS file or URL", ("VEIL_JWKS",), str
+    )
+    token_issuer: str | None = _opt(None, "required issuer (iss) of bearer tokens", ("VEIL_TOKEN_ISSUER",), str)
+    token_audience: str | None = _opt(None, "required audience (aud) of bearer tokens", ("VEIL_TOKEN_AUDIENCE",), str)
     max_body: int = _opt(1 << 20, "largest accepted request body in bytes", ("VEIL_MAX_BODY",))
     max_lag: int = _opt(200000, "log entries the pipeline may lag behind before publishes get 503", ("VEIL_MAX_LAG",))
     max_pending: int = _opt(20000, "publications waiting for a commit before publishes get 503", ("VEIL_MAX_PENDING",))
@@ -96,6 +114,10 @@ class Config:
     @property
     def tls(self) -> bool:
         return self.certificate is not None
+
+    @property
+    def auth_methods(self) -> frozenset[str]:
+        return frozenset(m.strip() for m in self.auth.split(",") if m.strip())
 
     @property
     def master(self) -> str:
@@ -131,6 +153,11 @@ class Config:
             raise ValueError("--instance-id must be below --instances")
         if self.metrics_interval < 1:
             raise ValueError("--metrics-interval: at least 1 second")
+        unknown = sorted(set(self.auth_methods) - set(AUTH_METHODS))
+        if unknown or not self.auth_methods:
+            raise ValueError(f"--auth: {', '.join(unknown) or 'empty'}; use some of {', '.join(AUTH_METHODS)}")
+        if self.registry is not None and not os.path.isfile(self.registry):
+            raise ValueError(f"--registry: no such file {self.registry!r}")
         if self.trigger_ms < 1 or self.max_batch_rows < 1 or self.max_body < 1:
             raise ValueError("--trigger-ms, --max-batch-rows and --max-body must be positive")
 

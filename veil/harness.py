@@ -13,6 +13,7 @@ import time
 import urllib.request
 
 READY_TIMEOUT = 180.0
+OPEN_REGISTRY = {"rules": {"*": [[]]}}
 
 
 def free_ports(n: int) -> list[int]:
@@ -43,7 +44,8 @@ class BrokerProcess:
         os.makedirs(self.data_dir, exist_ok=True)
         command = [
             sys.executable, "-m", "veil.cli", "serve", "--data-dir", self.data_dir, "--port", str(self.port),
-            "--tcp-port", str(self.tcp_port), "--ws-port", str(self.ws_port), "--hostname", "localhost", *self.extra,
+            "--tcp-port", str(self.tcp_port), "--ws-port", str(self.ws_port), "--hostname", "localhost",
+            *self._development_defaults(), *self.extra,
         ]  # fmt: skip
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -51,6 +53,22 @@ class BrokerProcess:
         if wait_ready:
             self.wait_ready()
         return self
+
+    def _development_defaults(self) -> list[str]:
+        """Unless told otherwise: any claimed authHash is an identity, clients without one are
+        anonymous, and every subscriber may receive everything (a registry whose only rule is the
+        empty rule for anyone), so that tests and benchmarks about other things need no registry."""
+        defaults = []
+        if "--auth" not in self.extra:
+            defaults += ["--auth", "certificate,token,any-hash"]
+        if "--anonymous" not in self.extra:
+            defaults += ["--anonymous", "true"]
+        if "--registry" not in self.extra:
+            path = os.path.join(self.data_dir, "open-registry.json")
+            with open(path, "w") as handle:
+                json.dump(OPEN_REGISTRY, handle)
+            defaults += ["--registry", path]
+        return defaults
 
     def health(self) -> dict:
         import ssl

@@ -176,7 +176,7 @@ async def test_bad_input_gets_clear_errors_and_loses_nothing(broker):
             ("/subscribe", b'{"authHash": "alice", "data": [{"key": "a", "val": true, "op": "gt"}]}', "data[0].op", 400),
             ("/subscribe", b'{"authHash": "alice", "data": [{"key": "a", "val": 5, "op": "gt"}, '
                            b'{"key": "a", "val": 3, "op": "lt"}]}', "data", 400),
-            ("/subscribe", b'{"data": []}', "authHash", 400),
+            ("/subscribe", b'{"authHash": 7, "data": []}', "authHash", 400),
             ("/subscribe", b'{"authHash": "alice", "data": {"key": "a"}}', "data", 400),
             ("/subscribe", b'{"authHash": "mallory", "subscriptionId": "alice-' + rid.encode() + b'", "data": []}',
              "subscriptionId", 403),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit.helpers import published
 from veil.gateway.ingest import Ingest, Overloaded
 from veil.gateway.storage import StoreThreads
 from veil.store import open_store
@@ -20,11 +21,11 @@ async def test_most_subscriptions_behind_refuses_publishes(threads):
     ingest = Ingest(threads, max_pending=100, max_lag=100)
     ingest.behind = (5, 8)
     with pytest.raises(Overloaded, match="5 of 8"):
-        await ingest.append([b"{}"])
+        await ingest.append(published(b"{}"))
 
 
 async def test_a_few_slow_subscribers_do_not(threads):
     ingest = Ingest(threads, max_pending=100, max_lag=100)
     for behind in ((4, 8), (3, 3)):  # half of them, or too few connected to judge
         ingest.behind = behind
-        assert len(await ingest.append([b"{}"])) == 1
+        assert len(await ingest.append(published(b"{}"))) == 1

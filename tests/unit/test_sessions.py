@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+from tests.unit.helpers import published
 from veil.gateway.sessions import DeliveryHub, Session
 from veil.gateway.storage import StoreThreads
 from veil.protocol import Handshake
@@ -55,7 +56,7 @@ async def until(condition, timeout: float = 5.0) -> None:
 async def test_numbers_far_beyond_the_first_table_are_served(tmp_path):
     async with running_hub(tmp_path) as hub:
         store = hub.threads.store
-        first, second = store.append_publications([b'{"n":1}', b'{"n":2}'])
+        first, second = store.append_publications(published(b'{"n":1}', b'{"n":2}'))
         far_sent = await connect(hub, 5000)
         near_sent = await connect(hub, 3)
         store.record_deliveries(0, [4998, 3], [first, first], first)  # the table grows, short of 5000

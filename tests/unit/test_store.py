@@ -2,6 +2,7 @@ import time
 
 import pytest
 
+from tests.unit.helpers import published
 from veil.store import KIND_PUBLICATION, KIND_SUBSCRIBE, KIND_UNSUBSCRIBE, NotOwner, UnknownSubscription, open_store
 
 
@@ -14,18 +15,18 @@ def store(tmp_path):
 
 def test_log_orders_publications_and_subscription_changes(store):
     s1 = store.put_subscription("s", "alice", b"[]")
-    pubs = store.append_publications([b'{"a":1}', b'{"a":2}'])
+    pubs = store.append_publications(published(b'{"a":1}', b'{"a":2}'))
     s2 = store.put_subscription("s", "alice", b'[["a","eq",1]]')
     u = store.remove_subscription("s", "alice")
     assert pubs == [s1 + 1, s1 + 2] and s2 == pubs[-1] + 1 and u == s2 + 1
     kinds = [e.kind for e in store.log_range(0, u)]
     assert kinds == [KIND_SUBSCRIBE, KIND_PUBLICATION, KIND_PUBLICATION, KIND_SUBSCRIBE, KIND_UNSUBSCRIBE]
     no = store.subscription_number("s")
-    assert store.subscriptions_at(s1) == [("s", no, b"[]")]
-    assert store.subscriptions_at(s2) == [("s", no, b'[["a","eq",1]]')]
+    assert store.subscriptions_at(s1) == [("s", no, "alice", b"[]")]
+    assert store.subscriptions_at(s2) == [("s", no, "alice", b'[["a","eq",1]]')]
     assert store.subscriptions_at(u) == []
     dropped, added = store.subscription_changes(s1, s2)
-    assert dropped == ["s"] and added == [("s", no, b'[["a","eq",1]]')]
+    assert dropped == ["s"] and added == [("s", no, "alice", b'[["a","eq",1]]')]
 
 
 def test_ownership(store):
@@ -41,22 +42,22 @@ def test_ownership(store):
 
 def test_replayed_batches_deliver_once(store):
     store.put_subscription("s", "alice", b"[]")
-    (pub,) = store.append_publications([b'{"a":1}'])
+    (pub,) = store.append_publications(published(b'{"a":1}'))
     s = store.subscription_number("s")
     store.record_deliveries(0, [s], [pub], pub)
     store.record_deliveries(0, [s], [pub], pub)
     rows, watermark = store.backlog("s", 0, 10)
-    assert rows == [(pub, b'{"a":1}')]
+    assert rows == [(pub, b'{"a":1}', b"")]
     assert watermark == store.last_feed_seq() == 1 and store.processed_offset() == pub
     feed = store.feed_since(0, 10)
     assert [(e.sub_nos.tolist(), e.pubs.tolist()) for e in feed] == [([s], [pub])]
-    assert store.bodies(feed[0].pubs) == {pub: b'{"a":1}'}
+    assert store.bodies(feed[0].pubs) == {pub: (b'{"a":1}', b"")}
 
 
 def test_feed_entries_are_sorted_by_subscription(store):
     for sub_id in "st":
         store.put_subscription(sub_id, "alice", b"[]")
-    pubs = store.append_publications([b"{}", b"{}"])
+    pubs = store.append_publications(published(b"{}", b"{}"))
     s, t = store.subscription_number("s"), store.subscription_number("t")
     store.record_deliveries(0, [t, s, t, s], [pubs[0], pubs[0], pubs[1], pubs[1]], pubs[1])
     (entry,) = store.feed_since(0, 10)
@@ -79,20 +80,24 @@ def spill_everything(store, fanned_out=1 << 40):
 def test_backlog_reads_spilled_rows_then_the_feed(store):
     store.put_subscription("s", "alice", b"[]")
     s = store.subscription_number("s")
-    pubs = store.append_publications([b'{"n":1}', b'{"n":2}', b'{"n":3}'])
+    pubs = store.append_publications(published(b'{"n":1}', b'{"n":2}', b'{"n":3}'))
     store.record_deliveries(0, [s], [pubs[0]], pubs[0])
     spill_everything(store)
     store.record_deliveries(1, [s, s], pubs[1:], pubs[2])
-    assert store.backlog("s", 0, 10)[0] == [(pubs[0], b'{"n":1}'), (pubs[1], b'{"n":2}'), (pubs[2], b'{"n":3}')]
-    assert [pub for pub, _ in store.backlog("s", pubs[0], 1)[0]] == [pubs[1]]
-    assert [pub for pub, _ in store.backlog("s", pubs[1], 10)[0]] == [pubs[2]]
+    assert store.backlog("s", 0, 10)[0] == [
+        (pubs[0], b'{"n":1}', b""),
+        (pubs[1], b'{"n":2}', b""),
+        (pubs[2], b'{"n":3}', b""),
+    ]
+    assert [pub for pub, *_ in store.backlog("s", pubs[0], 1)[0]] == [pubs[1]]
+    assert [pub for pub, *_ in store.backlog("s", pubs[1], 10)[0]] == [pubs[2]]
 
 
 def test_compaction_spills_only_what_was_not_consumed(store):
     store.put_subscription("s", "alice", b"[]")
     store.put_subscription("t", "bob", b"[]")
     s, t = store.subscription_number("s"), store.subscription_number("t")
-    pubs = store.append_publications([b'{"n":1}', b'{"n":2}', b'{"n":3}', b'{"n":4}'])
+    pubs = store.append_publications(published(b'{"n":1}', b'{"n":2}', b'{"n":3}', b'{"n":4}'))
     store.record_deliveries(0, [s, s, t], [pubs[0], pubs[1], pubs[1]], pubs[2])
     store.save_cursors({"s": pubs[1]})
     assert store.compact(1000, 1 << 40, time.time() - 60) == 0  # too young to spill, so nothing else goes
@@ -101,7 +106,7 @@ def test_compaction_spills_only_what_was_not_consumed(store):
     spill_everything(store)
     assert store.feed_since(0, 10) == []
     assert store.backlog("s", 0, 10)[0] == []
-    assert [pub for pub, _ in store.backlog("t", 0, 10)[0]] == [pubs[1]]
+    assert [pub for pub, *_ in store.backlog("t", 0, 10)[0]] == [pubs[1]]
     # publication 1 was consumed by everyone; 2 waits in t's queue; 4 is not processed yet
     assert [e.offset for e in store.log_range(0, pubs[-1]) if e.kind == 0] == pubs[1:]
     store.save_cursors({"t": pubs[1]})
@@ -112,7 +117,7 @@ def test_compaction_spills_only_what_was_not_consumed(store):
 
 def test_matches_for_removed_subscriptions_are_dropped(store):
     store.put_subscription("s", "alice", b"[]")
-    (pub,) = store.append_publications([b"{}"])
+    (pub,) = store.append_publications(published(b"{}"))
     store.remove_subscription("s", "alice")
     # computed before the unsubscription, written after
     store.record_deliveries(0, [store.subscription_number("s")], [pub], pub)
@@ -124,18 +129,18 @@ def test_matches_for_removed_subscriptions_are_dropped(store):
 
 def test_replacing_a_subscription_keeps_its_queue(store):
     store.put_subscription("s", "alice", b"[]")
-    (pub,) = store.append_publications([b"{}"])
+    (pub,) = store.append_publications(published(b"{}"))
     store.record_deliveries(0, [store.subscription_number("s")], [pub], pub)
     store.put_subscription("s", "alice", b'[["a","eq",1]]')
-    assert [p for p, _ in store.backlog("s", 0, 10)[0]] == [pub]
+    assert [p for p, *_ in store.backlog("s", 0, 10)[0]] == [pub]
     spill_everything(store)
-    assert [p for p, _ in store.backlog("s", 0, 10)[0]] == [pub]
+    assert [p for p, *_ in store.backlog("s", 0, 10)[0]] == [pub]
 
 
 def test_a_replay_over_a_longer_range_adds_only_the_new_matches(store):
     store.put_subscription("s", "alice", b"[]")
     s = store.subscription_number("s")
-    pubs = store.append_publications([b"{}", b"{}"])
+    pubs = store.append_publications(published(b"{}", b"{}"))
     store.record_deliveries(0, [s], pubs[:1], pubs[0])
     store.record_deliveries(0, [s, s], pubs, pubs[1])
     assert [e.pubs.tolist() for e in store.feed_since(0, 10)] == [[pubs[0]], [pubs[1]]]
@@ -143,7 +148,7 @@ def test_a_replay_over_a_longer_range_adds_only_the_new_matches(store):
 
 def test_the_feed_watermark_survives_compaction(store):
     store.put_subscription("s", "alice", b"[]")
-    (pub,) = store.append_publications([b"{}"])
+    (pub,) = store.append_publications(published(b"{}"))
     store.record_deliveries(0, [store.subscription_number("s")], [pub], pub)
     store.save_cursors({"s": pub})
     spill_everything(store)
@@ -155,12 +160,12 @@ def test_a_large_feed_entry_is_spilled_in_steps_of_whole_subscriptions(store):
     for sub_id in "stu":
         store.put_subscription(sub_id, "alice", b"[]")
     s, t, u = (store.subscription_number(x) for x in "stu")
-    pubs = store.append_publications([b"{}", b"{}"])
+    pubs = store.append_publications(published(b"{}", b"{}"))
     store.record_deliveries(0, [s, s, t, t, u, u], pubs * 3, pubs[1])
     # a budget of 3 ends inside t: s and t go in the first step, u in the second
     assert store.compact(3, 1 << 40, time.time() + 1) >= 3
     assert store.feed_since(0, 10) != []
-    assert [p for p, _ in store.backlog("t", 0, 10)[0]] == pubs
+    assert [p for p, *_ in store.backlog("t", 0, 10)[0]] == pubs
     store.compact(3, 1 << 40, time.time() + 1)
     assert store.feed_since(0, 10) == []
-    assert all([p for p, _ in store.backlog(x, 0, 10)[0]] == pubs for x in "stu")
+    assert all([p for p, *_ in store.backlog(x, 0, 10)[0]] == pubs for x in "stu")

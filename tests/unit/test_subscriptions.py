@@ -64,14 +64,14 @@ def test_request_level_errors():
     import orjson
 
     with pytest.raises(ProtocolError, match="authHash"):
-        parse_subscribe(orjson.dumps({"data": []}))
+        parse_subscribe(orjson.dumps({"authHash": 7, "data": []}))
     with pytest.raises(ProtocolError, match="data"):
         parse_subscribe(orjson.dumps({"authHash": "h"}))
     with pytest.raises(ProtocolError, match="subscriptionId"):
         parse_subscribe(orjson.dumps({"authHash": "h", "subscriptionId": 5, "data": []}))
     with pytest.raises(ProtocolError, match="subscriptionId"):
         parse_unsubscribe(orjson.dumps({"authHash": "h"}))
-    assert parse_subscribe(orjson.dumps({"data": []}), identity="fp").auth_hash == "fp"
+    assert parse_subscribe(orjson.dumps({"data": []})).auth_hash is None  # a certificate or token may prove it
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,7 @@ def test_satisfiable(predicates):
 
 def test_handshake_extensions():
     hs = parse_handshake(b'{"authHash": "h", "subscriptionId": "s", "data": [], "ack": true, "resumeAfter": 7}')
-    assert hs == ("h", "s", True, True, 7)
+    assert hs == ("h", "s", True, True, 7, None)
     with pytest.raises(ProtocolError, match="resumeAfter"):
         parse_handshake(b'{"authHash": "h", "subscriptionId": "s", "resumeAfter": -1}')
     with pytest.raises(ProtocolError, match="subscriptionId"):

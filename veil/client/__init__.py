@@ -1,5 +1,5 @@
 """Python client library (asyncio) and command-line interface."""
 
-from veil.client.client import Delivery, DeliveryStream, VeilClient, VeilError
+from veil.client.client import Delivery, DeliveryStream, TamperedPublication, VeilClient, VeilError
 
-__all__ = ["Delivery", "DeliveryStream", "VeilClient", "VeilError"]
+__all__ = ["Delivery", "DeliveryStream", "TamperedPublication", "VeilClient", "VeilError"]

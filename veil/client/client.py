@@ -9,6 +9,7 @@ across broker restarts.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,11 +18,14 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from veil.security import signatures
 from veil.security.tls import client_context
 
 ERROR_KEYS = frozenset({"error", "field", "status"})
-FATAL_STATUSES = frozenset({400, 403, 404, 409, 410})  # 409: another connection took over
+FATAL_STATUSES = frozenset({400, 401, 403, 404, 409, 410})  # 409: another connection took over
+PUBLICATION_MEMBER = b'"publication":'
 MAX_LINE = 16 * 1024 * 1024
 MAX_FAILURES = 60
 ACK_EVERY = 256
@@ -43,10 +47,17 @@ class VeilError(Exception):
             return cls(status, "", body.decode(errors="replace"))
 
 
+class TamperedPublication(VeilError):
+    """A delivery whose publisher signature does not verify: it is not handed to the application."""
+
+
 class Delivery(NamedTuple):
     seq: int | None
     id: str | None
     publication: dict
+    publisher: str | None = None
+    verified: bool = False  # its signature verified against a key the application trusts
+    cropped: bool = False  # fields were removed from this copy for this subscriber
 
 
 class VeilClient:
@@ -55,6 +66,8 @@ class VeilClient:
         url: str = "http://127.0.0.1:20000",
         *,
         auth_hash: str | None = None,
+        token: str | None = None,
+        trusted_keys: dict[str, dict[str, str]] | None = None,
         ca_file: str | None = None,
         cert_file: str | None = None,
         key_file: str | None = None,
@@ -69,6 +82,13 @@ class VeilClient:
         self.tcp_port = tcp_port or port + 1
         self.ws_port = ws_port or port + 2
         self.auth_hash = auth_hash
+        self.token = token
+        # publisher -> key id -> base64 Ed25519 public key: signed deliveries from these publishers
+        # are verified end to end, and refused when they do not verify
+        self.trusted_keys = {
+            publisher: {key_id: base64.b64decode(key) for key_id, key in keys.items()}
+            for publisher, keys in (trusted_keys or {}).items()
+        }
         self.ssl: ssl.SSLContext | None = (
             client_context(ca_file, cert_file, key_file) if parts.scheme == "https" else None
         )
@@ -93,18 +113,45 @@ class VeilClient:
             self._http = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._http
 
-    async def request(self, path: str, body: bytes, content_type: str = "application/json") -> Any:
-        async with self._session().post(
-            f"{self.url}{path}", data=body, headers={"Content-Type": content_type}
-        ) as response:
+    def _headers(self, content_type: str = "application/json") -> dict[str, str]:
+        headers = {"Content-Type": content_type}
+        if self.auth_hash is not None:
+            headers["X-Auth-Hash"] = self.auth_hash
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return headers
+
+    async def request(
+        self,
+        path: str,
+        body: bytes,
+        content_type: str = "application/json",
+        extra: dict[str, str] | None = None,
+        method: str = "POST",
+    ) -> Any:
+        headers = {**self._headers(content_type), **(extra or {})}
+        async with self._session().request(method, f"{self.url}{path}", data=body, headers=headers) as response:
             payload = await response.read()
             if response.status != 200:
                 raise VeilError.from_body(response.status, payload)
             return orjson.loads(payload) if payload else None
 
-    async def publish(self, publication: dict | list | bytes) -> str:
+    async def publish(
+        self, publication: dict | list | bytes, *, signing_key: tuple[str, Ed25519PrivateKey] | None = None
+    ) -> str:
+        """Publish; with `signing_key` (key id, private key) the exact bytes sent are signed."""
         body = publication if isinstance(publication, bytes) else orjson.dumps(publication)
-        return (await self.request("/publish", body))["id"]
+        extra = None
+        if signing_key is not None:
+            key_id, private = signing_key
+            extra = {"X-Key-Id": key_id, "X-Signature": signatures.sign(private, body)}
+        return (await self.request("/publish", body, extra=extra))["id"]
+
+    async def registry(self, document: dict | None = None) -> dict:
+        """The broker's registry (admins only); with `document`, replace it first."""
+        if document is None:
+            return await self.request("/admin/registry", b"", method="GET")
+        return await self.request("/admin/registry", orjson.dumps(document), method="PUT")
 
     async def publish_batch(self, publications: list[dict]) -> list[str]:
         body = b"\n".join(orjson.dumps(p) for p in publications)
@@ -205,7 +252,20 @@ class DeliveryStream:
         seq = doc.get("seq")
         if self.last_seq is not None and seq <= self.last_seq:
             return None  # already consumed before a reconnect
-        return Delivery(seq, doc.get("id"), doc.get("publication"))
+        publisher = doc.get("publisher")
+        verified = False
+        keys = self.client.trusted_keys.get(publisher) if publisher is not None else None
+        if keys is not None and "signature" in doc:
+            key = keys.get(doc.get("keyId"))
+            start = line.index(PUBLICATION_MEMBER) + len(PUBLICATION_MEMBER)
+            body = line[start : line.rstrip().rindex(b"}")]
+            if key is None or not signatures.verifies(key, body, doc["signature"]):
+                self.last_seq = self.client.positions[self.subscription_id] = seq
+                raise TamperedPublication(
+                    0, "signature", f"publication {doc.get('id')} from {publisher!r} does not verify"
+                )
+            verified = True
+        return Delivery(seq, doc.get("id"), doc.get("publication"), publisher, verified, bool(doc.get("cropped")))
 
     async def _acknowledge(self) -> None:
         if self.envelope and self.last_seq is not None and self.last_seq != self._acked and self._send is not None:
@@ -218,6 +278,8 @@ class DeliveryStream:
         doc: dict[str, Any] = {"subscriptionId": self.subscription_id}
         if self.client.auth_hash is not None:
             doc["authHash"] = self.client.auth_hash
+        if self.client.token is not None:
+            doc["token"] = self.client.token
         if self.envelope:
             doc.update(envelope=True, ack=True)
             if self.last_seq is not None:

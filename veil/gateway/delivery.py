@@ -8,9 +8,9 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from veil.gateway.rest import check_identity
 from veil.gateway.sessions import Close, Send, Session
 from veil.protocol import ProtocolError, parse_ack, parse_handshake
+from veil.security.identity import Credentials
 
 if TYPE_CHECKING:
     from veil.gateway.server import Broker
@@ -22,14 +22,14 @@ MAX_LINE = 64 * 1024
 
 async def open_session(broker: Broker, raw: bytes | str, identity: str | None, send: Send, close: Close) -> Session:
     """Validate the handshake; ProtocolError (with the reason to send back) when refused."""
-    handshake = parse_handshake(raw, identity)
-    check_identity(handshake.auth_hash, identity)
+    handshake = parse_handshake(raw)
+    client = broker.auth.identify(Credentials(identity, handshake.token, handshake.auth_hash))
     store = broker.threads.store
     owner = await broker.threads.read(store.subscription_owner, handshake.subscription_id)
     number = await broker.threads.read(store.subscription_number, handshake.subscription_id)
     if owner is None or number is None:
         raise ProtocolError("subscriptionId", "unknown subscription", 404)
-    if owner != handshake.auth_hash:
+    if owner != client:
         raise ProtocolError("authHash", "not the owner of this subscription", 403)
     start = handshake.resume_after
     if start is None:

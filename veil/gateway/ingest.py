@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from veil.gateway.storage import StoreThreads
+from veil.store import Publication
 
 MIN_SESSIONS = 8  # fewer connected subscriptions never count as delivery overload
 
@@ -27,7 +28,7 @@ class Ingest:
         self._threads = threads
         self._max_pending = max_pending
         self._max_lag = max_lag
-        self._waiting: list[tuple[list[bytes], asyncio.Future[list[int]]]] = []
+        self._waiting: list[tuple[list[Publication], asyncio.Future[list[int]]]] = []
         self._pending = 0
         self._flusher: asyncio.Task[None] | None = None
         self.head = 0
@@ -38,7 +39,7 @@ class Ingest:
     def lag(self) -> int:
         return max(0, self.head - self.processed)
 
-    async def append(self, bodies: list[bytes]) -> list[int]:
+    async def append(self, bodies: list[Publication]) -> list[int]:
         if self._pending + len(bodies) > self._max_pending:
             raise Overloaded(f"{self._pending} publications are waiting for the log")
         if self.lag > self._max_lag:

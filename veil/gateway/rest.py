@@ -1,4 +1,5 @@
-"""REST endpoints of SPEC §2 (/publish, /subscribe, /unsubscribe) plus /health and /ready.
+"""REST endpoints of SPEC §2 (/publish, /subscribe, /unsubscribe), the registry's admin API, /health
+and /ready.
 
 Every client mistake becomes a JSON error naming the field (never a 500); overload becomes 503 with
 Retry-After.
@@ -16,8 +17,12 @@ from aiohttp import web
 from veil.gateway.ingest import Overloaded
 from veil.matching import Predicate, Unsatisfiable, check_satisfiable
 from veil.protocol import ProtocolError, parse_publication, parse_publication_batch, parse_subscribe, parse_unsubscribe
+from veil.protocol.errors import load_json
+from veil.security import signatures
+from veil.security.identity import Credentials
+from veil.security.registry import parse_registry
 from veil.security.tls import peer_identity
-from veil.store import NotOwner, UnknownSubscription
+from veil.store import NotOwner, Publication, UnknownSubscription
 
 if TYPE_CHECKING:
     from veil.gateway.server import Broker
@@ -57,10 +62,20 @@ def identity_of(request: web.Request) -> str | None:
     return peer_identity(request.transport.get_extra_info("ssl_object") if request.transport else None)
 
 
-def check_identity(auth_hash: str, identity: str | None) -> None:
-    """A client with a certificate acts only as the identity its certificate proves."""
-    if identity is not None and auth_hash != identity:
-        raise ProtocolError("authHash", "does not match the client certificate", 403)
+def bearer_token(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ProtocolError("Authorization", "expected 'Bearer <token>'", 401)
+    return token.strip()
+
+
+def client_of(broker: Broker, request: web.Request, claimed: str | None) -> str:
+    """Who sent the request: what its certificate or token proves, or the static hash it claims where
+    the operator accepts those."""
+    return broker.auth.identify(Credentials(identity_of(request), bearer_token(request), claimed))
 
 
 def create_app(broker: Broker) -> web.Application:
@@ -68,17 +83,32 @@ def create_app(broker: Broker) -> web.Application:
     app = web.Application(client_max_size=config.max_body, middlewares=[errors])
 
     async def publish(request: web.Request) -> web.Response:
+        publisher = client_of(broker, request, request.headers.get("X-Auth-Hash"))
         raw = await request.read()
+        signature = request.headers.get("X-Signature")
         if request.content_type in BATCH_TYPES:
-            offsets = await broker.ingest.append(parse_publication_batch(raw))
+            if signature is not None:
+                raise ProtocolError("X-Signature", "sign publications one per request, not a batch")
+            meta = signatures.envelope_fields(publisher)
+            batch = [Publication(body, publisher, meta) for body in parse_publication_batch(raw)]
+            offsets = await broker.ingest.append(batch)
             return json_response({"ids": [str(o) for o in offsets]})
-        offsets = await broker.ingest.append([parse_publication(raw)])
+        body = parse_publication(raw)
+        key_id = request.headers.get("X-Key-Id")
+        if signature is not None:
+            if body != raw:
+                raise ProtocolError(
+                    "X-Signature", "sign a raw JSON object sent byte for byte (other forms are converted)"
+                )
+            signatures.check(broker.registry.keys.get(publisher, {}), key_id, signature, raw)
+        offsets = await broker.ingest.append(
+            [Publication(body, publisher, signatures.envelope_fields(publisher, key_id, signature))]
+        )
         return json_response({"id": str(offsets[0])})
 
     async def subscribe(request: web.Request) -> web.Response:
-        identity = identity_of(request)
-        req = parse_subscribe(await request.read(), identity)
-        check_identity(req.auth_hash, identity)
+        req = parse_subscribe(await request.read())
+        owner = client_of(broker, request, req.auth_hash)
         try:
             check_satisfiable([Predicate(*p) for p in req.predicates])
         except Unsatisfiable as exc:
@@ -86,7 +116,7 @@ def create_app(broker: Broker) -> web.Application:
         sub_id = req.subscription_id or uuid.uuid4().hex
         store = broker.threads.store
         try:
-            await broker.threads.write(store.put_subscription, sub_id, req.auth_hash, orjson.dumps(req.predicates))
+            await broker.threads.write(store.put_subscription, sub_id, owner, orjson.dumps(req.predicates))
         except NotOwner:
             raise ProtocolError("subscriptionId", "belongs to another client", 403) from None
         return json_response(
@@ -100,18 +130,26 @@ def create_app(broker: Broker) -> web.Application:
         )
 
     async def unsubscribe(request: web.Request) -> web.Response:
-        identity = identity_of(request)
-        req = parse_unsubscribe(await request.read(), identity)
-        check_identity(req.auth_hash, identity)
+        req = parse_unsubscribe(await request.read())
+        owner = client_of(broker, request, req.auth_hash)
         store = broker.threads.store
         try:
-            await broker.threads.write(store.remove_subscription, req.subscription_id, req.auth_hash)
+            await broker.threads.write(store.remove_subscription, req.subscription_id, owner)
         except UnknownSubscription:
             raise ProtocolError("subscriptionId", "unknown subscription", 404) from None
         except NotOwner:
             raise ProtocolError("subscriptionId", "belongs to another client", 403) from None
         await broker.hub.kick(req.subscription_id, ProtocolError("subscriptionId", "unsubscribed", 410).to_json())
         return json_response({"subscriptionId": req.subscription_id})
+
+    async def registry(request: web.Request) -> web.Response:
+        """The admin API: read or replace the registry (SPEC §6); only its admins may."""
+        admin = client_of(broker, request, request.headers.get("X-Auth-Hash"))
+        if admin not in broker.registry.admins:
+            raise ProtocolError("authHash", "not an administrator of this broker's registry", 403)
+        if request.method == "PUT":
+            await broker.replace_registry(parse_registry(load_json(await request.read())))
+        return web.Response(body=broker.registry.to_json(), content_type="application/json")
 
     async def health(request: web.Request) -> web.Response:
         return json_response(broker.health())
@@ -123,6 +161,8 @@ def create_app(broker: Broker) -> web.Application:
     app.router.add_post("/publish", publish)
     app.router.add_post("/subscribe", subscribe)
     app.router.add_post("/unsubscribe", unsubscribe)
+    app.router.add_get("/admin/registry", registry)
+    app.router.add_put("/admin/registry", registry)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     return app

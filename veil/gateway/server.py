@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import signal
 import time
 
+import orjson
 from aiohttp import web
 
 from veil.config import Config
@@ -18,6 +20,8 @@ from veil.gateway.sessions import DeliveryHub
 from veil.gateway.storage import StoreThreads
 from veil.gateway.tcp import start_tcp
 from veil.gateway.websocket import create_ws_app
+from veil.security.identity import Authenticator, TokenVerifier
+from veil.security.registry import Registry, load_registry_file, parse_registry
 from veil.security.tls import server_context
 from veil.store import open_store
 
@@ -35,6 +39,9 @@ class Broker:
         self.ingest = Ingest(self.threads, config.max_pending, config.max_lag)
         self.hub = DeliveryHub(self.threads)
         self.pipeline = PipelineProcess(config) if run_pipeline else None
+        self.registry = Registry()  # the newest version; the pipeline applies each in log order
+        tokens = TokenVerifier(config.jwks, config.token_issuer, config.token_audience) if config.jwks else None
+        self.auth = Authenticator(config.auth_methods, config.anonymous, tokens, lambda: self.registry)
         self.connections = 0
         self.pipeline_state = "starting"
         self._runners: list[web.AppRunner] = []
@@ -57,6 +64,7 @@ class Broker:
         store = self.threads.store
         self.ingest.head = await self.threads.read(store.head_offset)
         self.ingest.processed = await self.threads.read(store.processed_offset)
+        await self._load_registry()
         await self.hub.start()
         if self.pipeline is not None:
             await self.threads.write(store.set_status, "pipeline", 0)  # until the new pipeline reports
@@ -87,6 +95,26 @@ class Broker:
             "veil listening: REST %s://%s:%d, TCP %d, WebSocket %d; store %s",
             scheme, config.bind, config.port, config.tcp, config.ws, config.store_url,
         )  # fmt: skip
+
+    async def _load_registry(self) -> None:
+        """A registry file applies when it is new or changed since it was last applied; otherwise the
+        stored registry does, with the changes made through the admin API since."""
+        store = self.threads.store
+        if self.config.registry is not None:
+            registry = load_registry_file(self.config.registry)
+            digest = int.from_bytes(hashlib.sha256(registry.to_json()).digest()[:7], "big")
+            applied = await self.threads.read(store.status, "registry_file")
+            if applied is None or applied[0] != digest:
+                await self.replace_registry(registry)
+                await self.threads.write(store.set_status, "registry_file", digest)
+                return
+        stored = await self.threads.read(store.registry_at, None)
+        if stored is not None:
+            self.registry = parse_registry(orjson.loads(stored))
+
+    async def replace_registry(self, registry: Registry) -> None:
+        await self.threads.write(self.threads.store.put_registry, registry.to_json())
+        self.registry = registry
 
     async def _track_progress(self) -> None:
         """Keep the figures that back-pressure and /health use fresh (the pipeline writes them)."""

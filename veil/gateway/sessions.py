@@ -20,7 +20,7 @@ import numpy as np
 
 from veil.gateway.storage import StoreThreads
 from veil.protocol import Handshake, ProtocolError
-from veil.store.base import FeedEntry
+from veil.store.base import CROPPED_META, FeedEntry
 
 log = logging.getLogger("veil.gateway")
 
@@ -32,15 +32,18 @@ Close = Callable[[bytes | None], Awaitable[None]]
 
 
 class Chunk(NamedTuple):
-    """Deliveries for one session in publication order: offsets and the published bytes. A session
-    queues chunks rather than single deliveries so that the work per delivery stays in numpy and in
-    bytes.join, not in Python statements."""
+    """Deliveries for one session in publication order: offsets, the bytes delivered and their
+    envelope fields. A session queues chunks rather than single deliveries so that the work per
+    delivery stays in numpy and in bytes.join, not in Python statements."""
 
     pubs: np.ndarray
     bodies: list[bytes]
+    metas: list[bytes]
 
 
-def enveloped(pub: int, body: bytes) -> bytes:
+def enveloped(pub: int, body: bytes, meta: bytes) -> bytes:
+    if meta:
+        return b'{"seq":%d,"id":"%d",%s,"publication":%s}' % (pub, pub, meta, body)
     return b'{"seq":%d,"id":"%d","publication":%s}' % (pub, pub, body)
 
 
@@ -72,7 +75,7 @@ class Session:
             self.caught_up = False  # the rest waits in the store; the session refills from there
         take = slice(skip, skip + min(room, len(chunk.pubs) - skip))
         if take.stop > take.start:
-            self._queue(Chunk(chunk.pubs[take], chunk.bodies[take]))
+            self._queue(Chunk(chunk.pubs[take], chunk.bodies[take], chunk.metas[take]))
         self._wake.set()
 
     def resync(self) -> None:
@@ -110,7 +113,7 @@ class Session:
             chunk = self.pending.popleft()
             self.queued -= len(chunk.pubs)
             if self.envelope:
-                frames.extend(map(enveloped, chunk.pubs.tolist(), chunk.bodies))
+                frames.extend(map(enveloped, chunk.pubs.tolist(), chunk.bodies, chunk.metas))
             else:
                 frames.extend(chunk.bodies)
             last = int(chunk.pubs[-1])
@@ -123,7 +126,8 @@ class Session:
         threads = self.hub.threads
         rows, watermark = await threads.read(threads.store.backlog, self.sub_id, self.last_queued, QUEUE_LIMIT)
         if rows:
-            self._queue(Chunk(np.array([pub for pub, _ in rows], np.int64), [body for _, body in rows]))
+            pubs, bodies, metas = zip(*rows, strict=True)
+            self._queue(Chunk(np.array(pubs, np.int64), list(bodies), list(metas)))
         # Rows the hub handled after our snapshot were not offered to us: read again before going live.
         if len(rows) < QUEUE_LIMIT and self.hub.last_seq <= watermark:
             self.caught_up = True
@@ -214,18 +218,27 @@ class DeliveryHub:
             return
         sub_nos, pubs = entry.sub_nos[mine], entry.pubs[mine]  # grouped by subscription already
         wanted = np.unique(pubs)
-        found = await self.threads.read(self.threads.store.bodies, wanted)
-        bodies = np.array([found.get(pub) for pub in wanted.tolist()], object)[np.searchsorted(wanted, pubs)]
+        store = self.threads.store
+        found = await self.threads.read(store.bodies, wanted)
+        rows = np.searchsorted(wanted, pubs)
+        looked_up = [found.get(pub, (None, b"")) for pub in wanted.tolist()]
+        bodies = np.array([body for body, _ in looked_up], object)[rows]
+        metas = np.array([meta for _, meta in looked_up], object)[rows]
         if len(found) < len(wanted):  # publications compacted away meanwhile: nobody is owed them
             kept = bodies != None  # noqa: E711 (elementwise on an object array)
-            sub_nos, pubs, bodies = sub_nos[kept], pubs[kept], bodies[kept]
+            sub_nos, pubs, bodies, metas = sub_nos[kept], pubs[kept], bodies[kept], metas[kept]
             if not len(pubs):
                 return
+        if entry.cropped:
+            copies = await self.threads.read(store.copies, sub_nos, pubs)
+            for (sub_no, pub), copy in copies.items():
+                at = np.flatnonzero((sub_nos == sub_no) & (pubs == pub))
+                bodies[at], metas[at] = copy, CROPPED_META
         cuts = np.flatnonzero(np.diff(sub_nos)) + 1
         for low, high in zip([0, *cuts.tolist()], [*cuts.tolist(), len(sub_nos)], strict=True):
             session = self._by_number.get(int(sub_nos[low]))
             if session is not None:
-                session.offer(Chunk(pubs[low:high], bodies[low:high].tolist()))
+                session.offer(Chunk(pubs[low:high], bodies[low:high].tolist(), metas[low:high].tolist()))
 
     async def save_cursors_periodically(self, interval: float = 0.1) -> None:
         while not self._stopping.is_set():

@@ -63,7 +63,8 @@ def start_query(spark, config: Config):
         .load()
     )
     by_publication = config.partition_mode == "publications"
-    matches = log_entries.mapInArrow(MatchPartition(url, config.partitions, by_publication), MATCH_SCHEMA)
+    task = MatchPartition(url, config.partitions, by_publication, config.with_authorization)
+    matches = log_entries.mapInArrow(task, MATCH_SCHEMA)
     return (
         matches.writeStream.queryName("veil_match")
         .foreachBatch(DeliveryWriter(url))

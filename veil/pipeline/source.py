@@ -2,9 +2,9 @@
 
 Offsets are log positions, so Spark's checkpoint records exactly which entries a micro-batch
 covered and a restarted query replays from there. `partitions(start, end)` is the partition stage:
-each matcher partition gets every publication of the range and only the subscription changes routed
-to it, preceded by a mark row carrying the range, which lets the matcher check that its in-memory
-index is at `start` before applying the batch.
+each matcher partition gets every publication and registry change of the range and only the
+subscription changes routed to it, preceded by a mark row carrying the range, which lets the matcher
+check that its in-memory state is at `start` before applying the batch.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
 from veil.pipeline.partition import partition_of
 from veil.pipeline.stores import store_for
-from veil.store import KIND_PUBLICATION
+from veil.store import KIND_PUBLICATION, KIND_REGISTRY
 
 KIND_MARK = -1
-LOG_SCHEMA = "part INT, offset LONG, kind INT, sub_id STRING, body BINARY, until LONG"
+LOG_SCHEMA = "part INT, offset LONG, kind INT, sub_id STRING, body BINARY, client STRING, until LONG"
 _ARROW_SCHEMA = pa.schema(
     [
         ("part", pa.int32()),
@@ -28,6 +28,7 @@ _ARROW_SCHEMA = pa.schema(
         ("kind", pa.int32()),
         ("sub_id", pa.string()),
         ("body", pa.binary()),
+        ("client", pa.string()),
         ("until", pa.int64()),
     ]
 )
@@ -94,10 +95,12 @@ class EventLogReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, LogRange)
         part, n = partition.part, partition.partitions
-        offsets, kinds, sub_ids, bodies = [partition.start], [KIND_MARK], [None], [None]
+        offsets, kinds, sub_ids, bodies, clients = [partition.start], [KIND_MARK], [None], [None], [None]
         for entry in store_for(self.url).log_range(partition.start, partition.end):
             if entry.kind == KIND_PUBLICATION:
                 wanted = partition.low < entry.offset <= partition.high
+            elif entry.kind == KIND_REGISTRY:
+                wanted = True
             else:
                 wanted = partition.by_publication or partition_of(entry.sub_id, n) == part  # type: ignore[arg-type]
             if wanted:
@@ -105,11 +108,12 @@ class EventLogReader(DataSourceStreamReader):
                 kinds.append(entry.kind)
                 sub_ids.append(entry.sub_id)
                 bodies.append(entry.body)
+                clients.append(entry.client)
         until = [None] * len(offsets)
         until[0] = partition.end
         yield pa.RecordBatch.from_arrays(
             [pa.array([part] * len(offsets), pa.int32()), pa.array(offsets, pa.int64()),
              pa.array(kinds, pa.int32()), pa.array(sub_ids, pa.string()),
-             pa.array(bodies, pa.binary()), pa.array(until, pa.int64())],
+             pa.array(bodies, pa.binary()), pa.array(clients, pa.string()), pa.array(until, pa.int64())],
             schema=_ARROW_SCHEMA,
         )  # fmt: skip

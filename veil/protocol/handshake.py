@@ -1,7 +1,8 @@
 """The first line (TCP) or message (WebSocket) of a delivery connection, and acknowledgements.
 
 Clients in the wild send the whole subscription document as the handshake; unknown fields are
-ignored. The optional extensions ask for an envelope (publication id and sequence number), for
+ignored. A bearer token may prove the identity (`token`). The optional extensions ask for an
+envelope (publication id, sequence number, publisher and signature), for
 acknowledgement-driven cursors, and for a resume point after a reconnect.
 """
 
@@ -14,14 +15,15 @@ from veil.protocol.subscriptions import auth_hash_of, subscription_id_of
 
 
 class Handshake(NamedTuple):
-    auth_hash: str
+    auth_hash: str | None
     subscription_id: str
     envelope: bool
     ack: bool
     resume_after: int | None
+    token: str | None = None  # a bearer token proving the client's identity
 
 
-def parse_handshake(raw: bytes | str, identity: str | None = None) -> Handshake:
+def parse_handshake(raw: bytes | str) -> Handshake:
     doc = load_json(raw, "handshake")
     if not isinstance(doc, dict):
         raise ProtocolError("handshake", 'expected {"authHash": ..., "subscriptionId": ...}')
@@ -30,7 +32,11 @@ def parse_handshake(raw: bytes | str, identity: str | None = None) -> Handshake:
     resume = doc.get("resumeAfter")
     if resume is not None and (isinstance(resume, bool) or not isinstance(resume, int) or resume < 0):
         raise ProtocolError("resumeAfter", "not a non-negative integer sequence number")
-    return Handshake(auth_hash_of(doc, identity), subscription_id_of(doc, required=True), envelope or ack, ack, resume)
+    token = doc.get("token")
+    if token is not None and (not isinstance(token, str) or not token):
+        raise ProtocolError("token", "not a non-empty string")
+    sub_id = subscription_id_of(doc, required=True)
+    return Handshake(auth_hash_of(doc), sub_id, envelope or ack, ack, resume, token)
 
 
 def parse_ack(raw: bytes | str) -> int:

@@ -32,19 +32,19 @@ WILDCARD = "*"
 
 
 class SubscribeRequest(NamedTuple):
-    auth_hash: str
+    auth_hash: str | None  # what the client claims; the gateway decides whether that is proved
     subscription_id: str | None
     predicates: list[tuple[str, str, object]]
 
 
 class UnsubscribeRequest(NamedTuple):
-    auth_hash: str
+    auth_hash: str | None
     subscription_id: str
 
 
-def parse_subscribe(raw: bytes, identity: str | None = None) -> SubscribeRequest:
+def parse_subscribe(raw: bytes) -> SubscribeRequest:
     doc = _object(raw)
-    auth = auth_hash_of(doc, identity)
+    auth = auth_hash_of(doc)
     sub_id = doc.get("subscriptionId")
     if sub_id is not None:
         sub_id = subscription_id_of(doc, required=False)
@@ -59,18 +59,16 @@ def parse_subscribe(raw: bytes, identity: str | None = None) -> SubscribeRequest
     return SubscribeRequest(auth, sub_id or None, predicates)
 
 
-def parse_unsubscribe(raw: bytes, identity: str | None = None) -> UnsubscribeRequest:
+def parse_unsubscribe(raw: bytes) -> UnsubscribeRequest:
     doc = _object(raw)
-    return UnsubscribeRequest(auth_hash_of(doc, identity), subscription_id_of(doc, required=True))
+    return UnsubscribeRequest(auth_hash_of(doc), subscription_id_of(doc, required=True))
 
 
-def auth_hash_of(doc: dict, identity: str | None) -> str:
-    """The client's identity: the authHash it sent, or the one its TLS certificate proves."""
+def auth_hash_of(doc: dict) -> str | None:
+    """The authHash a request names, if any (a client certificate or a token may prove it instead)."""
     auth = doc.get("authHash")
-    if auth is None and identity is not None:
-        return identity
-    if not isinstance(auth, str) or not auth:
-        raise ProtocolError("authHash", "missing or not a non-empty string")
+    if auth is not None and (not isinstance(auth, str) or not auth):
+        raise ProtocolError("authHash", "not a non-empty string")
     return auth
 
 

@@ -16,6 +16,16 @@ import numpy as np
 KIND_PUBLICATION = 0
 KIND_SUBSCRIBE = 1
 KIND_UNSUBSCRIBE = 2
+KIND_REGISTRY = 3  # a new registry version: later publications are authorized under it
+
+
+class Publication(NamedTuple):
+    """What the gateway logs per publication: the bytes delivered, who published them, and the
+    envelope fields that travel with them (publisher, key id, signature) as a JSON fragment."""
+
+    body: bytes
+    publisher: str = ""
+    meta: bytes = b""
 
 
 class LogEntry(NamedTuple):
@@ -23,10 +33,14 @@ class LogEntry(NamedTuple):
     kind: int
     sub_id: str | None
     body: bytes | None
+    client: str | None = None  # the publisher of a publication, the owner of a subscription
 
 
-Delivery = tuple[int, bytes]
-"""(publication offset, published bytes): plain tuples, since one is made per delivery."""
+CROPPED_META = b'"cropped":true'  # a cropped copy travels without the publisher's signature
+
+Delivery = tuple[int, bytes, bytes]
+"""(publication offset, bytes delivered, envelope fields): plain tuples, since one is made per
+delivery. The bytes are the subscriber's cropped copy where cropping applied."""
 
 
 class FeedEntry(NamedTuple):
@@ -36,6 +50,7 @@ class FeedEntry(NamedTuple):
     seq: int
     sub_nos: np.ndarray
     pubs: np.ndarray
+    cropped: bool = False  # some of its matches deliver a cropped copy
 
 
 class UnknownSubscription(LookupError):
@@ -49,8 +64,16 @@ class NotOwner(PermissionError):
 class EventStore(ABC):
     # --- gateway side -------------------------------------------------------------------------
     @abstractmethod
-    def append_publications(self, bodies: list[bytes]) -> list[int]:
+    def append_publications(self, publications: list[Publication]) -> list[int]:
         """Durably append publications (one commit for all); returns their offsets."""
+
+    @abstractmethod
+    def put_registry(self, body: bytes) -> int:
+        """Log a new registry version (a JSON document) and make it the current one."""
+
+    @abstractmethod
+    def registry_at(self, offset: int) -> bytes | None:
+        """The registry version in force just after `offset` (the newest one with offset=None)."""
 
     @abstractmethod
     def put_subscription(self, sub_id: str, owner: str, body: bytes) -> int:
@@ -72,8 +95,12 @@ class EventStore(ABC):
         """The matches of the micro-batches queued after `seq`, in the order the pipeline wrote them."""
 
     @abstractmethod
-    def bodies(self, pubs: np.ndarray) -> dict[int, bytes]:
-        """The published bytes of these publications."""
+    def bodies(self, pubs: np.ndarray) -> dict[int, tuple[bytes, bytes]]:
+        """The published bytes and envelope fields of these publications."""
+
+    @abstractmethod
+    def copies(self, sub_nos: np.ndarray, pubs: np.ndarray) -> dict[tuple[int, int], bytes]:
+        """The cropped copies among these (subscription number, publication) matches."""
 
     @abstractmethod
     def backlog(self, sub_id: str, after_pub: int, limit: int) -> tuple[list[Delivery], int]:
@@ -98,19 +125,27 @@ class EventStore(ABC):
         """Entries with start < offset <= end, in offset order."""
 
     @abstractmethod
-    def subscriptions_at(self, offset: int) -> list[tuple[str, int, bytes]]:
-        """The subscriptions in force just after `offset`, as (id, number, body): what a matcher must
-        hold there."""
+    def subscriptions_at(self, offset: int) -> list[tuple[str, int, str, bytes]]:
+        """The subscriptions in force just after `offset`, as (id, number, owner, body): what a
+        matcher must hold there."""
 
     @abstractmethod
-    def subscription_changes(self, after: int, upto: int) -> tuple[list[str], list[tuple[str, int, bytes]]]:
-        """What changed between two offsets: ids to drop, then (id, number, body) to add."""
+    def subscription_changes(self, after: int, upto: int) -> tuple[list[str], list[tuple[str, int, str, bytes]]]:
+        """What changed between two offsets: ids to drop, then (id, number, owner, body) to add."""
 
     @abstractmethod
-    def record_deliveries(self, batch_id: int, sub_nos: np.ndarray, pubs: np.ndarray, processed: int) -> None:
-        """Queue the (subscription number, publication) matches of a micro-batch as one feed entry and
-        record the processed offset, in one transaction; matches of publications at or below the
-        offset already recorded are dropped, so a replayed batch delivers nothing twice."""
+    def record_deliveries(
+        self,
+        batch_id: int,
+        sub_nos: np.ndarray,
+        pubs: np.ndarray,
+        processed: int,
+        copies: list[tuple[int, int, bytes]] = (),  # type: ignore[assignment]
+    ) -> None:
+        """Queue the (subscription number, publication) matches of a micro-batch as one feed entry,
+        with the cropped copies some of them deliver, and record the processed offset, in one
+        transaction; matches of publications at or below the offset already recorded are dropped,
+        so a replayed batch delivers nothing twice."""
 
     @abstractmethod
     def processed_offset(self) -> int: ...

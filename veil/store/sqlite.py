@@ -23,7 +23,9 @@ import numpy as np
 import orjson
 
 from veil.store.base import (
+    CROPPED_META,
     KIND_PUBLICATION,
+    KIND_REGISTRY,
     KIND_SUBSCRIBE,
     KIND_UNSUBSCRIBE,
     Delivery,
@@ -31,6 +33,7 @@ from veil.store.base import (
     FeedEntry,
     LogEntry,
     NotOwner,
+    Publication,
     UnknownSubscription,
 )
 
@@ -40,13 +43,20 @@ SPILLED = "(SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'spilled')" 
 LAST_FEED_SEQ = "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'feed'), 0)"
 SPILL_POSITION = "(SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'spill_position')"  # within the next
 PROCESSED = "(SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'processed')"
+ADDED_COLUMNS = (  # (table, column, declaration) added since the first release
+    ("log", "client", "TEXT"),
+    ("log", "meta", "BLOB"),
+    ("feed", "cropped", "INTEGER NOT NULL DEFAULT 0"),
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS log (
     offset INTEGER PRIMARY KEY AUTOINCREMENT,
     kind INTEGER NOT NULL,
     sub_id TEXT,
-    body BLOB
+    body BLOB,
+    client TEXT,  -- who logged it: the publisher of a publication, the owner of a subscription
+    meta BLOB
 );
 CREATE TABLE IF NOT EXISTS subscriptions (
     sub_id TEXT NOT NULL,
@@ -72,7 +82,18 @@ CREATE TABLE IF NOT EXISTS feed (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     pairs BLOB NOT NULL,
     first INTEGER NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    cropped INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS copies (  -- cropped copies, for the few matches that deliver one
+    sub_no INTEGER NOT NULL,
+    pub INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    PRIMARY KEY (sub_no, pub)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS registry (
+    offset INTEGER PRIMARY KEY,
+    body BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS cursors (
     sub_id TEXT PRIMARY KEY,
@@ -93,7 +114,11 @@ class SqliteStore(EventStore):
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
-        self._db().executescript(SCHEMA)
+        db = self._db()
+        db.executescript(SCHEMA)
+        for table, column, declaration in ADDED_COLUMNS:  # stores written before the column existed
+            if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -111,12 +136,31 @@ class SqliteStore(EventStore):
         return _Transaction(self._db(), write)
 
     # --- gateway side -------------------------------------------------------------------------
-    def append_publications(self, bodies: list[bytes]) -> list[int]:
+    def append_publications(self, publications: list[Publication]) -> list[int]:
         with self._tx() as db:
-            db.executemany("INSERT INTO log(kind, body) VALUES (?, ?)", [(KIND_PUBLICATION, b) for b in bodies])
+            db.executemany(
+                f"INSERT INTO log(kind, body, client, meta) VALUES ({KIND_PUBLICATION}, ?, ?, ?)", publications
+            )
             last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
         # One writer holds the lock for the whole transaction, so the rows got consecutive offsets.
-        return list(range(last - len(bodies) + 1, last + 1))
+        return list(range(last - len(publications) + 1, last + 1))
+
+    def put_registry(self, body: bytes) -> int:
+        with self._tx() as db:
+            offset = db.execute("INSERT INTO log(kind, body) VALUES (?, ?)", (KIND_REGISTRY, body)).lastrowid
+            db.execute("INSERT INTO registry(offset, body) VALUES (?, ?)", (offset, body))
+        return offset  # type: ignore[return-value]
+
+    def registry_at(self, offset: int | None = None) -> bytes | None:
+        row = (
+            self._db()
+            .execute(
+                "SELECT body FROM registry WHERE offset <= ? ORDER BY offset DESC LIMIT 1",
+                (NEVER if offset is None else offset,),
+            )
+            .fetchone()
+        )
+        return row[0] if row else None
 
     def put_subscription(self, sub_id: str, owner: str, body: bytes) -> int:
         with self._tx() as db:
@@ -124,7 +168,7 @@ class SqliteStore(EventStore):
             if current is not None and current != owner:
                 raise NotOwner(sub_id)
             offset = db.execute(
-                "INSERT INTO log(kind, sub_id, body) VALUES (?, ?, ?)", (KIND_SUBSCRIBE, sub_id, body)
+                "INSERT INTO log(kind, sub_id, body, client) VALUES (?, ?, ?, ?)", (KIND_SUBSCRIBE, sub_id, body, owner)
             ).lastrowid
             db.execute("UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id))
             db.execute(
@@ -161,19 +205,35 @@ class SqliteStore(EventStore):
         return row[0] if row else None
 
     def feed_since(self, seq: int, limit: int) -> list[FeedEntry]:
-        rows = self._db().execute("SELECT seq, pairs FROM feed WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit))
-        return [_unpack(entry_seq, pairs) for entry_seq, pairs in rows]
+        rows = self._db().execute(
+            "SELECT seq, pairs, cropped FROM feed WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)
+        )
+        return [_unpack(entry_seq, pairs, bool(cropped)) for entry_seq, pairs, cropped in rows]
 
-    def bodies(self, pubs: np.ndarray) -> dict[int, bytes]:
+    def bodies(self, pubs: np.ndarray) -> dict[int, tuple[bytes, bytes]]:
         return self._bodies(self._db(), pubs)
 
     @staticmethod
-    def _bodies(db: sqlite3.Connection, pubs: np.ndarray) -> dict[int, bytes]:
+    def _bodies(db: sqlite3.Connection, pubs: np.ndarray) -> dict[int, tuple[bytes, bytes]]:
         rows = db.execute(
-            "SELECT offset, body FROM log WHERE offset IN (SELECT value FROM json_each(?))",
+            "SELECT offset, body, COALESCE(meta, x'') FROM log WHERE offset IN (SELECT value FROM json_each(?))",
             (orjson.dumps(pubs, option=orjson.OPT_SERIALIZE_NUMPY),),
         )
-        return dict(rows.fetchall())
+        return {offset: (body, meta) for offset, body, meta in rows}
+
+    def copies(self, sub_nos: np.ndarray, pubs: np.ndarray) -> dict[tuple[int, int], bytes]:
+        return self._copies(self._db(), sub_nos, pubs)
+
+    @staticmethod
+    def _copies(db: sqlite3.Connection, sub_nos: np.ndarray, pubs: np.ndarray) -> dict[tuple[int, int], bytes]:
+        if not len(pubs):
+            return {}
+        rows = db.execute(
+            "SELECT c.sub_no, c.pub, c.body FROM copies c JOIN json_each(?) j "
+            "ON c.sub_no = j.value ->> 0 AND c.pub = j.value ->> 1",
+            (orjson.dumps(np.column_stack([sub_nos, pubs]), option=orjson.OPT_SERIALIZE_NUMPY),),
+        )
+        return {(sub_no, pub): body for sub_no, pub, body in rows}
 
     def backlog(self, sub_id: str, after_pub: int, limit: int) -> tuple[list[Delivery], int]:
         with self._tx(write=False) as db:
@@ -187,16 +247,22 @@ class SqliteStore(EventStore):
                 return [], watermark
             number, floor = live[0], max(after_pub, live[1])
             rows = db.execute(
-                "SELECT d.pub, l.body FROM deliveries d JOIN log l ON l.offset = d.pub "
+                "SELECT d.pub, COALESCE(c.body, l.body), "
+                "CASE WHEN c.body IS NULL THEN COALESCE(l.meta, x'') ELSE ? END "
+                "FROM deliveries d JOIN log l ON l.offset = d.pub "
+                "LEFT JOIN copies c ON c.sub_no = d.sub_no AND c.pub = d.pub "
                 "WHERE d.sub_no = ? AND d.pub > ? ORDER BY d.pub LIMIT ?",
-                (number, floor, limit),
+                (CROPPED_META, number, floor, limit),
             ).fetchall()
             if len(rows) < limit:
                 floor = rows[-1][0] if rows else floor
                 pubs = self._unspilled(db, number, floor, watermark, limit - len(rows))
                 if len(pubs):
                     bodies = self._bodies(db, pubs)
-                    rows.extend((pub, bodies[pub]) for pub in pubs.tolist())
+                    copies = self._copies(db, np.full(len(pubs), number, np.int64), pubs)
+                    for pub in pubs.tolist():
+                        copy = copies.get((number, pub))
+                        rows.append((pub, *bodies[pub]) if copy is None else (pub, copy, CROPPED_META))
         return rows, watermark
 
     def _unspilled(self, db: sqlite3.Connection, number: int, floor: int, upto_seq: int, limit: int) -> np.ndarray:
@@ -240,23 +306,24 @@ class SqliteStore(EventStore):
     # --- pipeline side ------------------------------------------------------------------------
     def log_range(self, start: int, end: int) -> list[LogEntry]:
         rows = self._db().execute(
-            "SELECT offset, kind, sub_id, body FROM log WHERE offset > ? AND offset <= ? ORDER BY offset",
+            "SELECT offset, kind, sub_id, body, client FROM log WHERE offset > ? AND offset <= ? ORDER BY offset",
             (start, end),
         )
         return [LogEntry(*row) for row in rows]
 
-    def subscriptions_at(self, offset: int) -> list[tuple[str, int, bytes]]:
+    def subscriptions_at(self, offset: int) -> list[tuple[str, int, str, bytes]]:
         return (
             self._db()
             .execute(
-                "SELECT s.sub_id, n.no, s.body FROM subscriptions s JOIN subscription_numbers n USING (sub_id) "
+                "SELECT s.sub_id, n.no, s.owner, s.body FROM subscriptions s "
+                "JOIN subscription_numbers n USING (sub_id) "
                 "WHERE s.created <= ?1 AND (s.deleted IS NULL OR s.deleted > ?1)",
                 (offset,),
             )
             .fetchall()
         )
 
-    def subscription_changes(self, after: int, upto: int) -> tuple[list[str], list[tuple[str, int, bytes]]]:
+    def subscription_changes(self, after: int, upto: int) -> tuple[list[str], list[tuple[str, int, str, bytes]]]:
         with self._tx(write=False) as db:
             dropped = [
                 row[0]
@@ -265,28 +332,39 @@ class SqliteStore(EventStore):
                 )
             ]
             added = db.execute(
-                "SELECT s.sub_id, n.no, s.body FROM subscriptions s JOIN subscription_numbers n USING (sub_id) "
+                "SELECT s.sub_id, n.no, s.owner, s.body FROM subscriptions s "
+                "JOIN subscription_numbers n USING (sub_id) "
                 "WHERE s.created > ?1 AND s.created <= ?2 AND (s.deleted IS NULL OR s.deleted > ?2) "
                 "ORDER BY s.created",
                 (after, upto),
             ).fetchall()
         return dropped, added
 
-    def record_deliveries(self, batch_id: int, sub_nos: np.ndarray, pubs: np.ndarray, processed: int) -> None:
+    def record_deliveries(
+        self,
+        batch_id: int,
+        sub_nos: np.ndarray,
+        pubs: np.ndarray,
+        processed: int,
+        copies: list[tuple[int, int, bytes]] = (),  # type: ignore[assignment]
+    ) -> None:
         sub_nos = np.asarray(sub_nos, np.int64)
         pubs = np.asarray(pubs, np.int64)
         now = time.time()
         with self._tx() as db:
             # matches of publications at or below the processed offset were recorded by an earlier
             # run of this batch: a replay adds only what is new
-            fresh = pubs > db.execute(f"SELECT {PROCESSED}").fetchone()[0]
+            done = db.execute(f"SELECT {PROCESSED}").fetchone()[0]
+            fresh = pubs > done
             sub_nos, pubs = sub_nos[fresh], pubs[fresh]
+            copies = [copy for copy in copies if copy[1] > done]
             if len(pubs):
                 order = np.lexsort((pubs, sub_nos))
                 db.execute(
-                    "INSERT INTO feed(pairs, first, created) VALUES (?, ?, ?)",
-                    (sub_nos[order].tobytes() + pubs[order].tobytes(), int(pubs.min()), now),
+                    "INSERT INTO feed(pairs, first, created, cropped) VALUES (?, ?, ?, ?)",
+                    (sub_nos[order].tobytes() + pubs[order].tobytes(), int(pubs.min()), now, bool(copies)),
                 )
+                db.executemany("INSERT OR REPLACE INTO copies(sub_no, pub, body) VALUES (?, ?, ?)", copies)
             db.executemany(
                 "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) "
                 "ON CONFLICT(name) DO UPDATE SET value = MAX(value, excluded.value), updated = excluded.updated",
@@ -338,6 +416,7 @@ class SqliteStore(EventStore):
                 "ORDER BY offset LIMIT ?)",
                 (KIND_PUBLICATION, horizon, limit),
             ).rowcount
+            published += db.execute("DELETE FROM copies WHERE pub <= ?", (horizon,)).rowcount
         return spilled + consumed + fed + published
 
     def _spill(self, db: sqlite3.Connection, upto: int, before: float, limit: int) -> int:
@@ -408,10 +487,10 @@ class SqliteStore(EventStore):
         self._local = threading.local()
 
 
-def _unpack(seq: int, pairs: bytes) -> FeedEntry:
+def _unpack(seq: int, pairs: bytes, cropped: bool = False) -> FeedEntry:
     both = np.frombuffer(pairs, np.int64)
     half = len(both) // 2
-    return FeedEntry(seq, both[:half], both[half:])
+    return FeedEntry(seq, both[:half], both[half:], cropped)
 
 
 def _live_owner(db: sqlite3.Connection, sub_id: str) -> str | None:

@@ -1,0 +1,145 @@
+"""The authorize stage (SPEC §1 step 3, §6), inside the match task, on the pairs matching produced.
+
+Rules, policies and cropping rules are content filters, so each kind is filed in a subscription
+index of its own and matched against the same batch of publications: a batch costs three index
+calls, and the per-pair work is numpy set membership on (publication, user) keys. Only the rare
+pairs that get a cropped copy cost Python per pair. `security.authorization.decide` states the same
+semantics one pair at a time; the tests hold the two to each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from veil.matching import SubscriptionIndex
+from veil.security.authorization import crop
+from veil.security.registry import ANYONE, Registry
+
+_users: dict[str, int] = {}  # user ids (subscribers and publishers) as numbers, for this worker's life
+EVERYONE = -2  # the number a rule for "*" is filed under
+
+
+def user_number(user: str) -> int:
+    number = _users.get(user)
+    if number is None:
+        number = _users[user] = len(_users)
+    return number
+
+
+class _Targets:
+    """Per filed entry (policy or cropping rule): its publisher and the users it names, as flat numpy
+    arrays that a batch of (publication, entry) hits expands into (publication, user) keys."""
+
+    def __init__(self) -> None:
+        self.publishers: list[int] = []
+        self.open: list[bool] = []
+        self.starts: list[int] = []
+        self.lengths: list[int] = []
+        self.users: list[int] = []
+
+    def add(self, publisher: str, users: Sequence[str], open_to_all: bool = False) -> int:
+        self.publishers.append(user_number(publisher))
+        self.open.append(open_to_all)
+        self.starts.append(len(self.users))
+        self.lengths.append(len(users))
+        self.users.extend(sorted(user_number(u) for u in users))
+        return len(self.publishers) - 1
+
+    def freeze(self) -> None:
+        self.publisher_of = np.array(self.publishers, np.int64)
+        self.open_of = np.array(self.open, bool)
+        self.start_of = np.array(self.starts, np.int64)
+        self.length_of = np.array(self.lengths, np.int64)
+        self.user_of = np.array(self.users, np.int64)
+
+    def hits(self, index: SubscriptionIndex, documents: Sequence[dict], publishers: np.ndarray):
+        """(publication, entry) pairs of entries that match a publication of their own publisher."""
+        pubs, slots = index.match_pairs(documents)
+        entries = index.numbers(slots)
+        own = self.publisher_of[entries] == publishers[pubs]
+        return pubs[own], entries[own]
+
+    def keys(self, pubs: np.ndarray, entries: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """The (publication, user) keys the hits name, and the entry each key came from."""
+        lengths = self.length_of[entries]
+        total = int(lengths.sum())
+        offsets = np.cumsum(lengths) - lengths
+        picks = np.repeat(self.start_of[entries] - offsets, lengths) + np.arange(total)
+        return np.repeat(pubs, lengths) * width + self.user_of[picks], np.repeat(entries, lengths)
+
+
+class Authorizer:
+    """One registry version, compiled for batches."""
+
+    def __init__(self, registry: Registry, with_authorization: bool) -> None:
+        self.with_authorization = with_authorization
+        self._rules = SubscriptionIndex()
+        for user, rules in registry.rules.items():
+            number = EVERYONE if user == ANYONE else user_number(user)
+            for i, rule in enumerate(rules):
+                self._rules.add(f"{i}\x00{user}", rule, number)
+        self._policies = SubscriptionIndex()
+        self._policy = _Targets()
+        for publisher, policies in registry.policies.items():
+            for policy in policies:
+                members = registry.members.get(policy.group, frozenset())
+                entry = self._policy.add(publisher, sorted(members), open_to_all=policy.group == ANYONE)
+                self._policies.add(str(entry), policy.data, entry)
+        self._policy.freeze()
+        self._crops = SubscriptionIndex()
+        self._crop = _Targets()
+        self._fields: list[tuple[str, ...]] = []
+        for publisher, crops in registry.cropping.items():
+            for rule in crops:
+                named = set(rule.users).union(*(registry.members.get(g, frozenset()) for g in rule.groups))
+                entry = self._crop.add(publisher, sorted(named))
+                self._crops.add(str(entry), rule.data, entry)
+                self._fields.append(rule.fields)
+        self._crop.freeze()
+
+    @property
+    def passes_everything(self) -> bool:
+        return not self.with_authorization and not len(self._policies) and not len(self._crops)
+
+    def filter(
+        self,
+        documents: Sequence[dict],
+        bodies: Sequence[bytes],
+        publishers: Sequence[str],
+        pubs: np.ndarray,
+        owners: np.ndarray,
+    ) -> tuple[np.ndarray, list[tuple[int, bytes]]]:
+        """Which (publication position, subscriber number) pairs may be delivered, and the cropped
+        copies (pair position, bytes) some of them get instead of the publication."""
+        keep = np.ones(len(pubs), bool)
+        if not len(pubs) or self.passes_everything:
+            return keep, []
+        width = len(_users) + 1
+        keys = pubs * width + owners
+        if self.with_authorization:
+            rule_pubs, slots = self._rules.match_pairs(documents)
+            rule_users = self._rules.numbers(slots)
+            anyone = rule_users == EVERYONE
+            open_pubs = np.zeros(len(documents), bool)
+            open_pubs[rule_pubs[anyone]] = True
+            allowed = rule_pubs[~anyone] * width + rule_users[~anyone]
+            keep &= open_pubs[pubs] | np.isin(keys, allowed)
+        publisher_numbers = np.array([user_number(p) for p in publishers], np.int64)
+        if len(self._policies):
+            hit_pubs, entries = self._policy.hits(self._policies, documents, publisher_numbers)
+            restricted = np.zeros(len(documents), bool)
+            restricted[hit_pubs] = True
+            open_pubs = np.zeros(len(documents), bool)
+            open_pubs[hit_pubs[self._policy.open_of[entries]]] = True
+            members, _ = self._policy.keys(hit_pubs, entries, width)
+            keep &= ~restricted[pubs] | open_pubs[pubs] | np.isin(keys, members)
+        copies: list[tuple[int, bytes]] = []
+        if len(self._crops):
+            hit_pubs, entries = self._crop.hits(self._crops, documents, publisher_numbers)
+            named, named_entries = self._crop.keys(hit_pubs, entries, width)
+            for pair in np.flatnonzero(keep & np.isin(keys, named)).tolist():
+                fields = {f for entry in named_entries[named == keys[pair]].tolist() for f in self._fields[entry]}
+                copies.append((pair, crop(bodies[int(pubs[pair])], sorted(fields))))
+        return keep, copies

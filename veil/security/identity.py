@@ -1,0 +1,136 @@
+"""Who a client is (SPEC §3), the same way on REST, TCP delivery and WebSocket.
+
+An identity is proved by a client certificate under mutual TLS (its SHA-256 fingerprint), by a
+bearer token an identity provider signed (its subject), or, where the operator allows it for
+development, by a static hash: one listed in the registry (`hash`), or any at all (`any-hash`, the
+SELIS server's behaviour). Whatever else a request claims (the authHash of the SELIS protocol) must
+agree with what was proved. Without any credentials a client is anonymous, if the operator allows
+that, and refused otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jwt
+
+from veil.protocol import ProtocolError
+from veil.security.registry import ANONYMOUS, Registry
+
+METHODS = ("certificate", "token", "hash", "any-hash")
+TOKEN_ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "ES512", "EdDSA"]
+LEEWAY = 30  # seconds of clock skew tolerated on exp / nbf
+
+
+@dataclass(frozen=True)
+class Credentials:
+    fingerprint: str | None = None  # of a verified client certificate
+    token: str | None = None  # bearer token
+    claimed: str | None = None  # the authHash the request names
+
+
+class TokenVerifier:
+    """Verifies bearer tokens against the identity provider's public keys (a JWKS file or URL):
+    signature, expiry, and the issuer and audience when configured."""
+
+    def __init__(self, jwks: str, issuer: str | None = None, audience: str | None = None) -> None:
+        self.issuer = issuer
+        self.audience = audience
+        self._client: jwt.PyJWKClient | None = None
+        self._keys: jwt.PyJWKSet | None = None
+        if jwks.startswith(("https://", "http://")):
+            self._client = jwt.PyJWKClient(jwks, cache_jwk_set=True, lifespan=300)
+        else:
+            try:
+                with open(jwks, encoding="utf-8") as handle:
+                    self._keys = jwt.PyJWKSet.from_dict(json.load(handle))
+            except (OSError, ValueError, jwt.PyJWKError, jwt.PyJWKSetError) as exc:
+                raise ValueError(f"--jwks {jwks}: {exc}") from None
+
+    def subject(self, token: str) -> str:
+        try:
+            key = self._key(token)
+            claims = jwt.decode(
+                token,
+                key,
+                algorithms=TOKEN_ALGORITHMS,
+                audience=self.audience,
+                issuer=self.issuer,
+                leeway=LEEWAY,
+                options={"require": ["exp", "sub"], "verify_aud": self.audience is not None},
+            )
+        except jwt.ExpiredSignatureError:
+            raise ProtocolError("token", "expired", 401) from None
+        except jwt.InvalidAudienceError:
+            raise ProtocolError("token", f"not issued for this broker (audience {self.audience!r})", 401) from None
+        except jwt.InvalidIssuerError:
+            raise ProtocolError("token", f"not issued by {self.issuer!r}", 401) from None
+        except jwt.InvalidSignatureError:
+            raise ProtocolError("token", "signature does not verify", 401) from None
+        except jwt.PyJWTError as exc:
+            raise ProtocolError("token", f"invalid: {exc}", 401) from None
+        subject = claims["sub"]
+        if not isinstance(subject, str) or not subject:
+            raise ProtocolError("token", "its subject is not a non-empty string", 401)
+        return subject
+
+    def _key(self, token: str) -> jwt.PyJWK:
+        if self._client is not None:
+            return self._client.get_signing_key_from_jwt(token)
+        assert self._keys is not None
+        kid = jwt.get_unverified_header(token).get("kid")
+        keys = list(self._keys)
+        if kid is None and len(keys) == 1:
+            return keys[0]
+        for key in keys:
+            if key.key_id == kid:
+                return key
+        raise jwt.InvalidTokenError(f"no key {kid!r} in the identity provider's key set")
+
+
+class Authenticator:
+    def __init__(
+        self,
+        methods: frozenset[str],
+        anonymous: bool,
+        tokens: TokenVerifier | None,
+        registry: Callable[[], Registry],
+    ) -> None:
+        self.methods = methods
+        self.anonymous = anonymous
+        self.tokens = tokens
+        self._registry = registry
+
+    def identify(self, credentials: Credentials) -> str:
+        """The identity the credentials prove; ProtocolError (401, or 403 for a contradiction)."""
+        identity = None
+        if credentials.fingerprint is not None and "certificate" in self.methods:
+            identity = credentials.fingerprint
+        if credentials.token is not None:
+            if "token" not in self.methods or self.tokens is None:
+                raise ProtocolError("token", "bearer tokens are not accepted by this broker", 401)
+            subject = self.tokens.subject(credentials.token)
+            if identity is not None and subject != identity:
+                raise ProtocolError("token", "its subject is not the client certificate's identity", 403)
+            identity = subject
+        claimed = credentials.claimed
+        if claimed is not None:
+            if identity is not None:
+                if claimed != identity:
+                    proof = "bearer token" if credentials.token is not None else "client certificate"
+                    raise ProtocolError("authHash", f"does not match the {proof}", 403)
+            elif "any-hash" in self.methods or ("hash" in self.methods and self._registry().knows(claimed)):
+                identity = claimed
+            elif "hash" in self.methods:
+                raise ProtocolError("authHash", "not a static hash the registry lists", 401)
+            else:
+                raise ProtocolError(
+                    "authHash", "static hashes are not accepted: use a client certificate or a bearer token", 401
+                )
+        if identity is not None:
+            return identity
+        if self.anonymous:
+            return ANONYMOUS
+        raise ProtocolError("authHash", "authentication required (client certificate, bearer token or authHash)", 401)

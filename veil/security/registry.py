@@ -1,0 +1,222 @@
+"""The registry of SPEC §6: users, groups, authorization rules, publishers' subscription policies,
+cropping rules and publishers' signing keys, as one validated, immutable document.
+
+The registry travels through the event log like a subscription change, so the pipeline applies the
+version that was current when a publication was logged; the gateway keeps the newest one for
+authentication and signature checks. Every mistake in a document is a ProtocolError naming the
+offending field, whether the document came from a file at start or from the admin API.
+
+    admins: [root]                          # who may change the registry at runtime
+    users: {alice: {groups: [A]}}           # user ids: certificate fingerprints, token subjects, hashes
+    groups: {A: [bob]}                      # members may also be listed per group
+    rules:                                  # user or "*" (anyone) -> rules; a rule is a conjunction,
+      alice: [[{key: country, val: FR, op: eq}]]   # several rules a disjunction; [] allows everything
+    policies:                               # publisher -> publications matching `data` reach only
+      truckco: [{data: [{key: id, val: truck-bcd, op: eq}], group: A}]   # the group ("*" = anyone)
+    cropping:                               # publisher -> fields removed from the copy for users/groups
+      salesco: [{data: [{key: _type, val: sale_statistics, op: eq}], fields: [amount], groups: [A]}]
+    keys: {truckco: {k1: <base64 Ed25519 public key>}}
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from veil.matching import Predicate
+from veil.protocol import ProtocolError
+from veil.protocol.subscriptions import parse_predicate
+
+ANYONE = "*"
+ANONYMOUS = ""  # the identity of a client without credentials, where the operator allows them
+SECTIONS = ("admins", "users", "groups", "rules", "policies", "cropping", "keys")
+MAX_ID = 256
+
+
+@dataclass(frozen=True)
+class Policy:
+    data: tuple[Predicate, ...]
+    group: str
+
+
+@dataclass(frozen=True)
+class Crop:
+    data: tuple[Predicate, ...]
+    fields: tuple[str, ...]
+    users: frozenset[str]
+    groups: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Registry:
+    admins: frozenset[str] = frozenset()
+    users: frozenset[str] = frozenset()
+    members: dict[str, frozenset[str]] = field(default_factory=dict)  # group -> user ids
+    rules: dict[str, tuple[tuple[Predicate, ...], ...]] = field(default_factory=dict)
+    policies: dict[str, tuple[Policy, ...]] = field(default_factory=dict)
+    cropping: dict[str, tuple[Crop, ...]] = field(default_factory=dict)
+    keys: dict[str, dict[str, bytes]] = field(default_factory=dict)  # publisher -> key id -> raw key
+    document: dict[str, Any] = field(default_factory=dict)  # as given, for persistence and the admin API
+
+    def groups_of(self, user: str) -> frozenset[str]:
+        return frozenset(group for group, members in self.members.items() if user in members)
+
+    def rules_of(self, user: str) -> tuple[tuple[Predicate, ...], ...]:
+        return self.rules.get(user, ()) + (self.rules.get(ANYONE, ()) if user != ANYONE else ())
+
+    def knows(self, user: str) -> bool:
+        """Whether a static hash may act as `user` (development identities, SPEC §3)."""
+        return user in self.users
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.document, sort_keys=True, separators=(",", ":")).encode()
+
+
+def parse_registry(doc: object) -> Registry:
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ProtocolError("registry", f"an object with sections {list(SECTIONS)}")
+    unknown = sorted(set(doc) - set(SECTIONS))
+    if unknown:
+        raise ProtocolError(unknown[0], f"unknown registry section; use {list(SECTIONS)}")
+    admins = frozenset(_ids(doc.get("admins", []), "admins"))
+    users_doc = _mapping(doc.get("users", {}), "users")
+    members: dict[str, set[str]] = {}
+    for user, entry in users_doc.items():
+        _id(user, f"users.{user}")
+        entry = _mapping(entry if entry is not None else {}, f"users.{user}")
+        extra = sorted(set(entry) - {"groups"})
+        if extra:
+            raise ProtocolError(f"users.{user}.{extra[0]}", "unknown field; a user has only groups")
+        for group in _ids(entry.get("groups", []), f"users.{user}.groups"):
+            members.setdefault(group, set()).add(user)
+    for group, listed in _mapping(doc.get("groups", {}), "groups").items():
+        _id(group, f"groups.{group}")
+        if group == ANYONE:
+            raise ProtocolError(f"groups.{group}", '"*" means anyone and cannot be a group')
+        members.setdefault(group, set()).update(_ids(listed, f"groups.{group}"))
+    rules = {
+        user: tuple(_constraints(rule, f"rules.{user}[{i}]") for i, rule in enumerate(_list(listed, f"rules.{user}")))
+        for user, listed in _mapping(doc.get("rules", {}), "rules").items()
+    }
+    policies = {
+        publisher: tuple(
+            _policy(p, f"policies.{publisher}[{i}]") for i, p in enumerate(_list(listed, f"policies.{publisher}"))
+        )
+        for publisher, listed in _mapping(doc.get("policies", {}), "policies").items()
+    }
+    cropping = {
+        publisher: tuple(
+            _crop(c, f"cropping.{publisher}[{i}]") for i, c in enumerate(_list(listed, f"cropping.{publisher}"))
+        )
+        for publisher, listed in _mapping(doc.get("cropping", {}), "cropping").items()
+    }
+    keys = {
+        publisher: {
+            _id(key_id, f"keys.{publisher}.{key_id}"): _public_key(raw, f"keys.{publisher}.{key_id}")
+            for key_id, raw in _mapping(listed, f"keys.{publisher}").items()
+        }
+        for publisher, listed in _mapping(doc.get("keys", {}), "keys").items()
+    }
+    users = set(users_doc) | {u for group in members.values() for u in group} | admins
+    return Registry(
+        admins=admins,
+        users=frozenset(users - {ANYONE}),
+        members={group: frozenset(m) for group, m in members.items()},
+        rules=rules,
+        policies=policies,
+        cropping=cropping,
+        keys=keys,
+        document=doc,
+    )
+
+
+def load_registry_file(path: str) -> Registry:
+    """A registry from a YAML or JSON file; ValueError naming the file and the field otherwise."""
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read()
+        if os.path.splitext(path)[1].lower() == ".json":
+            doc = json.loads(text)
+        else:
+            import yaml
+
+            doc = yaml.safe_load(text)
+        return parse_registry(doc)
+    except ProtocolError as exc:
+        raise ValueError(f"--registry {path}: {exc.field}: {exc.problem}") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--registry {path}: {exc}") from None
+    except Exception as exc:  # a YAML syntax error
+        raise ValueError(f"--registry {path}: {exc}") from None
+
+
+def _policy(doc: object, where: str) -> Policy:
+    entry = _mapping(doc, where)
+    _only(entry, {"data", "group"}, where)
+    group = entry.get("group")
+    if not isinstance(group, str) or not group:
+        raise ProtocolError(f"{where}.group", 'missing: a group name, or "*" for anyone')
+    return Policy(_constraints(entry.get("data"), f"{where}.data"), group)
+
+
+def _crop(doc: object, where: str) -> Crop:
+    entry = _mapping(doc, where)
+    _only(entry, {"data", "fields", "users", "groups"}, where)
+    fields = _ids(entry.get("fields"), f"{where}.fields")
+    if not fields:
+        raise ProtocolError(f"{where}.fields", "name at least one field to remove")
+    users = frozenset(_ids(entry.get("users", []), f"{where}.users"))
+    groups = frozenset(_ids(entry.get("groups", []), f"{where}.groups"))
+    if not users and not groups:
+        raise ProtocolError(where, "name the users or groups whose copy is cropped")
+    return Crop(_constraints(entry.get("data", []), f"{where}.data"), tuple(fields), users, groups)
+
+
+def _constraints(doc: object, where: str) -> tuple[Predicate, ...]:
+    if not isinstance(doc, list):
+        raise ProtocolError(where, "a list of constraints {key, val, type, op} ([] = everything)")
+    return tuple(Predicate(*parse_predicate(item, f"{where}[{i}]")) for i, item in enumerate(doc))
+
+
+def _public_key(raw: object, where: str) -> bytes:
+    try:
+        key = base64.b64decode(raw, validate=True) if isinstance(raw, str) else b""
+    except (binascii.Error, ValueError):
+        key = b""
+    if len(key) != 32:
+        raise ProtocolError(where, "a base64 Ed25519 public key (32 bytes)")
+    return key
+
+
+def _only(entry: dict, allowed: set[str], where: str) -> None:
+    extra = sorted(set(entry) - allowed)
+    if extra:
+        raise ProtocolError(f"{where}.{extra[0]}", f"unknown field; use {sorted(allowed)}")
+
+
+def _mapping(doc: object, where: str) -> dict:
+    if not isinstance(doc, dict):
+        raise ProtocolError(where, "an object")
+    return doc
+
+
+def _list(doc: object, where: str) -> list:
+    if not isinstance(doc, list):
+        raise ProtocolError(where, "a list")
+    return doc
+
+
+def _ids(doc: object, where: str) -> list[str]:
+    return [_id(item, f"{where}[{i}]") for i, item in enumerate(_list(doc, where))]
+
+
+def _id(value: object, where: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_ID:
+        raise ProtocolError(where, f"a non-empty string of at most {MAX_ID} characters")
+    return value
