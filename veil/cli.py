@@ -20,7 +20,8 @@ EXPRESSION_OPS = {">=": "ge", "<=": "le", "!=": "ne", "==": "eq", "=": "eq", ">"
 
 def _client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=os.environ.get("VEIL_URL", "http://127.0.0.1:20000"), help="REST base URL")
-    parser.add_argument("--auth-hash", default=os.environ.get("VEIL_AUTH_HASH"), help="your authHash")
+    parser.add_argument("--auth-hash", default=os.environ.get("VEIL_AUTH_HASH"), help="your authHash (static)")
+    parser.add_argument("--token", default=os.environ.get("VEIL_TOKEN"), help="bearer token of your identity provider")
     parser.add_argument("--ca", help="CA file to verify the broker (https)")
     parser.add_argument("--cert", help="client certificate (mutual TLS)")
     parser.add_argument("--key", help="private key of the client certificate")
@@ -29,7 +30,9 @@ def _client_arguments(parser: argparse.ArgumentParser) -> None:
 def _client(args: argparse.Namespace):
     from veil.client import VeilClient
 
-    return VeilClient(args.url, auth_hash=args.auth_hash, ca_file=args.ca, cert_file=args.cert, key_file=args.key)
+    return VeilClient(
+        args.url, auth_hash=args.auth_hash, token=args.token, ca_file=args.ca, cert_file=args.cert, key_file=args.key
+    )
 
 
 def parse_constraint(text: str) -> dict[str, Any]:

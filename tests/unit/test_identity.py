@@ -1,0 +1,67 @@
+"""Which proofs of identity a broker accepts, and what a request may claim beside them."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from veil.protocol import ProtocolError
+from veil.security.identity import Authenticator, Credentials, TokenVerifier
+from veil.security.registry import ANONYMOUS, parse_registry
+
+REGISTRY = parse_registry({"users": {"dev": {}}})
+
+
+def authenticator(methods: str, anonymous: bool = False, tokens: TokenVerifier | None = None) -> Authenticator:
+    return Authenticator(frozenset(methods.split(",")), anonymous, tokens, lambda: REGISTRY)
+
+
+def refused(auth: Authenticator, credentials: Credentials) -> ProtocolError:
+    with pytest.raises(ProtocolError) as error:
+        auth.identify(credentials)
+    return error.value
+
+
+def test_static_hashes_only_where_allowed():
+    assert authenticator("hash").identify(Credentials(claimed="dev")) == "dev"
+    assert refused(authenticator("hash"), Credentials(claimed="stranger")).status == 401
+    assert authenticator("any-hash").identify(Credentials(claimed="stranger")) == "stranger"
+    assert refused(authenticator("certificate,token"), Credentials(claimed="dev")).field == "authHash"
+
+
+def test_a_claim_must_agree_with_the_certificate():
+    auth = authenticator("certificate,any-hash")
+    assert auth.identify(Credentials(fingerprint="fp", claimed="fp")) == "fp"
+    assert auth.identify(Credentials(fingerprint="fp")) == "fp"
+    assert refused(auth, Credentials(fingerprint="fp", claimed="someone")).status == 403
+
+
+def test_anonymous_only_when_configured():
+    assert authenticator("hash", anonymous=True).identify(Credentials()) == ANONYMOUS
+    assert refused(authenticator("hash"), Credentials()).status == 401
+
+
+def test_bearer_tokens(tmp_path):
+    key = ed25519.Ed25519PrivateKey.generate()
+    jwk = json.loads(jwt.algorithms.OKPAlgorithm.to_jwk(key.public_key()))
+    (tmp_path / "jwks.json").write_text(json.dumps({"keys": [{**jwk, "kid": "k", "alg": "EdDSA"}]}))
+    tokens = TokenVerifier(str(tmp_path / "jwks.json"), issuer="idp", audience="veil")
+
+    def token(**claims: object) -> str:
+        base = {"sub": "alice", "iss": "idp", "aud": "veil", "exp": int(time.time()) + 60}
+        return jwt.encode({**base, **claims}, key, algorithm="EdDSA", headers={"kid": "k"})
+
+    auth = authenticator("token", tokens=tokens)
+    assert auth.identify(Credentials(token=token())) == "alice"
+    assert auth.identify(Credentials(token=token(), claimed="alice")) == "alice"
+    assert refused(auth, Credentials(token=token(), claimed="bob")).status == 403
+    assert "expired" in refused(auth, Credentials(token=token(exp=int(time.time()) - 100))).problem
+    assert "audience" in refused(auth, Credentials(token=token(aud="other"))).problem
+    assert refused(auth, Credentials(token=jwt.encode({"sub": "x"}, key, algorithm="EdDSA"))).field == "token"
+    assert refused(authenticator("hash"), Credentials(token=token())).field == "token"
+    with pytest.raises(ValueError, match="--jwks"):
+        TokenVerifier(str(tmp_path / "missing.json"))
