@@ -79,7 +79,7 @@ def publications(draw: st.DrawFn) -> tuple[str, dict]:
 )
 def test_pipeline_delivers_exactly_what_the_oracle_allows(registry_doc, with_authorization, subscriptions, published):
     registry = parse_registry(registry_doc)
-    state = _State(registry, with_authorization)
+    state = _State(orjson.dumps(registry_doc), with_authorization)
     for number, (owner, data) in enumerate(subscriptions):
         state.add(f"s{number}", number, owner, orjson.dumps([[c["key"], c["op"], c["val"]] for c in data]))
     run, out = _Run(), _Output()

@@ -47,11 +47,12 @@ def decode_registry(body: bytes | None) -> Registry:
 class _State:
     """What a matcher partition holds: its subscriptions, their owners, the registry in force."""
 
-    def __init__(self, registry: Registry, with_authorization: bool) -> None:
+    def __init__(self, registry_body: bytes | None, with_authorization: bool) -> None:
         self.index = SubscriptionIndex()
         self.owners = np.full(1024, -1, np.int64)  # subscription number -> owner's user number
         self.with_authorization = with_authorization
-        self.authorizer = Authorizer(registry, with_authorization)
+        self.registry_body = registry_body
+        self.authorizer = Authorizer(decode_registry(registry_body), with_authorization)
 
     def add(self, sub_id: str, number: int, owner: str, body: bytes) -> None:
         if number >= len(self.owners):
@@ -62,7 +63,9 @@ class _State:
         self.index.add(sub_id, decode_subscription(body), number)
 
     def set_registry(self, body: bytes | None) -> None:
-        self.authorizer = Authorizer(decode_registry(body), self.with_authorization)
+        if body != self.registry_body:  # compiling a large registry costs: only when it changed
+            self.authorizer = Authorizer(decode_registry(body), self.with_authorization)
+            self.registry_body = body
 
 
 class MatchPartition:
@@ -134,7 +137,7 @@ class MatchPartition:
                 state.index.remove(sub_id)
             state.set_registry(store.registry_at(start))
         else:
-            state = _State(decode_registry(store.registry_at(start)), self.with_authorization)
+            state = _State(store.registry_at(start), self.with_authorization)
             added = store.subscriptions_at(start)
         for sub_id, number, owner, body in added:
             if mine(sub_id):
