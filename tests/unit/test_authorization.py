@@ -157,3 +157,18 @@ def test_registry_mistakes_name_the_field():
 def test_crop_reaches_into_nested_objects():
     body = b'{"a":1,"meta":{"secret":2,"open":3},"b.c":4}'
     assert orjson.loads(crop(body, ["meta.secret", "b.c", "missing.x"])) == {"a": 1, "meta": {"open": 3}}
+
+
+def test_a_late_rule_of_many_still_allows():
+    """Rules are checked chunk by chunk; the one that allows may be in any chunk."""
+    rules = [[{"key": "n", "val": i, "op": "eq"}] for i in range(45)]
+    doc = {"rules": {"u0": rules, "u1": rules[:3]}}
+    state = _State(orjson.dumps(doc), True)
+    state.add("s0", 0, "u0", b"[]")
+    state.add("s1", 1, "u1", b"[]")
+    run, out = _Run(), _Output()
+    for offset, n in enumerate([0, 17, 44, 45], start=1):
+        run.add(offset, orjson.dumps({"n": n}), "p")
+    run.match(state, out)
+    rows = out.take().to_pydict()
+    assert sorted(zip(rows["offset"], rows["sub_no"], strict=True)) == [(1, 0), (1, 1), (2, 0), (3, 0)]

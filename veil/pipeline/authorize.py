@@ -1,7 +1,7 @@
 """The authorize stage (SPEC §1 step 3, §6), inside the match task, on the pairs matching produced.
 
-Rules, policies and cropping rules are content filters, so each kind is filed in a subscription
-index of its own and matched against the same batch of publications: a batch costs three index
+Rules, policies and cropping rules are content filters, so each kind is filed in subscription
+indexes of its own and matched against the same batch of publications: a batch costs a few index
 calls, and the per-pair work is numpy set membership on (publication, user) keys. Only the rare
 pairs that get a cropped copy cost Python per pair. `security.authorization.decide` states the same
 semantics one pair at a time; the tests hold the two to each other.
@@ -19,6 +19,7 @@ from veil.security.registry import ANYONE, Registry
 
 _users: dict[str, int] = {}  # user ids (subscribers and publishers) as numbers, for this worker's life
 EVERYONE = -2  # the number a rule for "*" is filed under
+RULE_CHUNK = 16  # rules per user checked together
 
 
 def user_number(user: str) -> int:
@@ -75,11 +76,15 @@ class Authorizer:
 
     def __init__(self, registry: Registry, with_authorization: bool) -> None:
         self.with_authorization = with_authorization
-        self._rules = SubscriptionIndex()
+        # a user's rules in chunks: a pair stops being checked at the first chunk with a rule that
+        # allows it, so thousands of rules cost a chunk's worth when the first ones allow
+        self._rules: list[SubscriptionIndex] = []
         for user, rules in registry.rules.items():
             number = EVERYONE if user == ANYONE else user_number(user)
             for i, rule in enumerate(rules):
-                self._rules.add(f"{i}\x00{user}", rule, number)
+                if i // RULE_CHUNK == len(self._rules):
+                    self._rules.append(SubscriptionIndex())
+                self._rules[i // RULE_CHUNK].add(f"{i}\x00{user}", rule, number)
         self._policies = SubscriptionIndex()
         self._policy = _Targets()
         for publisher, policies in registry.policies.items():
@@ -103,6 +108,23 @@ class Authorizer:
     def passes_everything(self) -> bool:
         return not self.with_authorization and not len(self._policies) and not len(self._crops)
 
+    def _allowed(self, documents: Sequence[dict], pubs: np.ndarray, keys: np.ndarray, width: int) -> np.ndarray:
+        """Which pairs some rule of the subscriber (or of anyone) allows."""
+        allowed = np.zeros(len(pubs), bool)
+        for index in self._rules:
+            todo = np.flatnonzero(~allowed)
+            if not len(todo):
+                break
+            wanted = np.unique(pubs[todo])
+            rule_pubs, slots = index.match_pairs([documents[i] for i in wanted.tolist()])
+            rule_pubs, users = wanted[rule_pubs], index.numbers(slots)
+            anyone = users == EVERYONE
+            open_pubs = np.zeros(len(documents), bool)
+            open_pubs[rule_pubs[anyone]] = True
+            ok = open_pubs[pubs[todo]] | np.isin(keys[todo], rule_pubs[~anyone] * width + users[~anyone])
+            allowed[todo[ok]] = True
+        return allowed
+
     def filter(
         self,
         documents: Sequence[dict],
@@ -119,13 +141,7 @@ class Authorizer:
         width = len(_users) + 1
         keys = pubs * width + owners
         if self.with_authorization:
-            rule_pubs, slots = self._rules.match_pairs(documents)
-            rule_users = self._rules.numbers(slots)
-            anyone = rule_users == EVERYONE
-            open_pubs = np.zeros(len(documents), bool)
-            open_pubs[rule_pubs[anyone]] = True
-            allowed = rule_pubs[~anyone] * width + rule_users[~anyone]
-            keep &= open_pubs[pubs] | np.isin(keys, allowed)
+            keep = self._allowed(documents, pubs, keys, width)
         publisher_numbers = np.array([user_number(p) for p in publishers], np.int64)
         if len(self._policies):
             hit_pubs, entries = self._policy.hits(self._policies, documents, publisher_numbers)
