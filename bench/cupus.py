@@ -171,7 +171,11 @@ async def main_async(args: argparse.Namespace) -> None:
         subs = Subscriptions(broker.url)
         rows = []
         for n in args.subscriptions:
-            rows.append(await run_case(broker, subs, n, args))
+            try:
+                rows.append(await run_case(broker, subs, n, args))
+            except TimeoutError as exc:  # a step the broker cannot finish: report it and what was measured
+                print(f"{n} subscriptions: not finished ({exc}); rerun with --keep for the broker's log", flush=True)
+                break
             print(rows[-1], flush=True)
     print_rows(rows, args.rate)
     if args.plot:
