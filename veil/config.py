@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import ipaddress
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,10 @@ class Config:
         None, "Spark master (default: local[workers] or local[*])", ("VEIL_SPARK_MASTER", "SPARK_MASTER"), str
     )
     workers: int | None = _opt(None, "Spark task threads in local mode", ("VEIL_WORKERS", "WORKERS"), int)
+    driver_memory: str = _opt(
+        "4g", "Spark driver heap (in local mode also the executors'): a micro-batch's matches pass through it",
+        ("VEIL_DRIVER_MEMORY",),
+    )  # fmt: skip
     partitions: int = _opt(2, "matcher partitions (fixed per deployment)", ("VEIL_PARTITIONS",))
     partition_mode: str = _opt(
         "subscriptions",
@@ -145,6 +150,8 @@ class Config:
             raise ValueError(
                 f"--bind {self.bind}: plain listeners only on loopback; configure --certificate or --allow-plain-remote"
             )
+        if not re.fullmatch(r"[1-9][0-9]*[kmgt]?", self.driver_memory.lower()):
+            raise ValueError(f"--driver-memory: {self.driver_memory!r} is not a size like 4g or 512m")
         if self.partitions < 1:
             raise ValueError("--partitions: at least 1")
         if self.partition_mode not in ("subscriptions", "publications"):

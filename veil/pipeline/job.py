@@ -39,6 +39,7 @@ def build_session(config: Config):
         .config("spark.sql.streaming.minBatchesToRetain", "20")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+        .config("spark.driver.memory", config.driver_memory)
     )
     if config.master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
