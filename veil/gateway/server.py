@@ -9,7 +9,6 @@ import logging
 import signal
 import time
 
-import orjson
 from aiohttp import web
 
 from veil.config import Config
@@ -21,7 +20,7 @@ from veil.gateway.storage import StoreThreads
 from veil.gateway.tcp import start_tcp
 from veil.gateway.websocket import create_ws_app
 from veil.security.identity import Authenticator, TokenVerifier
-from veil.security.registry import Registry, load_registry_file, parse_registry
+from veil.security.registry import Registry, load_registry_file, registry_from_json
 from veil.security.tls import server_context
 from veil.store import open_store
 
@@ -110,7 +109,7 @@ class Broker:
                 return
         stored = await self.threads.read(store.registry_at, None)
         if stored is not None:
-            self.registry = parse_registry(orjson.loads(stored))
+            self.registry = registry_from_json(stored)
 
     async def replace_registry(self, registry: Registry) -> None:
         await self.threads.write(self.threads.store.put_registry, registry.to_json())

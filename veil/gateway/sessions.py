@@ -231,8 +231,9 @@ class DeliveryHub:
                 return
         if entry.cropped:
             copies = await self.threads.read(store.copies, sub_nos, pubs)
-            for (sub_no, pub), copy in copies.items():
-                at = np.flatnonzero((sub_nos == sub_no) & (pubs == pub))
+            for (sub_no, pub), copy in copies.items():  # pairs are sorted by (subscription, publication)
+                low, high = np.searchsorted(sub_nos, [sub_no, sub_no + 1])
+                at = low + int(np.searchsorted(pubs[low:high], pub))
                 bodies[at], metas[at] = copy, CROPPED_META
         cuts = np.flatnonzero(np.diff(sub_nos)) + 1
         for low, high in zip([0, *cuts.tolist()], [*cuts.tolist(), len(sub_nos)], strict=True):

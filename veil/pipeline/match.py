@@ -24,7 +24,7 @@ from veil.pipeline.partition import partition_of
 from veil.pipeline.source import KIND_MARK
 from veil.pipeline.stores import store_for
 from veil.protocol import flatten
-from veil.security.registry import Registry, parse_registry
+from veil.security.registry import registry_from_json
 from veil.store import KIND_PUBLICATION, KIND_REGISTRY, KIND_SUBSCRIBE
 
 MATCH_SCHEMA = "offset LONG, sub_no LONG, copy BINARY"
@@ -40,10 +40,6 @@ def decode_subscription(body: bytes) -> list[Predicate]:
     return [Predicate(*p) for p in orjson.loads(body)]
 
 
-def decode_registry(body: bytes | None) -> Registry:
-    return parse_registry(orjson.loads(body) if body else None)
-
-
 class _State:
     """What a matcher partition holds: its subscriptions, their owners, the registry in force."""
 
@@ -52,7 +48,7 @@ class _State:
         self.owners = np.full(1024, -1, np.int64)  # subscription number -> owner's user number
         self.with_authorization = with_authorization
         self.registry_body = registry_body
-        self.authorizer = Authorizer(decode_registry(registry_body), with_authorization)
+        self.authorizer = Authorizer(registry_from_json(registry_body), with_authorization)
 
     def add(self, sub_id: str, number: int, owner: str, body: bytes) -> None:
         if number >= len(self.owners):
@@ -64,7 +60,7 @@ class _State:
 
     def set_registry(self, body: bytes | None) -> None:
         if body != self.registry_body:  # compiling a large registry costs: only when it changed
-            self.authorizer = Authorizer(decode_registry(body), self.with_authorization)
+            self.authorizer = Authorizer(registry_from_json(body), self.with_authorization)
             self.registry_body = body
 
 
@@ -111,14 +107,14 @@ class MatchPartition:
                     else:
                         state.index.remove(sub_id)  # type: ignore[union-attr]
             if len(out) >= _FLUSH_ROWS:
-                yield out.take()
+                yield from out.take()
         if state is not None and key is not None:
             run.match(state, out)
             _states[key] = (state, end)
             if changed:
                 _settle()
             out.mark(end)
-        yield out.take()
+        yield from out.take()
 
     def _state_at(self, key: tuple[str, int, int], part: int, start: int) -> tuple[_State, bool]:
         """The partition's state as of `start`, and whether it had to be built or caught up."""
@@ -208,7 +204,7 @@ class _Output:
             pa.RecordBatch.from_arrays([offsets, sub_nos, pa.array(bodies, pa.binary())], schema=_OUT_SCHEMA)
         )
 
-    def take(self) -> pa.RecordBatch:
+    def take(self) -> list[pa.RecordBatch]:
         def joined(chunks: list[np.ndarray]) -> np.ndarray:
             return np.concatenate(chunks) if chunks else np.empty(0, np.int64)
 
@@ -218,4 +214,4 @@ class _Output:
         )
         batches, self._copies = [plain, *self._copies], []
         self.offsets, self.sub_nos = [], []
-        return batches[0] if len(batches) == 1 else pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+        return batches

@@ -11,6 +11,7 @@ that, and refused otherwise.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from veil.security.registry import ANONYMOUS, Registry
 METHODS = ("certificate", "token", "hash", "any-hash")
 TOKEN_ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "ES512", "EdDSA"]
 LEEWAY = 30  # seconds of clock skew tolerated on exp / nbf
+VERIFIED_LIMIT = 4096  # tokens remembered as verified, until they expire
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,9 @@ class TokenVerifier:
     def __init__(self, jwks: str, issuer: str | None = None, audience: str | None = None) -> None:
         self.issuer = issuer
         self.audience = audience
+        # A publisher sends the same token with every request: its signature is checked once, and
+        # the token is then taken for its subject until it expires.
+        self._verified: dict[str, tuple[str, float]] = {}
         self._client: jwt.PyJWKClient | None = None
         self._keys: jwt.PyJWKSet | None = None
         if jwks.startswith(("https://", "http://")):
@@ -50,6 +55,9 @@ class TokenVerifier:
                 raise ValueError(f"--jwks {jwks}: {exc}") from None
 
     def subject(self, token: str) -> str:
+        known = self._verified.get(token)
+        if known is not None and known[1] + LEEWAY > time.time():
+            return known[0]
         try:
             key = self._key(token)
             claims = jwt.decode(
@@ -74,6 +82,9 @@ class TokenVerifier:
         subject = claims["sub"]
         if not isinstance(subject, str) or not subject:
             raise ProtocolError("token", "its subject is not a non-empty string", 401)
+        if len(self._verified) >= VERIFIED_LIMIT:
+            self._verified.clear()
+        self._verified[token] = (subject, float(claims["exp"]))
         return subject
 
     def _key(self, token: str) -> jwt.PyJWK:
@@ -81,13 +92,12 @@ class TokenVerifier:
             return self._client.get_signing_key_from_jwt(token)
         assert self._keys is not None
         kid = jwt.get_unverified_header(token).get("kid")
-        keys = list(self._keys)
-        if kid is None and len(keys) == 1:
-            return keys[0]
-        for key in keys:
-            if key.key_id == kid:
-                return key
-        raise jwt.InvalidTokenError(f"no key {kid!r} in the identity provider's key set")
+        if kid is None and len(self._keys.keys) == 1:
+            return self._keys.keys[0]
+        try:
+            return self._keys[kid]
+        except KeyError:
+            raise jwt.InvalidTokenError(f"no key {kid!r} in the identity provider's key set") from None
 
 
 class Authenticator:

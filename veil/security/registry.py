@@ -136,6 +136,11 @@ def parse_registry(doc: object) -> Registry:
     )
 
 
+def registry_from_json(body: bytes | None) -> Registry:
+    """A stored registry version (what `Registry.to_json` wrote); the empty registry for none."""
+    return parse_registry(json.loads(body) if body else None)
+
+
 def load_registry_file(path: str) -> Registry:
     """A registry from a YAML or JSON file; ValueError naming the file and the field otherwise."""
     try:

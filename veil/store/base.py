@@ -9,6 +9,7 @@ publication is matched against exactly the subscriptions whose changes precede i
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -72,7 +73,7 @@ class EventStore(ABC):
         """Log a new registry version (a JSON document) and make it the current one."""
 
     @abstractmethod
-    def registry_at(self, offset: int) -> bytes | None:
+    def registry_at(self, offset: int | None = None) -> bytes | None:
         """The registry version in force just after `offset` (the newest one with offset=None)."""
 
     @abstractmethod
@@ -140,7 +141,7 @@ class EventStore(ABC):
         sub_nos: np.ndarray,
         pubs: np.ndarray,
         processed: int,
-        copies: list[tuple[int, int, bytes]] = (),  # type: ignore[assignment]
+        copies: Sequence[tuple[int, int, bytes]] = (),
     ) -> None:
         """Queue the (subscription number, publication) matches of a micro-batch as one feed entry,
         with the cropped copies some of them deliver, and record the processed offset, in one

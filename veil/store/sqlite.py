@@ -18,6 +18,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import orjson
@@ -346,7 +347,7 @@ class SqliteStore(EventStore):
         sub_nos: np.ndarray,
         pubs: np.ndarray,
         processed: int,
-        copies: list[tuple[int, int, bytes]] = (),  # type: ignore[assignment]
+        copies: Sequence[tuple[int, int, bytes]] = (),
     ) -> None:
         sub_nos = np.asarray(sub_nos, np.int64)
         pubs = np.asarray(pubs, np.int64)
