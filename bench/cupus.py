@@ -14,7 +14,11 @@ matcher's approach) are timed on one core in this process, on the same subscript
 The CUPUS columns are its published delay (Fig. 21, config5 on VM-4) and the peer measurements of
 its matcher on our machines (SPEC §11); CUPUS itself cannot be run here.
 
-    python -m bench.cupus [--subscriptions 1,10,100,1000,5000,10000,20000,100000] [--rate 1000] [--seconds 10]
+At 100,000 subscriptions a reading matches ~23,000 of them: 1,000 readings/s would be 230 M
+deliveries in a 10 s step, so that step offers its own rate (`--step-rate 100000=25`).
+
+    python -m bench.cupus [--subscriptions 1,10,100,1000,5000,10000,20000,100000] [--rate 1000]
+                          [--step-rate 100000=25] [--seconds 10]
 """
 
 from __future__ import annotations
@@ -103,7 +107,8 @@ async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: arg
     processes.subscribers(
         broker.tcp_port, handshakes, args.seconds + 300, math.ceil(len(connected) / PER_SUBSCRIBER_PROCESS), idle=10
     )
-    processes.publisher(broker.url, f"cupus-{n}", args.seconds, args.rate, make=sensor_publication, seed=n)
+    offered = args.step_rate.get(n, args.rate)
+    processes.publisher(broker.url, f"cupus-{n}", args.seconds, offered, make=sensor_publication, seed=n)
     processed_at = await finished_matching(broker, args.seconds)
     results = processes.results()
     published = next(r for r in results if not hasattr(r, "lines"))
@@ -114,6 +119,7 @@ async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: arg
     return {
         "subs": n,
         "connected": len(connected),
+        "offered": offered,
         "selectivity": lines / max(1, published.acked) / len(connected),
         "rate": published.acked / (published.finished - published.started),
         "refused": published.refused,
@@ -126,13 +132,13 @@ async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: arg
     }
 
 
-def print_rows(rows: list[dict], rate: float) -> None:
+def print_rows(rows: list[dict]) -> None:
     print_table(
-        f"CUPUS sensor workload, {rate:.0f} pub/s offered over 16 HTTP connections, TCP delivery; "
-        f"{os.cpu_count()} cores",
+        f"CUPUS sensor workload, publications over 16 HTTP connections, TCP delivery; {os.cpu_count()} cores",
         [
             ("subs", 7, lambda r: r["subs"]),
             ("online", 7, lambda r: r["connected"]),
+            ("offered", 8, lambda r: f"{r['offered']:.0f}"),
             ("select.", 7, lambda r: f"{r['selectivity']:.3f}"),
             ("pub/s", 6, lambda r: f"{r['rate']:.0f}"),
             ("503s", 6, lambda r: r["refused"]),
@@ -177,9 +183,16 @@ async def main_async(args: argparse.Namespace) -> None:
                 print(f"{n} subscriptions: not finished ({exc}); rerun with --keep for the broker's log", flush=True)
                 break
             print(rows[-1], flush=True)
-    print_rows(rows, args.rate)
+    print_rows(rows)
     if args.plot:
         plot(rows, args.plot)
+
+
+def step_rates(text: str) -> dict[int, float]:
+    try:
+        return {int(n): float(r) for n, r in (pair.split("=") for pair in text.split(",") if pair)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N=R,... (subscriptions=publications/s), got {text!r}") from None
 
 
 def main() -> None:
@@ -188,6 +201,9 @@ def main() -> None:
         "--subscriptions", type=subscription_counts, default=[1, 10, 100, 1000, 5000, 10000, 20000, 100000]
     )
     parser.add_argument("--rate", type=float, default=1000.0, help="publications/s offered")
+    parser.add_argument(
+        "--step-rate", type=step_rates, default={100_000: 25.0}, help="N=R,...: pub/s offered with N subscriptions"
+    )
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--connect", type=int, default=18000, help="most delivery connections held")
     parser.add_argument("--plot", default="docs/performance/cupus.png")

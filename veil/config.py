@@ -72,6 +72,12 @@ class Config:
     )
     trigger_ms: int = _opt(50, "micro-batch trigger interval in milliseconds", ("VEIL_TRIGGER_MS",))
     max_batch_rows: int = _opt(50000, "most log entries per micro-batch", ("VEIL_MAX_BATCH_ROWS",))
+    max_batch_matches: int = _opt(
+        2_000_000,
+        "about the most matches per micro-batch (they pass through the driver): batches shrink by the "
+        "matches per entry seen last",
+        ("VEIL_MAX_BATCH_MATCHES",),
+    )
     instances: int = _opt(1, "number of broker instances", ("VEIL_INSTANCES", "INSTANCES"))
     instance_id: int = _opt(0, "this instance's id, below instances", ("VEIL_INSTANCE_ID", "INSTANCEID"))
     metrics_auth_hash_file: str | None = _opt(
@@ -165,8 +171,8 @@ class Config:
             raise ValueError(f"--auth: {', '.join(unknown) or 'empty'}; use some of {', '.join(AUTH_METHODS)}")
         if self.registry is not None and not os.path.isfile(self.registry):
             raise ValueError(f"--registry: no such file {self.registry!r}")
-        if self.trigger_ms < 1 or self.max_batch_rows < 1 or self.max_body < 1:
-            raise ValueError("--trigger-ms, --max-batch-rows and --max-body must be positive")
+        if min(self.trigger_ms, self.max_batch_rows, self.max_batch_matches, self.max_body) < 1:
+            raise ValueError("--trigger-ms, --max-batch-rows, --max-batch-matches and --max-body must be positive")
 
 
 def _loopback(host: str) -> bool:

@@ -60,6 +60,7 @@ def start_query(spark, config: Config):
         .option("store", url)
         .option("partitions", str(config.partitions))
         .option("maxRowsPerBatch", str(config.max_batch_rows))
+        .option("maxMatchesPerBatch", str(config.max_batch_matches))
         .option("partitionMode", config.partition_mode)
         .load()
     )

@@ -66,6 +66,7 @@ class EventLogReader(DataSourceStreamReader):
         self.url = options["store"]
         self.partitions_n = int(options.get("partitions", "1"))
         self.max_rows = int(options.get("maxRowsPerBatch", "50000"))
+        self.max_matches = int(options.get("maxMatchesPerBatch", "2000000"))
         self.by_publication = options.get("partitionMode", "subscriptions") == "publications"
 
     def initialOffset(self) -> dict:
@@ -76,10 +77,17 @@ class EventLogReader(DataSourceStreamReader):
         return ReadMaxRows(self.max_rows)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        head = store_for(self.url).head_offset()
-        if isinstance(limit, ReadMaxRows):
-            head = min(head, start["offset"] + limit.max_rows)
-        return {"offset": max(head, start["offset"])}
+        """A batch's matches all pass through the driver on their way to the store: with a quarter of
+        100,000 subscriptions matching each publication, a backlog of a few thousand publications
+        is over a billion matches. So batches are sized by the matches per entry that the last
+        batch with matches saw, as well as by the row limit."""
+        store = store_for(self.url)
+        head = store.head_offset()
+        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else head - start["offset"]
+        seen = store.status("matches_per_entry")
+        if seen is not None and seen[0] > 0:
+            rows = min(rows, max(1, self.max_matches // seen[0]))
+        return {"offset": max(min(head, start["offset"] + rows), start["offset"])}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         """Subscription partitioning: every task sees every publication and 1/N of the subscriptions.

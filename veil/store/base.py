@@ -146,7 +146,8 @@ class EventStore(ABC):
         """Queue the (subscription number, publication) matches of a micro-batch as one feed entry,
         with the cropped copies some of them deliver, and record the processed offset, in one
         transaction; matches of publications at or below the offset already recorded are dropped,
-        so a replayed batch delivers nothing twice."""
+        so a replayed batch delivers nothing twice. A batch with matches also records its matches
+        per log entry (status `matches_per_entry`), by which the source sizes the next batches."""
 
     @abstractmethod
     def processed_offset(self) -> int: ...

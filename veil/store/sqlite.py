@@ -371,6 +371,11 @@ class SqliteStore(EventStore):
                 "ON CONFLICT(name) DO UPDATE SET value = MAX(value, excluded.value), updated = excluded.updated",
                 [("processed", processed, now), ("batch", batch_id, now)],
             )
+            if len(pubs) and processed > done:
+                db.execute(
+                    "INSERT OR REPLACE INTO status(name, value, updated) VALUES ('matches_per_entry', ?, ?)",
+                    (-(-len(pubs) // (processed - done)), now),
+                )
 
     def processed_offset(self) -> int:
         found = self.status("processed")
