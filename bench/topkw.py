@@ -1,0 +1,123 @@
+"""Top-k/w kernel: cost per publication against the window size and k, one core.
+
+One subscription receives a stream of matching readings, one per millisecond, with uniformly random
+scores; its window holds `window` of them. The k-skyband (S4 §4.4.2, veil.matching.topkw) is timed
+against the approach it replaces: keep the whole window and take its k best again at every arrival
+and expiry (heapq.nsmallest, which is cheaper than a full sort). Both must deliver the same readings
+at the same moments, which is checked on the readings the baseline gets through.
+
+    python -m bench.topkw [--k 1,10,100] [--windows 100,1000,10000,100000] [--plot docs/performance/topkw.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import random
+import statistics
+import time
+from collections import deque
+
+from bench.brokers import subscription_counts
+from bench.report import figure, print_table
+from veil.matching.topkw import Delivery, Skyband
+
+BUDGET = 2.0  # seconds per measurement
+
+
+class Resorting:
+    """The window kept whole; its k best taken again whenever it changes."""
+
+    def __init__(self, k: int, window: float) -> None:
+        self.k, self.window = k, window
+        self.held: deque[tuple[float, int, float]] = deque()  # (arrival, seq, score)
+        self.delivered: set[int] = set()
+
+    def _judge(self, now: float) -> list[Delivery]:
+        best = heapq.nsmallest(self.k, self.held, key=lambda item: (item[2], -item[1]))
+        fresh = [Delivery(seq, now) for _, seq, _ in best if seq not in self.delivered]
+        self.delivered.update(d.seq for d in fresh)
+        return fresh
+
+    def arrive(self, seq: int, time: float, score: float) -> list[Delivery]:
+        delivered = []
+        while self.held and self.held[0][0] + self.window <= time:
+            moment = self.held[0][0] + self.window
+            while self.held and self.held[0][0] + self.window == moment:
+                self.held.popleft()
+            delivered += self._judge(moment)
+        self.held.append((time, seq, score))
+        return delivered + self._judge(time)
+
+
+def timed(matcher: Skyband | Resorting, scores: list[float], window: int) -> tuple[float, list[Delivery], int]:
+    """Microseconds per reading over the stream after the window first fills (until the budget or
+    the stream ends); the deliveries; the time of the last reading."""
+    delivered = [d for seq in range(window) for d in matcher.arrive(seq, seq, scores[seq])]
+    started = time.perf_counter()
+    done = window
+    while done < len(scores) and time.perf_counter() - started < BUDGET:
+        for seq in range(done, min(done + 32, len(scores))):
+            delivered += matcher.arrive(seq, seq, scores[seq])
+        done = min(done + 32, len(scores))
+    return (time.perf_counter() - started) / (done - window) * 1e6, delivered, done - 1
+
+
+def run(k: int, window: int, rng: random.Random) -> dict:
+    scores = [rng.random() for _ in range(window + 200_000)]
+    band = Skyband(k, window)
+    skyband_us, got, last = timed(band, scores, window)
+    sizes = []
+    for seq in range(last + 1, last + 2001):
+        got += band.arrive(seq, seq, rng.random())
+        sizes.append(len(band))
+    resort_us, expected, reached = timed(Resorting(k, window), scores, window)
+    assert [d for d in got if d.time <= reached] == expected, "the skyband and the re-sorted window disagree"
+    return {
+        "k": k,
+        "window": window,
+        "skyband": skyband_us,
+        "size": statistics.fmean(sizes),
+        "resort": resort_us,
+        "delivered": len(got) / (last + 2001),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--k", type=subscription_counts, default=[1, 10, 100])
+    parser.add_argument("--windows", type=subscription_counts, default=[100, 1000, 10000, 100000])
+    parser.add_argument("--plot", default="docs/performance/topkw.png")
+    args = parser.parse_args()
+    rng = random.Random(5)
+    rows = []
+    for k in args.k:
+        for window in args.windows:
+            if k < window:
+                rows.append(run(k, window, rng))
+                print(rows[-1], flush=True)
+    print_table(
+        "Top-k/w, one subscription, one reading per ms, random scores; microseconds per reading, one core",
+        [
+            ("k", 5, lambda r: r["k"]),
+            ("window", 8, lambda r: r["window"]),
+            ("skyband us", 11, lambda r: f"{r['skyband']:.2f}"),
+            ("band size", 10, lambda r: f"{r['size']:.0f}"),
+            ("re-sort us", 11, lambda r: f"{r['resort']:.1f}"),
+            ("speed-up", 9, lambda r: f"{r['resort'] / r['skyband']:.0f}x"),
+            ("delivered", 10, lambda r: f"{r['delivered']:.4f}"),
+        ],
+        rows,
+    )
+    if args.plot:
+        with figure(args.plot) as (ax,):
+            for k in args.k:
+                mine = [r for r in rows if r["k"] == k]
+                shown = [r["window"] for r in mine]
+                ax.loglog(shown, [r["skyband"] for r in mine], "o-", label=f"k-skyband, k={k}")
+                ax.loglog(shown, [r["resort"] for r in mine], "x--", label=f"re-sorting the window, k={k}")
+            ax.set(xlabel="readings in the window", ylabel="µs per reading", title="Top-k/w matching, one core")
+
+
+if __name__ == "__main__":
+    main()

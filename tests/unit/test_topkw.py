@@ -1,0 +1,121 @@
+"""The k-skyband against the definition of top-k/w delivery, evaluated by brute force."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from veil.matching.topkw import Delivery, Skyband, Term, TopKW, TopKWSet, score
+
+
+def brute_force(k: int, window: float, events: list[tuple]) -> dict[int, float]:
+    """Every moment (each arrival, each distinct expiry time, expiries before arrivals of the same
+    instant) the k best of the window are judged by sorting it; the first moment counts."""
+    held: list[tuple[int, float, float]] = []  # (seq, arrival, score)
+    first: dict[int, float] = {}
+    clock = -math.inf
+
+    def judge(now: float) -> None:
+        window = [item for item in held if item[1] + window_size > now]
+        for seq, _, _ in sorted(window, key=lambda item: (item[2], -item[0]))[:k]:
+            first.setdefault(seq, now)
+
+    def expire_until(now: float) -> None:
+        for moment in sorted({t + window_size for _, t, _ in held if clock < t + window_size <= now}):
+            judge(moment)
+
+    window_size = window
+    for event in events:
+        if event[0] == "arrive":
+            _, seq, time, value = event
+            expire_until(time)
+            held.append((seq, time, value))
+            judge(time)
+        else:
+            expire_until(event[1])
+        clock = event[-2] if event[0] == "arrive" else event[1]
+    return first
+
+
+@st.composite
+def streams(draw):
+    """Arrivals with few distinct scores (ties) and small time steps (simultaneous events), mixed
+    with clock advances; each arrival passes the filters of a random subset of subscriptions."""
+    subscriptions = draw(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 12)), min_size=1, max_size=3))
+    events, time = [], 0
+    for seq in range(draw(st.integers(0, 60))):
+        time += draw(st.integers(0, 4))
+        if draw(st.booleans()):
+            events.append(("advance", time))
+            time += draw(st.integers(0, 3))
+        wanted = draw(st.lists(st.sampled_from(range(len(subscriptions))), unique=True))
+        events.append(("arrive", seq, time, draw(st.integers(0, 5)), wanted))
+    events.append(("advance", time + 20))
+    return subscriptions, events
+
+
+@settings(max_examples=2000, deadline=None)
+@given(streams())
+def test_the_skyband_delivers_what_the_definition_does(case):
+    subscriptions, events = case
+    engine = TopKWSet()
+    for number, (k, window) in enumerate(subscriptions):
+        engine.add(number, TopKW(k, window, (Term("v", prefer="low"),)))
+    got: dict[int, list[Delivery]] = {number: [] for number in range(len(subscriptions))}
+    for event in events:
+        if event[0] == "arrive":
+            _, seq, time, value, wanted = event
+            for number, delivery in engine.advance(time):  # the broker advances before each batch
+                got[number].append(delivery)
+            for number in wanted:
+                got[number].extend(engine.arrive(number, seq, time, {"v": value}))
+        else:
+            for number, delivery in engine.advance(event[1]):
+                got[number].append(delivery)
+    assert engine.next_expiry() is None  # the last advance is past every expiry
+    for number, (k, window) in enumerate(subscriptions):
+        own = [
+            ("arrive", e[1], e[2], e[3]) if e[0] == "arrive" else e
+            for e in events
+            if e[0] != "arrive" or number in e[4]
+        ]
+        expected = brute_force(k, window, own)
+        assert {d.seq: d.time for d in got[number]} == expected
+        assert len(got[number]) == len(expected)  # exactly once
+        times = [d.time for d in got[number]]
+        assert times == sorted(times)
+
+
+def test_a_better_reading_leaving_the_window_promotes_the_next():
+    band = Skyband(k=1, window=10)
+    assert band.arrive(1, 0, 5.0) == [Delivery(1, 0)]
+    assert band.arrive(2, 1, 9.0) == []  # not the best while 1 is in the window
+    assert band.next_expiry() == 10
+    assert band.advance(9.9) == []
+    assert band.advance(30) == [Delivery(2, 10)]  # at the moment 1 left, not when noticed
+
+
+def test_dominated_readings_are_dropped():
+    band = Skyband(k=2, window=100)
+    for seq, value in enumerate([9.0, 8.0, 1.0, 2.0]):
+        band.arrive(seq, seq, value)
+    assert sorted(band.seqs) == [2, 3]  # 9 and 8 are outranked by two younger ones: never top 2 again
+
+
+def test_scores():
+    terms = (Term("lat", target=45.8), Term("lon", target=15.9), Term("NO2", weight=0.5, prefer="high"))
+    assert score(terms, {"lat": 45.9, "lon": 15.9, "NO2": 40}) == pytest.approx(0.1 - 20)
+    assert score(terms, {"lat": 45.9, "lon": 15.9}) is None
+    assert score(terms, {"lat": "x", "lon": 15.9, "NO2": 1}) is None
+    assert score((Term("t", prefer="low"),), {"t": True}) is None
+
+
+def test_many_dropped_readings_do_not_hide_an_expiry():
+    band = Skyband(k=1, window=1000)
+    band.arrive(1, 0, 0.0)
+    for seq in range(2, 50):  # each better than the ones after 1: the band holds 1 and the newest
+        band.arrive(seq, seq, 100.0 - seq)
+    assert sorted(band.seqs) == [1, 49] and len(band.arrivals) < 14
+    assert band.next_expiry() == 1000
+    assert band.advance(1000) == [Delivery(49, 1000)]

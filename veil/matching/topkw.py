@@ -1,0 +1,225 @@
+"""Top-k/w subscriptions (SPEC §5): the k best matching publications of a sliding time window.
+
+A publication is in a subscription's window from its arrival (after the subscription was activated)
+until `w` has passed; it ranks by its score (lower is better), ties going to the more recent one.
+It is delivered once, at the first moment fewer than k publications of the window rank above it:
+on arrival, or when better ones leave the window.
+
+Each subscription keeps the strict k-skyband of its window (S4 §4.4.2): the publications that fewer
+than k younger ones outrank. A publication outranked by k younger ones can never rank in the top k
+again (those k stay in the window longer than it does), so it is dropped at once; the top k of the
+window are always the first k of the skyband. An arrival costs a binary search and one pass over the
+skyband's worse part, an expiry a removal and a look at the first k: nothing ever re-sorts the window.
+
+Expiries and arrivals of the same instant: expiries apply first. The moments at which the top k are
+judged are every arrival and every distinct expiry time, so a publication promoted by an expiry is
+delivered at that expiry's exact time, whenever the caller gets to `advance` the clock past it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+PREFERENCES = ("high", "low")
+
+
+class Term(NamedTuple):
+    """One scoring term: the distance of `key`'s value to `target`, or the value itself when
+    `prefer` is "low" (its negation when "high"), times `weight`."""
+
+    key: str
+    weight: float = 1.0
+    target: float | None = None
+    prefer: str | None = None
+
+
+class TopKW(NamedTuple):
+    k: int
+    window: float  # the same unit as the clock the caller passes (the broker uses milliseconds)
+    terms: tuple[Term, ...]
+
+
+class Delivery(NamedTuple):
+    seq: int  # the publication, as the caller numbered it (arrival order)
+    time: float  # the moment it first ranked among the k best
+
+
+def score(terms: Iterable[Term], attributes: Mapping[str, object]) -> float | None:
+    """Weighted sum of the terms; None when a term's key is missing or not a finite number, since
+    such a publication cannot be ranked (it does not enter the window)."""
+    total = 0.0
+    for key, weight, target, prefer in terms:
+        value = attributes.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            return None
+        if target is not None:
+            total += weight * abs(value - target)
+        elif prefer == "high":
+            total -= weight * value
+        else:
+            total += weight * value
+    return total
+
+
+class Skyband:
+    """The strict k-skyband of one subscription: its publications ordered best first, each with its
+    dominance counter (younger publications that outrank it), expiry time and whether it was
+    delivered. Plain lists: a skyband is tens of entries, where list operations beat numpy calls."""
+
+    __slots__ = ("arrivals", "counters", "delivered", "expires", "k", "ranks", "seqs", "window")
+
+    def __init__(self, k: int, window: float) -> None:
+        if k < 1 or not window > 0:
+            raise ValueError("k must be at least 1 and the window positive")
+        self.k = k
+        self.window = window
+        self.ranks: list[tuple[float, int]] = []  # (score, -seq): ascending = best first
+        self.seqs: list[int] = []
+        self.counters: list[int] = []
+        self.expires: list[float] = []
+        self.delivered: list[bool] = []
+        self.arrivals: deque[tuple[float, int, float]] = deque()  # (expiry, seq, score), arrival order
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def next_expiry(self) -> float | None:
+        """When the oldest publication still held leaves the window (the next moment an expiry may
+        promote one), or None when nothing is held."""
+        self._forget_dropped()
+        return self.arrivals[0][0] if self.arrivals else None
+
+    def arrive(self, seq: int, time: float, score: float) -> list[Delivery]:
+        """Add a publication; return what is delivered up to and at `time`, in time order. Sequence
+        numbers and times must not decrease between calls."""
+        delivered = self.advance(time)
+        rank = (score, -seq)
+        position = bisect_left(self.ranks, rank)
+        counters = self.counters
+        keep = position
+        for i in range(position, len(counters)):  # everything worse is outranked by one more younger
+            counters[i] += 1
+            if counters[i] < self.k:
+                if keep != i:
+                    self._move(i, keep)
+                keep += 1
+        if keep < len(counters):
+            for column in (self.ranks, self.seqs, self.counters, self.expires, self.delivered):
+                del column[keep:]
+        self.ranks.insert(position, rank)
+        self.seqs.insert(position, seq)
+        self.counters.insert(position, 0)
+        self.expires.insert(position, time + self.window)
+        in_top = position < self.k
+        self.delivered.insert(position, in_top)
+        self.arrivals.append((time + self.window, seq, score))
+        if len(self.arrivals) > 2 * len(self.ranks) + 8:  # dropped ones linger there: bound the memory
+            held = sorted(zip(self.expires, (-r[1] for r in self.ranks), (r[0] for r in self.ranks), strict=True))
+            self.arrivals = deque(held)
+        if in_top:
+            delivered.append(Delivery(seq, time))
+        return delivered
+
+    def advance(self, now: float) -> list[Delivery]:
+        """Apply the expiries up to `now`; return the publications they promoted into the top k,
+        each at the expiry time that promoted it."""
+        delivered: list[Delivery] = []
+        while True:
+            self._forget_dropped()
+            if not self.arrivals or self.arrivals[0][0] > now:
+                return delivered
+            moment = self.arrivals[0][0]
+            while self.arrivals and self.arrivals[0][0] == moment:
+                _, seq, score = self.arrivals.popleft()
+                position = bisect_left(self.ranks, (score, -seq))
+                if position < len(self.ranks) and self.seqs[position] == seq:
+                    for column in (self.ranks, self.seqs, self.counters, self.expires, self.delivered):
+                        del column[position]
+            for i in range(min(self.k, len(self.delivered))):
+                if not self.delivered[i]:
+                    self.delivered[i] = True
+                    delivered.append(Delivery(self.seqs[i], moment))
+
+    def _move(self, source: int, target: int) -> None:
+        for column in (self.ranks, self.seqs, self.counters, self.expires, self.delivered):
+            column[target] = column[source]
+
+    def _forget_dropped(self) -> None:
+        """Arrivals whose publication was dropped as dominated are skipped when they come up."""
+        arrivals = self.arrivals
+        while arrivals:
+            _, seq, score = arrivals[0]
+            position = bisect_left(self.ranks, (score, -seq))
+            if position < len(self.ranks) and self.seqs[position] == seq:
+                return
+            arrivals.popleft()
+
+
+class TopKWSet:
+    """The top-k/w subscriptions of one matcher, by number: arrivals of their matches, and the clock
+    advanced for all of them at once through a heap of their next expiries."""
+
+    def __init__(self) -> None:
+        self.specs: dict[int, TopKW] = {}
+        self.bands: dict[int, Skyband] = {}
+        self._due: list[tuple[float, int]] = []  # (next expiry, number), with stale entries
+        self._scheduled: dict[int, float] = {}  # number -> its entry in _due that is not stale
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def __contains__(self, number: int) -> bool:
+        return number in self.specs
+
+    def add(self, number: int, spec: TopKW) -> None:
+        """Activate (or replace) a subscription: its window starts empty."""
+        self.specs[number] = spec
+        self.bands[number] = Skyband(spec.k, spec.window)
+
+    def remove(self, number: int) -> None:
+        self.specs.pop(number, None)
+        self.bands.pop(number, None)
+        self._scheduled.pop(number, None)
+
+    def arrive(self, number: int, seq: int, time: float, attributes: Mapping[str, object]) -> list[Delivery]:
+        """A publication that passed the subscription's filter; what it (and the expiries up to
+        `time`) delivers to that subscription."""
+        value = score(self.specs[number].terms, attributes)
+        band = self.bands[number]
+        delivered = band.advance(time) if value is None else band.arrive(seq, time, value)
+        self._schedule(number, band)
+        return delivered
+
+    def advance(self, now: float) -> list[tuple[int, Delivery]]:
+        """Expiries up to `now` across all subscriptions: (number, delivery) pairs in time order."""
+        delivered: list[tuple[int, Delivery]] = []
+        while self._due and self._due[0][0] <= now:
+            due, number = heapq.heappop(self._due)
+            if self._scheduled.get(number) != due:
+                continue
+            del self._scheduled[number]
+            band = self.bands[number]
+            delivered.extend((number, d) for d in band.advance(now))
+            self._schedule(number, band)
+        delivered.sort(key=lambda pair: pair[1].time)
+        return delivered
+
+    def next_expiry(self) -> float | None:
+        """The earliest moment an expiry may deliver something: the clock must be advanced to it
+        even when no publication arrives."""
+        while self._due and self._scheduled.get(self._due[0][1]) != self._due[0][0]:
+            heapq.heappop(self._due)
+        return self._due[0][0] if self._due else None
+
+    def _schedule(self, number: int, band: Skyband) -> None:
+        due = band.next_expiry()
+        if due is None:
+            self._scheduled.pop(number, None)
+        elif self._scheduled.get(number) != due:
+            self._scheduled[number] = due
+            heapq.heappush(self._due, (due, number))
