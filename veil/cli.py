@@ -50,6 +50,21 @@ def parse_constraint(text: str) -> dict[str, Any]:
     return {"key": key, "op": EXPRESSION_OPS[op], "val": value}
 
 
+def parse_score_term(text: str) -> dict[str, Any]:
+    """`NO2:high`, `temp:low` or `lat=45.8`, optionally weighted: `NO2:high*2`."""
+    term, _, weight = text.partition("*")
+    key, sep, rest = term.partition(":") if ":" in term else term.partition("=")
+    if not key or not rest:
+        raise ValueError(f"--score {text!r}: use KEY:high, KEY:low or KEY=TARGET, optionally *WEIGHT")
+    try:
+        doc: dict[str, Any] = {"key": key, "prefer": rest} if sep == ":" else {"key": key, "target": float(rest)}
+        if weight:
+            doc["weight"] = float(weight)
+    except ValueError:
+        raise ValueError(f"--score {text!r}: the target and the weight are numbers") from None
+    return doc
+
+
 async def _publish(args: argparse.Namespace) -> int:
     async with _client(args) as client:
         documents = args.publication or [line for line in sys.stdin if line.strip()]
@@ -63,7 +78,10 @@ async def _subscribe(args: argparse.Namespace) -> int:
         subscription_id = args.id
         if not args.existing:
             data = orjson.loads(args.data) if args.data else [parse_constraint(c) for c in args.constraint]
-            response = await client.subscribe(data, args.id)
+            topk = None
+            if args.top_k is not None:
+                topk = {"k": args.top_k, "w": args.window, "score": [parse_score_term(t) for t in args.score]}
+            response = await client.subscribe(data, args.id, topk=topk)
             subscription_id = response["subscriptionId"]
             print(orjson.dumps(response).decode(), file=sys.stderr, flush=True)
         async with client.deliveries(subscription_id, transport=args.transport, envelope=not args.plain) as stream:
@@ -126,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     subscribe.add_argument("--existing", action="store_true", help="only connect to the existing subscription --id")
     subscribe.add_argument("--transport", choices=("tcp", "ws"), default="tcp")
     subscribe.add_argument("--plain", action="store_true", help="plain SELIS lines (no envelope, no acks)")
+    subscribe.add_argument("--top-k", type=int, help="top-k/w: only the K best matches of each window")
+    subscribe.add_argument("--window", type=float, default=60000, help="top-k/w window in milliseconds")
+    subscribe.add_argument(
+        "--score", action="append", default=[], help="top-k/w scoring term: KEY:high, KEY:low or KEY=TARGET[*WEIGHT]"
+    )
     subscribe.set_defaults(run=lambda a: asyncio.run(_subscribe(a)))
 
     unsubscribe = commands.add_parser("unsubscribe", help="remove a subscription")
@@ -144,8 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "subscribe" and not (args.existing or args.data is not None or args.constraint):
-        parser.error("subscribe: give constraints, --data, or --existing --id ID")
+    if args.command == "subscribe" and not (
+        args.existing or args.data is not None or args.constraint or args.top_k is not None
+    ):
+        parser.error("subscribe: give constraints, --data, --top-k, or --existing --id ID")
+    if args.command == "subscribe" and args.top_k is not None and not args.score:
+        parser.error("subscribe --top-k needs at least one --score term")
     if args.command == "subscribe" and args.existing and not args.id:
         parser.error("subscribe --existing needs --id")
     try:

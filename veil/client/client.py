@@ -157,8 +157,13 @@ class VeilClient:
         body = b"\n".join(orjson.dumps(p) for p in publications)
         return (await self.request("/publish", body, "application/x-ndjson"))["ids"]
 
-    async def subscribe(self, data: list[dict], subscription_id: str | None = None) -> dict:
+    async def subscribe(
+        self, data: list[dict], subscription_id: str | None = None, *, topk: dict | None = None
+    ) -> dict:
+        """`topk` makes it a top-k/w subscription: {"k": K, "w": MILLISECONDS, "score": [TERM, ...]}."""
         doc: dict[str, Any] = {"data": data}
+        if topk is not None:
+            doc["topk"] = topk
         if self.auth_hash is not None:
             doc["authHash"] = self.auth_hash
         if subscription_id:

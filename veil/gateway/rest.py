@@ -16,6 +16,7 @@ from aiohttp import web
 
 from veil.gateway.ingest import Overloaded
 from veil.matching import Predicate, Unsatisfiable, check_satisfiable
+from veil.matching.stored import encode_subscription
 from veil.protocol import ProtocolError, parse_publication, parse_publication_batch, parse_subscribe, parse_unsubscribe
 from veil.protocol.errors import load_json
 from veil.security import signatures
@@ -113,10 +114,13 @@ def create_app(broker: Broker) -> web.Application:
             check_satisfiable([Predicate(*p) for p in req.predicates])
         except Unsatisfiable as exc:
             raise ProtocolError("data", str(exc)) from None
+        if req.topk is not None and config.partition_mode == "publications":
+            raise ProtocolError("topk", "top-k/w subscriptions need the broker's --partition-mode subscriptions")
         sub_id = req.subscription_id or uuid.uuid4().hex
         store = broker.threads.store
         try:
-            await broker.threads.write(store.put_subscription, sub_id, owner, orjson.dumps(req.predicates))
+            body = encode_subscription(req.predicates, req.topk)
+            await broker.threads.write(store.put_subscription, sub_id, owner, body)
         except NotOwner:
             raise ProtocolError("subscriptionId", "belongs to another client", 403) from None
         return json_response(

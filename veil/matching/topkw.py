@@ -25,8 +25,6 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-PREFERENCES = ("high", "low")
-
 
 class Term(NamedTuple):
     """One scoring term: the distance of `key`'s value to `target`, or the value itself when
@@ -71,7 +69,7 @@ class Skyband:
     dominance counter (younger publications that outrank it), expiry time and whether it was
     delivered. Plain lists: a skyband is tens of entries, where list operations beat numpy calls."""
 
-    __slots__ = ("arrivals", "counters", "delivered", "expires", "k", "ranks", "seqs", "window")
+    __slots__ = ("arrivals", "counters", "delivered", "expires", "k", "latest", "ranks", "seqs", "window")
 
     def __init__(self, k: int, window: float) -> None:
         if k < 1 or not window > 0:
@@ -84,9 +82,27 @@ class Skyband:
         self.expires: list[float] = []
         self.delivered: list[bool] = []
         self.arrivals: deque[tuple[float, int, float]] = deque()  # (expiry, seq, score), arrival order
+        self.latest = -math.inf  # the last arrival's time
 
     def __len__(self) -> int:
         return len(self.ranks)
+
+    def state(self) -> list:
+        """Everything the skyband holds, as plain lists (for a serializer); `restore` inverts it."""
+        return [
+            self.k, self.window, self.latest, [list(r) for r in self.ranks], self.seqs, self.counters,
+            self.expires, self.delivered, [list(a) for a in self.arrivals],
+        ]  # fmt: skip
+
+    @classmethod
+    def restore(cls, state: list) -> Skyband:
+        k, window, latest, ranks, seqs, counters, expires, delivered, arrivals = state
+        band = cls(k, window)
+        band.latest = latest
+        band.ranks = [(score, neg) for score, neg in ranks]
+        band.seqs, band.counters, band.expires, band.delivered = seqs, counters, expires, delivered
+        band.arrivals = deque((e, seq, score) for e, seq, score in arrivals)
+        return band
 
     def next_expiry(self) -> float | None:
         """When the oldest publication still held leaves the window (the next moment an expiry may
@@ -96,7 +112,9 @@ class Skyband:
 
     def arrive(self, seq: int, time: float, score: float) -> list[Delivery]:
         """Add a publication; return what is delivered up to and at `time`, in time order. Sequence
-        numbers and times must not decrease between calls."""
+        numbers must increase; a time before the last arrival's counts as that one (a clock that
+        stepped back must not reorder the window)."""
+        time = self.latest = max(time, self.latest)
         delivered = self.advance(time)
         rank = (score, -seq)
         position = bisect_left(self.ranks, rank)
@@ -169,6 +187,7 @@ class TopKWSet:
         self.bands: dict[int, Skyband] = {}
         self._due: list[tuple[float, int]] = []  # (next expiry, number), with stale entries
         self._scheduled: dict[int, float] = {}  # number -> its entry in _due that is not stale
+        self.touched: set[int] = set()  # numbers whose skyband changed (or went) since the caller cleared it
 
     def __len__(self) -> int:
         return len(self.specs)
@@ -180,11 +199,20 @@ class TopKWSet:
         """Activate (or replace) a subscription: its window starts empty."""
         self.specs[number] = spec
         self.bands[number] = Skyband(spec.k, spec.window)
+        self._scheduled.pop(number, None)
+        self.touched.add(number)
+
+    def restore(self, number: int, band: Skyband) -> None:
+        """Put back a saved skyband of a subscription added before."""
+        self.bands[number] = band
+        self._scheduled.pop(number, None)
+        self._schedule(number, band)
 
     def remove(self, number: int) -> None:
         self.specs.pop(number, None)
         self.bands.pop(number, None)
         self._scheduled.pop(number, None)
+        self.touched.add(number)
 
     def arrive(self, number: int, seq: int, time: float, attributes: Mapping[str, object]) -> list[Delivery]:
         """A publication that passed the subscription's filter; what it (and the expiries up to
@@ -193,6 +221,7 @@ class TopKWSet:
         band = self.bands[number]
         delivered = band.advance(time) if value is None else band.arrive(seq, time, value)
         self._schedule(number, band)
+        self.touched.add(number)
         return delivered
 
     def advance(self, now: float) -> list[tuple[int, Delivery]]:
@@ -206,8 +235,13 @@ class TopKWSet:
             band = self.bands[number]
             delivered.extend((number, d) for d in band.advance(now))
             self._schedule(number, band)
+            self.touched.add(number)
         delivered.sort(key=lambda pair: pair[1].time)
         return delivered
+
+    def oldest_held(self) -> int | None:
+        """The lowest sequence number any skyband holds: what may still be delivered later."""
+        return min((min(band.seqs) for band in self.bands.values() if band.seqs), default=None)
 
     def next_expiry(self) -> float | None:
         """The earliest moment an expiry may deliver something: the clock must be advanced to it

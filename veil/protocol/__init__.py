@@ -4,12 +4,13 @@ from veil.protocol.errors import ProtocolError
 from veil.protocol.flatten import flatten
 from veil.protocol.handshake import Handshake, parse_ack, parse_handshake
 from veil.protocol.publications import parse_publication, parse_publication_batch
-from veil.protocol.subscriptions import SubscribeRequest, UnsubscribeRequest, parse_subscribe, parse_unsubscribe
+from veil.protocol.subscriptions import SubscribeRequest, TopK, UnsubscribeRequest, parse_subscribe, parse_unsubscribe
 
 __all__ = [
     "Handshake",
     "ProtocolError",
     "SubscribeRequest",
+    "TopK",
     "UnsubscribeRequest",
     "flatten",
     "parse_ack",

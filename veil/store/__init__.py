@@ -1,27 +1,33 @@
 """Durable state behind one interface: the event log, subscriptions, delivery queues, cursors."""
 
 from veil.store.base import (
+    KIND_COPY,
     KIND_PUBLICATION,
     KIND_REGISTRY,
     KIND_SUBSCRIBE,
+    KIND_TICK,
     KIND_UNSUBSCRIBE,
     EventStore,
     LogEntry,
     NotOwner,
     Publication,
+    TopKBatch,
     UnknownSubscription,
     open_store,
 )
 
 __all__ = [
+    "KIND_COPY",
     "KIND_PUBLICATION",
     "KIND_REGISTRY",
     "KIND_SUBSCRIBE",
+    "KIND_TICK",
     "KIND_UNSUBSCRIBE",
     "EventStore",
     "LogEntry",
     "NotOwner",
     "Publication",
+    "TopKBatch",
     "UnknownSubscription",
     "open_store",
 ]

@@ -18,6 +18,8 @@ KIND_PUBLICATION = 0
 KIND_SUBSCRIBE = 1
 KIND_UNSUBSCRIBE = 2
 KIND_REGISTRY = 3  # a new registry version: later publications are authorized under it
+KIND_TICK = 4  # the clock moved: top-k/w windows expire up to its time even when nothing is published
+KIND_COPY = 5  # a top-k/w delivery: a copy of an earlier publication, queued under its own offset
 
 
 class Publication(NamedTuple):
@@ -35,6 +37,7 @@ class LogEntry(NamedTuple):
     sub_id: str | None
     body: bytes | None
     client: str | None = None  # the publisher of a publication, the owner of a subscription
+    time: int = 0  # milliseconds since the epoch when it was logged
 
 
 CROPPED_META = b'"cropped":true'  # a cropped copy travels without the publisher's signature
@@ -52,6 +55,18 @@ class FeedEntry(NamedTuple):
     sub_nos: np.ndarray
     pubs: np.ndarray
     cropped: bool = False  # some of its matches deliver a cropped copy
+
+
+class TopKBatch(NamedTuple):
+    """What a micro-batch did to the top-k/w subscriptions: deliveries as (subscription number,
+    publication, cropped copy or None) in the order they were decided; the new state of each
+    subscription whose skyband changed (None for one that is gone); the oldest publication any
+    skyband still holds and the next moment an expiry is due (milliseconds), or None."""
+
+    deliveries: list[tuple[int, int, bytes | None]]
+    bands: list[tuple[int, bytes | None]]
+    held: int | None
+    due: int | None
 
 
 class UnknownSubscription(LookupError):
@@ -75,6 +90,10 @@ class EventStore(ABC):
     @abstractmethod
     def registry_at(self, offset: int | None = None) -> bytes | None:
         """The registry version in force just after `offset` (the newest one with offset=None)."""
+
+    @abstractmethod
+    def append_tick(self) -> int:
+        """Log the current time, so that the pipeline applies the top-k/w expiries due by then."""
 
     @abstractmethod
     def put_subscription(self, sub_id: str, owner: str, body: bytes) -> int:
@@ -142,12 +161,20 @@ class EventStore(ABC):
         pubs: np.ndarray,
         processed: int,
         copies: Sequence[tuple[int, int, bytes]] = (),
+        topk: TopKBatch | None = None,
     ) -> None:
         """Queue the (subscription number, publication) matches of a micro-batch as one feed entry,
         with the cropped copies some of them deliver, and record the processed offset, in one
         transaction; matches of publications at or below the offset already recorded are dropped,
         so a replayed batch delivers nothing twice. A batch with matches also records its matches
-        per log entry (status `matches_per_entry`), by which the source sizes the next batches."""
+        per log entry (status `matches_per_entry`), by which the source sizes the next batches.
+        Top-k/w deliveries are logged as copies (KIND_COPY) of their publications, so that each
+        subscription's queue stays in the order they were decided, and the skybands' new states are
+        kept with them: all of it only when the batch is new, since a replay recomputes them."""
+
+    @abstractmethod
+    def topk_bands(self, numbers: Sequence[int]) -> dict[int, bytes]:
+        """The saved skyband states of these top-k/w subscriptions, as of the processed offset."""
 
     @abstractmethod
     def processed_offset(self) -> int: ...

@@ -25,9 +25,11 @@ import orjson
 
 from veil.store.base import (
     CROPPED_META,
+    KIND_COPY,
     KIND_PUBLICATION,
     KIND_REGISTRY,
     KIND_SUBSCRIBE,
+    KIND_TICK,
     KIND_UNSUBSCRIBE,
     Delivery,
     EventStore,
@@ -35,6 +37,7 @@ from veil.store.base import (
     LogEntry,
     NotOwner,
     Publication,
+    TopKBatch,
     UnknownSubscription,
 )
 
@@ -48,6 +51,7 @@ ADDED_COLUMNS = (  # (table, column, declaration) added since the first release
     ("log", "client", "TEXT"),
     ("log", "meta", "BLOB"),
     ("feed", "cropped", "INTEGER NOT NULL DEFAULT 0"),
+    ("log", "time", "INTEGER"),
 )
 
 SCHEMA = """
@@ -57,7 +61,8 @@ CREATE TABLE IF NOT EXISTS log (
     sub_id TEXT,
     body BLOB,
     client TEXT,  -- who logged it: the publisher of a publication, the owner of a subscription
-    meta BLOB
+    meta BLOB,
+    time INTEGER  -- milliseconds since the epoch
 );
 CREATE TABLE IF NOT EXISTS subscriptions (
     sub_id TEXT NOT NULL,
@@ -92,6 +97,10 @@ CREATE TABLE IF NOT EXISTS copies (  -- cropped copies, for the few matches that
     body BLOB NOT NULL,
     PRIMARY KEY (sub_no, pub)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS topk_bands (  -- each top-k/w subscription's skyband as of the processed offset
+    number INTEGER PRIMARY KEY,
+    blob BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS registry (
     offset INTEGER PRIMARY KEY,
     body BLOB NOT NULL
@@ -138,9 +147,11 @@ class SqliteStore(EventStore):
 
     # --- gateway side -------------------------------------------------------------------------
     def append_publications(self, publications: list[Publication]) -> list[int]:
+        now = _now_ms()
         with self._tx() as db:
             db.executemany(
-                f"INSERT INTO log(kind, body, client, meta) VALUES ({KIND_PUBLICATION}, ?, ?, ?)", publications
+                f"INSERT INTO log(kind, body, client, meta, time) VALUES ({KIND_PUBLICATION}, ?, ?, ?, {now})",
+                publications,
             )
             last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
         # One writer holds the lock for the whole transaction, so the rows got consecutive offsets.
@@ -148,9 +159,15 @@ class SqliteStore(EventStore):
 
     def put_registry(self, body: bytes) -> int:
         with self._tx() as db:
-            offset = db.execute("INSERT INTO log(kind, body) VALUES (?, ?)", (KIND_REGISTRY, body)).lastrowid
+            offset = db.execute(
+                "INSERT INTO log(kind, body, time) VALUES (?, ?, ?)", (KIND_REGISTRY, body, _now_ms())
+            ).lastrowid
             db.execute("INSERT INTO registry(offset, body) VALUES (?, ?)", (offset, body))
         return offset  # type: ignore[return-value]
+
+    def append_tick(self) -> int:
+        with self._tx() as db:
+            return db.execute("INSERT INTO log(kind, time) VALUES (?, ?)", (KIND_TICK, _now_ms())).lastrowid  # type: ignore[return-value]
 
     def registry_at(self, offset: int | None = None) -> bytes | None:
         row = (
@@ -169,7 +186,8 @@ class SqliteStore(EventStore):
             if current is not None and current != owner:
                 raise NotOwner(sub_id)
             offset = db.execute(
-                "INSERT INTO log(kind, sub_id, body, client) VALUES (?, ?, ?, ?)", (KIND_SUBSCRIBE, sub_id, body, owner)
+                "INSERT INTO log(kind, sub_id, body, client, time) VALUES (?, ?, ?, ?, ?)",
+                (KIND_SUBSCRIBE, sub_id, body, owner, _now_ms()),
             ).lastrowid
             db.execute("UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id))
             db.execute(
@@ -186,7 +204,9 @@ class SqliteStore(EventStore):
                 raise UnknownSubscription(sub_id)
             if current != owner:
                 raise NotOwner(sub_id)
-            offset = db.execute("INSERT INTO log(kind, sub_id) VALUES (?, ?)", (KIND_UNSUBSCRIBE, sub_id)).lastrowid
+            offset = db.execute(
+                "INSERT INTO log(kind, sub_id, time) VALUES (?, ?, ?)", (KIND_UNSUBSCRIBE, sub_id, _now_ms())
+            ).lastrowid
             db.execute("UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id))
             # matches computed before the unsubscription may still arrive in the feed: they are never
             # spilled or served, since only live subscriptions get them and only after their reset
@@ -307,7 +327,8 @@ class SqliteStore(EventStore):
     # --- pipeline side ------------------------------------------------------------------------
     def log_range(self, start: int, end: int) -> list[LogEntry]:
         rows = self._db().execute(
-            "SELECT offset, kind, sub_id, body, client FROM log WHERE offset > ? AND offset <= ? ORDER BY offset",
+            "SELECT offset, kind, sub_id, body, client, COALESCE(time, 0) FROM log "
+            "WHERE offset > ? AND offset <= ? ORDER BY offset",
             (start, end),
         )
         return [LogEntry(*row) for row in rows]
@@ -348,6 +369,7 @@ class SqliteStore(EventStore):
         pubs: np.ndarray,
         processed: int,
         copies: Sequence[tuple[int, int, bytes]] = (),
+        topk: TopKBatch | None = None,
     ) -> None:
         sub_nos = np.asarray(sub_nos, np.int64)
         pubs = np.asarray(pubs, np.int64)
@@ -359,6 +381,10 @@ class SqliteStore(EventStore):
             fresh = pubs > done
             sub_nos, pubs = sub_nos[fresh], pubs[fresh]
             copies = [copy for copy in copies if copy[1] > done]
+            if topk is not None and processed > done:
+                logged = self._record_topk(db, topk)
+                sub_nos = np.concatenate([sub_nos, np.array([n for n, _ in logged], np.int64)])
+                pubs = np.concatenate([pubs, np.array([p for _, p in logged], np.int64)])
             if len(pubs):
                 order = np.lexsort((pubs, sub_nos))
                 db.execute(
@@ -376,6 +402,55 @@ class SqliteStore(EventStore):
                     "INSERT OR REPLACE INTO status(name, value, updated) VALUES ('matches_per_entry', ?, ?)",
                     (-(-len(pubs) // (processed - done)), now),
                 )
+
+    @staticmethod
+    def _record_topk(db: sqlite3.Connection, topk: TopKBatch) -> list[tuple[int, int]]:
+        """Log each top-k/w delivery as a copy of its publication (the envelope keeps the original's
+        id) and keep the skybands; returns the (subscription number, copy offset) matches."""
+        originals = {
+            offset: (body, client, meta)
+            for offset, body, client, meta in db.execute(
+                "SELECT offset, body, client, COALESCE(meta, x'') FROM log "
+                "WHERE offset IN (SELECT value FROM json_each(?))",
+                (orjson.dumps([pub for _, pub, _ in topk.deliveries]),),
+            )
+        }
+        logged = []
+        now = _now_ms()
+        for number, pub, cropped in topk.deliveries:
+            if pub not in originals:  # kept while any skyband holds it: gone means nobody does
+                continue
+            body, client, meta = originals[pub]
+            if cropped is not None:
+                body, meta = cropped, CROPPED_META
+            meta = b'"id":"%d"%s%s' % (pub, b"," if meta else b"", meta)
+            offset = db.execute(
+                "INSERT INTO log(kind, body, client, meta, time) VALUES (?, ?, ?, ?, ?)",
+                (KIND_COPY, body, client, meta, now),
+            ).lastrowid
+            logged.append((number, offset))
+        db.executemany(
+            "INSERT OR REPLACE INTO topk_bands(number, blob) VALUES (?, ?)",
+            [(number, blob) for number, blob in topk.bands if blob is not None],
+        )
+        db.executemany(
+            "DELETE FROM topk_bands WHERE number = ?", [(number,) for number, blob in topk.bands if blob is None]
+        )
+        for name, value in (("topk_held", topk.held), ("topk_due", topk.due)):
+            if value is None:
+                db.execute("DELETE FROM status WHERE name = ?", (name,))
+            else:
+                db.execute(
+                    "INSERT OR REPLACE INTO status(name, value, updated) VALUES (?, ?, ?)", (name, value, now / 1000)
+                )
+        return logged
+
+    def topk_bands(self, numbers: Sequence[int]) -> dict[int, bytes]:
+        rows = self._db().execute(
+            "SELECT number, blob FROM topk_bands WHERE number IN (SELECT value FROM json_each(?))",
+            (orjson.dumps(list(numbers)),),
+        )
+        return dict(rows.fetchall())
 
     def processed_offset(self) -> int:
         found = self.status("processed")
@@ -413,14 +488,18 @@ class SqliteStore(EventStore):
             # Publications at or below the processed offset are never read by the pipeline again (a
             # replayed batch starts after the last recorded one), and below the oldest queued delivery
             # no queue needs their bodies.
-            processed, oldest_spilled, oldest_fed = db.execute(
-                f"SELECT {PROCESSED}, (SELECT MIN(pub) FROM deliveries), (SELECT MIN(first) FROM feed)"
+            # Nor are the publications a top-k/w skyband holds: a later expiry may deliver them.
+            processed, oldest_spilled, oldest_fed, held = db.execute(
+                f"SELECT {PROCESSED}, (SELECT MIN(pub) FROM deliveries), (SELECT MIN(first) FROM feed), "
+                "(SELECT value FROM status WHERE name = 'topk_held')"
             ).fetchone()
-            horizon = min([processed] + [oldest - 1 for oldest in (oldest_spilled, oldest_fed) if oldest is not None])
+            horizon = min(
+                [processed] + [oldest - 1 for oldest in (oldest_spilled, oldest_fed, held) if oldest is not None]
+            )
             published = db.execute(
-                "DELETE FROM log WHERE offset IN (SELECT offset FROM log WHERE kind = ? AND offset <= ? "
+                "DELETE FROM log WHERE offset IN (SELECT offset FROM log WHERE kind IN (?, ?, ?) AND offset <= ? "
                 "ORDER BY offset LIMIT ?)",
-                (KIND_PUBLICATION, horizon, limit),
+                (KIND_PUBLICATION, KIND_COPY, KIND_TICK, horizon, limit),
             ).rowcount
             published += db.execute("DELETE FROM copies WHERE pub <= ?", (horizon,)).rowcount
         return spilled + consumed + fed + published
@@ -491,6 +570,10 @@ class SqliteStore(EventStore):
                 db.close()
             self._connections.clear()
         self._local = threading.local()
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _unpack(seq: int, pairs: bytes, cropped: bool = False) -> FeedEntry:
