@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from veil.matching import SubscriptionIndex
 from veil.matching.stored import decode_subscription
-from veil.matching.topkw import Skyband, TopKWSet
+from veil.matching.topkw import NumericColumns, Skyband, TopKWSet, score, score_many
 from veil.pipeline.authorize import Authorizer, user_number
 from veil.pipeline.partition import partition_of
 from veil.pipeline.source import KIND_MARK
@@ -271,17 +271,29 @@ class _Run:
         self, state: _State, out: _Output, pubs: np.ndarray, sub_nos: np.ndarray, pairs: np.ndarray,
         crops: dict[int, bytes],
     ) -> None:  # fmt: skip
-        """Authorized matches of top-k/w subscriptions, in log order, through their skybands; a
-        cropped copy is ranked on what its subscriber would see, and kept while the skyband holds it."""
-        for pair in pairs[np.argsort(pubs[pairs], kind="stable")].tolist():
-            at, number = int(pubs[pair]), int(sub_nos[pair])
-            offset, document = self.offsets[at], self.documents[at]
-            copy = crops.get(pair)
-            if copy is not None:
-                document = flatten(orjson.loads(copy))
-                state.crops.setdefault(number, {})[offset] = copy
-            for delivery in state.topk.arrive(number, offset, self.times[at], document):
-                out.topk.append((number, delivery.seq, state.crops.get(number, {}).get(delivery.seq)))
+        """Authorized matches of top-k/w subscriptions through their skybands, each subscription's
+        in log order; a cropped copy is ranked on what its subscriber would see, and kept while the
+        skyband holds it."""
+        pairs = pairs[np.lexsort((pubs[pairs], sub_nos[pairs]))]
+        numbers = sub_nos[pairs]
+        columns = NumericColumns(self.documents)
+        bounds = np.flatnonzero(np.diff(numbers)) + 1
+        for mine in np.split(pairs, bounds) if len(pairs) else ():
+            number = int(sub_nos[mine[0]])
+            positions = pubs[mine]
+            terms = state.topk.specs[number].terms
+            scores = score_many(terms, columns, positions)
+            offsets = [self.offsets[at] for at in positions.tolist()]
+            for i, pair in enumerate(mine.tolist() if crops else ()):
+                copy = crops.get(pair)
+                if copy is not None:
+                    ranked = score(terms, flatten(orjson.loads(copy)))
+                    scores[i] = math.nan if ranked is None else ranked
+                    state.crops.setdefault(number, {})[offsets[i]] = copy
+            times = [self.times[at] for at in positions.tolist()]
+            kept = state.crops.get(number, {})
+            for delivery in state.topk.arrive_many(number, offsets, times, scores):
+                out.topk.append((number, delivery.seq, kept.get(delivery.seq)))
 
 
 class _Output:
