@@ -1,4 +1,4 @@
-"""`veil serve | publish | subscribe | unsubscribe | certs`."""
+"""`veil serve | publish | unpublish | subscribe | unsubscribe | certs`."""
 
 from __future__ import annotations
 
@@ -69,7 +69,13 @@ async def _publish(args: argparse.Namespace) -> int:
     async with _client(args) as client:
         documents = args.publication or [line for line in sys.stdin if line.strip()]
         for document in documents:
-            print(await client.publish(document.encode()))
+            print(await client.publish(document.encode(), valid_for=args.valid_for))
+    return 0
+
+
+async def _unpublish(args: argparse.Namespace) -> int:
+    async with _client(args) as client:
+        await client.unpublish(args.id)
     return 0
 
 
@@ -134,7 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
     publish = commands.add_parser("publish", help="publish JSON documents (arguments, or lines on stdin)")
     _client_arguments(publish)
     publish.add_argument("publication", nargs="*", help="a publication in any SELIS form")
+    publish.add_argument(
+        "--valid-for", type=int, help="milliseconds it stays valid: subscriptions made meanwhile receive it too"
+    )
     publish.set_defaults(run=lambda a: asyncio.run(_publish(a)))
+
+    unpublish = commands.add_parser("unpublish", help="withdraw a publication of yours that is still valid")
+    _client_arguments(unpublish)
+    unpublish.add_argument("id", help="the id publish printed")
+    unpublish.set_defaults(run=lambda a: asyncio.run(_unpublish(a)))
 
     subscribe = commands.add_parser("subscribe", help="subscribe and print deliveries as they arrive")
     _client_arguments(subscribe)

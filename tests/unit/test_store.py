@@ -10,7 +10,8 @@ from veil.store import (
     KIND_UNSUBSCRIBE,
     NotOwner,
     Publication,
-    TopKBatch,
+    StatefulBatch,
+    UnknownPublication,
     UnknownSubscription,
     open_store,
 )
@@ -186,9 +187,9 @@ def test_top_k_deliveries_are_logged_copies_recorded_once_with_their_skybands(st
     store.put_subscription("s", "alice", b"[]")
     s = store.subscription_number("s")
     old, new = store.append_publications([Publication(b'{"v":1}', "bob", b'"publisher":"bob"'), Publication(b"{}")])
-    batch = TopKBatch([(s, old, None), (s, new, b'{"cut":1}')], [(s, b"band")], old, 123)
-    store.record_deliveries(0, [], [], new, topk=batch)
-    store.record_deliveries(0, [], [], new, topk=batch)  # the same batch replayed
+    batch = StatefulBatch([(s, old, None), (s, new, b'{"cut":1}')], [], [(s, b"band")], old, 123)
+    store.record_deliveries(0, [], [], new, stateful=batch)
+    store.record_deliveries(0, [], [], new, stateful=batch)  # the same batch replayed
     rows, _ = store.backlog("s", 0, 10)
     assert [(body, meta) for _, body, meta in rows] == [
         (b'{"v":1}', b'"id":"%d","publisher":"bob"' % old),
@@ -200,6 +201,28 @@ def test_top_k_deliveries_are_logged_copies_recorded_once_with_their_skybands(st
     store.save_cursors({"s": rows[-1][0]})
     store.compact(1000, store.last_feed_seq(), time.time() + 10)
     assert store.bodies(np.array([old]))  # a skyband still holds it
-    store.record_deliveries(1, [], [], rows[-1][0], topk=TopKBatch([], [(s, None)], None, None))
+    store.record_deliveries(1, [], [], rows[-1][0], stateful=StatefulBatch([], [], [(s, None)], None, None))
     store.compact(1000, store.last_feed_seq(), time.time() + 10)
     assert not store.bodies(np.array([old])) and store.topk_bands([s]) == {}
+
+
+def test_valid_publications_are_kept_for_the_subscriptions_to_come(store):
+    kept, plain, withdrawn = store.append_publications(
+        [Publication(b'{"n":1}', "bob", valid_for=60_000), Publication(b'{"n":2}', "bob"),
+         Publication(b'{"n":3}', "bob", valid_for=60_000)]
+    )  # fmt: skip
+    now = time.time_ns() // 1_000_000
+    with pytest.raises(NotOwner):
+        store.cancel_publication(withdrawn, "mallory")
+    with pytest.raises(UnknownPublication):
+        store.cancel_publication(plain, "bob")
+    before = store.put_subscription("s", "alice", b"[]")
+    cancel = store.cancel_publication(withdrawn, "bob")
+    with pytest.raises(UnknownPublication):
+        store.cancel_publication(withdrawn, "bob")
+    assert [pub for pub, _, _ in store.valid_at(before, now)] == [kept, withdrawn]  # withdrawn after it
+    assert store.valid_at(cancel + 1, now) == [(kept, b'{"n":1}', "bob")]
+    assert store.valid_at(cancel + 1, now + 60_000) == []  # expired by then
+    store.record_deliveries(0, [], [], cancel)
+    store.compact(1000, store.last_feed_seq(), time.time() + 10)
+    assert set(store.bodies(np.array([kept, plain, withdrawn]))) == {kept}

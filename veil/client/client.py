@@ -137,15 +137,30 @@ class VeilClient:
             return orjson.loads(payload) if payload else None
 
     async def publish(
-        self, publication: dict | list | bytes, *, signing_key: tuple[str, Ed25519PrivateKey] | None = None
+        self,
+        publication: dict | list | bytes,
+        *,
+        signing_key: tuple[str, Ed25519PrivateKey] | None = None,
+        valid_for: int | None = None,
     ) -> str:
-        """Publish; with `signing_key` (key id, private key) the exact bytes sent are signed."""
+        """Publish; with `signing_key` (key id, private key) the exact bytes sent are signed; with
+        `valid_for` (milliseconds) the publication is kept that long and subscriptions made meanwhile
+        receive it too."""
         body = publication if isinstance(publication, bytes) else orjson.dumps(publication)
-        extra = None
+        extra: dict[str, str] = {}
         if signing_key is not None:
             key_id, private = signing_key
-            extra = {"X-Key-Id": key_id, "X-Signature": signatures.sign(private, body)}
-        return (await self.request("/publish", body, extra=extra))["id"]
+            extra.update({"X-Key-Id": key_id, "X-Signature": signatures.sign(private, body)})
+        if valid_for is not None:
+            extra["X-Valid-For"] = str(valid_for)
+        return (await self.request("/publish", body, extra=extra or None))["id"]
+
+    async def unpublish(self, publication_id: str) -> None:
+        """Withdraw a publication of yours that is still valid."""
+        doc: dict[str, Any] = {"id": publication_id}
+        if self.auth_hash is not None:
+            doc["authHash"] = self.auth_hash
+        await self.request("/unpublish", orjson.dumps(doc))
 
     async def registry(self, document: dict | None = None) -> dict:
         """The broker's registry (admins only); with `document`, replace it first."""

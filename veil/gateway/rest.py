@@ -17,13 +17,21 @@ from aiohttp import web
 from veil.gateway.ingest import Overloaded
 from veil.matching import Predicate, Unsatisfiable, check_satisfiable
 from veil.matching.stored import encode_subscription
-from veil.protocol import ProtocolError, parse_publication, parse_publication_batch, parse_subscribe, parse_unsubscribe
+from veil.protocol import (
+    ProtocolError,
+    parse_publication,
+    parse_publication_batch,
+    parse_subscribe,
+    parse_unpublish,
+    parse_unsubscribe,
+    parse_valid_for,
+)
 from veil.protocol.errors import load_json
 from veil.security import signatures
 from veil.security.identity import Credentials
 from veil.security.registry import parse_registry
 from veil.security.tls import peer_identity
-from veil.store import NotOwner, Publication, UnknownSubscription
+from veil.store import NotOwner, Publication, UnknownPublication, UnknownSubscription
 
 if TYPE_CHECKING:
     from veil.gateway.server import Broker
@@ -87,11 +95,12 @@ def create_app(broker: Broker) -> web.Application:
         publisher = client_of(broker, request, request.headers.get("X-Auth-Hash"))
         raw = await request.read()
         signature = request.headers.get("X-Signature")
+        valid_for = parse_valid_for(request.headers.get("X-Valid-For"))
         if request.content_type in BATCH_TYPES:
             if signature is not None:
                 raise ProtocolError("X-Signature", "sign publications one per request, not a batch")
             meta = signatures.envelope_fields(publisher)
-            batch = [Publication(body, publisher, meta) for body in parse_publication_batch(raw)]
+            batch = [Publication(body, publisher, meta, valid_for) for body in parse_publication_batch(raw)]
             offsets = await broker.ingest.append(batch)
             return json_response({"ids": [str(o) for o in offsets]})
         body = parse_publication(raw)
@@ -102,10 +111,21 @@ def create_app(broker: Broker) -> web.Application:
                     "X-Signature", "sign a raw JSON object sent byte for byte (other forms are converted)"
                 )
             signatures.check(broker.registry.keys.get(publisher, {}), key_id, signature, raw)
-        offsets = await broker.ingest.append(
-            [Publication(body, publisher, signatures.envelope_fields(publisher, key_id, signature))]
-        )
+        meta = signatures.envelope_fields(publisher, key_id, signature)
+        offsets = await broker.ingest.append([Publication(body, publisher, meta, valid_for)])
         return json_response({"id": str(offsets[0])})
+
+    async def unpublish(request: web.Request) -> web.Response:
+        """Withdraw a still-valid publication: later subscriptions do not get it (SPEC §2.5)."""
+        req = parse_unpublish(await request.read())
+        publisher = client_of(broker, request, req.auth_hash or request.headers.get("X-Auth-Hash"))
+        try:
+            await broker.threads.write(broker.threads.store.cancel_publication, req.publication, publisher)
+        except UnknownPublication:
+            raise ProtocolError("id", "no publication with this id is still valid", 404) from None
+        except NotOwner:
+            raise ProtocolError("id", "published by another client", 403) from None
+        return json_response({"id": str(req.publication)})
 
     async def subscribe(request: web.Request) -> web.Response:
         req = parse_subscribe(await request.read())
@@ -165,6 +185,7 @@ def create_app(broker: Broker) -> web.Application:
     app.router.add_post("/publish", publish)
     app.router.add_post("/subscribe", subscribe)
     app.router.add_post("/unsubscribe", unsubscribe)
+    app.router.add_post("/unpublish", unpublish)
     app.router.add_get("/admin/registry", registry)
     app.router.add_put("/admin/registry", registry)
     app.router.add_get("/health", health)

@@ -12,7 +12,7 @@ Top-k/w subscriptions (SPEC §5) are matched by the same index (their Boolean fi
 finds for them, once authorized, go through their skybands in log order instead of being delivered,
 and the log's times drive the windows (tick entries move the clock when nothing is published).
 Their deliveries, the skybands that changed, the oldest publication still held and the next expiry
-leave the task as one TOPK row, which the exit point records with the batch, atomically; a task
+leave the task as one STATEFUL row, which the exit point records with the batch, atomically; a task
 that had to rebuild its state reads the skybands back as of the processed offset.
 """
 
@@ -27,7 +27,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from veil.matching import SubscriptionIndex
+from veil.matching import SubscriptionIndex, matches
 from veil.matching.stored import decode_subscription
 from veil.matching.topkw import NumericColumns, Skyband, TopKWSet, score, score_many
 from veil.pipeline.authorize import Authorizer, user_number
@@ -36,25 +36,31 @@ from veil.pipeline.source import KIND_MARK
 from veil.pipeline.stores import store_for
 from veil.protocol import flatten
 from veil.security.registry import registry_from_json
-from veil.store import KIND_PUBLICATION, KIND_REGISTRY, KIND_SUBSCRIBE, KIND_TICK, TopKBatch
+from veil.store import KIND_PUBLICATION, KIND_REGISTRY, KIND_SUBSCRIBE, KIND_TICK, StatefulBatch
 
 MATCH_SCHEMA = "offset LONG, sub_no LONG, copy BINARY"
 _OUT_SCHEMA = pa.schema([("offset", pa.int64()), ("sub_no", pa.int64()), ("copy", pa.binary())])
 MARK = -1  # the sub_no of a row that only carries how far the log was processed
-TOPK = -2  # the sub_no of a row whose copy is the task's top-k/w output (see `encode_topk`)
+STATEFUL = -2  # the sub_no of a row whose copy is the task's top-k/w output (see `encode_stateful`)
 _FLUSH_ROWS = 65536
 RUN_LIMIT = 4096  # publications matched per index call
 
 _states: dict[tuple[str, int, int], tuple[_State, int]] = {}
 
 
-def encode_topk(batch: TopKBatch) -> bytes:
+def encode_stateful(batch: StatefulBatch) -> bytes:
     return msgspec.msgpack.encode(batch)
 
 
-def decode_topk(blob: bytes) -> TopKBatch:
-    deliveries, bands, held, due = msgspec.msgpack.decode(blob)
-    return TopKBatch([tuple(d) for d in deliveries], [tuple(b) for b in bands], held, due)  # type: ignore[misc]
+def decode_stateful(blob: bytes) -> StatefulBatch:
+    deliveries, initials, bands, held, due = msgspec.msgpack.decode(blob)
+    return StatefulBatch(
+        [tuple(d) for d in deliveries],
+        [tuple(i) for i in initials],
+        [tuple(b) for b in bands],
+        held,
+        due,  # type: ignore[misc]
+    )
 
 
 class _State:
@@ -102,9 +108,11 @@ class _State:
                 self.crops[number] = {int(pub): copy for pub, copy in crops.items()}
         self.topk.touched.clear()
 
-    def topk_output(self, deliveries: list[tuple[int, int, bytes | None]]) -> TopKBatch | None:
-        """The batch's top-k/w output; the touched skybands are saved with their cropped copies."""
-        if not self.topk_numbers and not self.topk.touched:
+    def stateful_output(
+        self, deliveries: list[tuple[int, int, bytes | None]], initials: list[tuple[int, int, bytes | None]]
+    ) -> StatefulBatch | None:
+        """The batch's stateful output; the touched skybands are saved with their cropped copies."""
+        if not deliveries and not initials and not self.topk_numbers and not self.topk.touched:
             return None
         bands: list[tuple[int, bytes | None]] = []
         for number in sorted(self.topk.touched):
@@ -119,7 +127,8 @@ class _State:
             bands.append((number, msgspec.msgpack.encode([band.state(), held])))
         self.topk.touched.clear()
         due = self.topk.next_expiry()
-        return TopKBatch(deliveries, bands, self.topk.oldest_held(), None if due is None else math.ceil(due))
+        due = None if due is None else math.ceil(due)
+        return StatefulBatch(deliveries, initials, bands, self.topk.oldest_held(), due)
 
     def set_registry(self, body: bytes | None) -> None:
         if body != self.registry_body:  # compiling a large registry costs: only when it changed
@@ -173,6 +182,9 @@ class MatchPartition:
                     elif kind == KIND_SUBSCRIBE:
                         number = store_for(self.url).subscription_number(sub_id)
                         state.add(sub_id, number, client or "", body)  # type: ignore[union-attr, arg-type]
+                        if not state.is_topk[number]:  # type: ignore[union-attr]
+                            valid = store_for(self.url).valid_at(offset, clock)
+                            out.initial(state, number, body, valid)  # type: ignore[arg-type]
                     else:
                         state.remove(sub_id)  # type: ignore[union-attr]
             if len(out) >= _FLUSH_ROWS:
@@ -183,7 +195,7 @@ class MatchPartition:
             if replaying:  # what it computed is dropped: rebuild from the store next time
                 _states.pop(key, None)
             else:
-                out.topk_row(state)
+                out.stateful_row(state)
                 _states[key] = (state, end)
             if changed:
                 _settle()
@@ -293,35 +305,60 @@ class _Run:
             times = [self.times[at] for at in positions.tolist()]
             kept = state.crops.get(number, {})
             for delivery in state.topk.arrive_many(number, offsets, times, scores):
-                out.topk.append((number, delivery.seq, kept.get(delivery.seq)))
+                out.logged.append((number, delivery.seq, kept.get(delivery.seq)))
 
 
 class _Output:
+    """A task's output: plain matches as columns, cropped copies beside them; top-k/w deliveries
+    (`logged`) and initial matches, which leave in one STATEFUL row."""
+
     def __init__(self) -> None:
         self.offsets: list[np.ndarray] = []
         self.sub_nos: list[np.ndarray] = []
         self._copies: list[pa.RecordBatch] = []
-        self.topk: list[tuple[int, int, bytes | None]] = []  # (number, publication, cropped copy)
+        self.logged: list[tuple[int, int, bytes | None]] = []  # (number, publication, cropped copy)
+        self.initials: list[tuple[int, int, bytes | None]] = []  # (number, publication, cropped copy)
+
+    def initial(self, state: _State, number: int, body: bytes, valid: list[tuple[int, bytes, str]]) -> None:
+        """A new subscription's initial matches: the still-valid publications it matches and may see.
+        They are older than the subscription and than all its other matches, so they queue as
+        plain matches ahead of those."""
+        if not valid:
+            return
+        predicates, _ = decode_subscription(body)
+        documents = [flatten(orjson.loads(published)) for _, published, _ in valid]
+        found = [i for i, document in enumerate(documents) if matches(predicates, document)]
+        if not found:
+            return
+        positions = np.array(found, np.int64)
+        owners = np.full(len(found), state.owners[number], np.int64)
+        keep, copies = state.authorizer.filter(
+            [documents[i] for i in found], [valid[i][1] for i in found], [valid[i][2] for i in found],
+            np.arange(len(found), dtype=np.int64), owners,
+        )  # fmt: skip
+        crops = dict(copies)
+        for pair in np.flatnonzero(keep).tolist():
+            self.initials.append((number, valid[int(positions[pair])][0], crops.get(pair)))
 
     def expired(self, state: _State, now: int) -> None:
         """What the expiries up to `now` promote into the top k of their subscriptions."""
         for number, delivery in state.topk.advance(now):
-            self.topk.append((number, delivery.seq, state.crops.get(number, {}).get(delivery.seq)))
+            self.logged.append((number, delivery.seq, state.crops.get(number, {}).get(delivery.seq)))
 
-    def topk_row(self, state: _State) -> None:
-        batch = state.topk_output(self.topk)
+    def stateful_row(self, state: _State) -> None:
+        batch = state.stateful_output(self.logged, self.initials)
         if batch is not None:
             self._copies.append(
                 pa.RecordBatch.from_arrays(
                     [
                         pa.array([0], pa.int64()),
-                        pa.array([TOPK], pa.int64()),
-                        pa.array([encode_topk(batch)], pa.binary()),
+                        pa.array([STATEFUL], pa.int64()),
+                        pa.array([encode_stateful(batch)], pa.binary()),
                     ],
                     schema=_OUT_SCHEMA,
                 )
             )
-        self.topk = []
+        self.logged = []
 
     def __len__(self) -> int:
         return sum(len(chunk) for chunk in self.sub_nos)

@@ -17,7 +17,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
 from veil.pipeline.partition import partition_of
 from veil.pipeline.stores import store_for
-from veil.store import KIND_COPY, KIND_PUBLICATION, KIND_REGISTRY, KIND_TICK
+from veil.store import KIND_CANCEL, KIND_COPY, KIND_PUBLICATION, KIND_REGISTRY, KIND_TICK
 
 KIND_MARK = -1
 LOG_SCHEMA = "part INT, offset LONG, kind INT, sub_id STRING, body BINARY, client STRING, time LONG, until LONG"
@@ -110,7 +110,7 @@ class EventLogReader(DataSourceStreamReader):
                 wanted = partition.low < entry.offset <= partition.high
             elif entry.kind in (KIND_REGISTRY, KIND_TICK):
                 wanted = True
-            elif entry.kind == KIND_COPY:  # the pipeline's own output
+            elif entry.kind in (KIND_COPY, KIND_CANCEL):  # the pipeline's own output; a withdrawal
                 wanted = False
             else:
                 wanted = partition.by_publication or partition_of(entry.sub_id, n) == part  # type: ignore[arg-type]

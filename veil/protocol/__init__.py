@@ -3,7 +3,13 @@
 from veil.protocol.errors import ProtocolError
 from veil.protocol.flatten import flatten
 from veil.protocol.handshake import Handshake, parse_ack, parse_handshake
-from veil.protocol.publications import parse_publication, parse_publication_batch
+from veil.protocol.publications import (
+    UnpublishRequest,
+    parse_publication,
+    parse_publication_batch,
+    parse_unpublish,
+    parse_valid_for,
+)
 from veil.protocol.subscriptions import SubscribeRequest, TopK, UnsubscribeRequest, parse_subscribe, parse_unsubscribe
 
 __all__ = [
@@ -11,6 +17,7 @@ __all__ = [
     "ProtocolError",
     "SubscribeRequest",
     "TopK",
+    "UnpublishRequest",
     "UnsubscribeRequest",
     "flatten",
     "parse_ack",
@@ -18,5 +25,7 @@ __all__ = [
     "parse_publication",
     "parse_publication_batch",
     "parse_subscribe",
+    "parse_unpublish",
     "parse_unsubscribe",
+    "parse_valid_for",
 ]

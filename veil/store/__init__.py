@@ -1,6 +1,7 @@
 """Durable state behind one interface: the event log, subscriptions, delivery queues, cursors."""
 
 from veil.store.base import (
+    KIND_CANCEL,
     KIND_COPY,
     KIND_PUBLICATION,
     KIND_REGISTRY,
@@ -11,12 +12,14 @@ from veil.store.base import (
     LogEntry,
     NotOwner,
     Publication,
-    TopKBatch,
+    StatefulBatch,
+    UnknownPublication,
     UnknownSubscription,
     open_store,
 )
 
 __all__ = [
+    "KIND_CANCEL",
     "KIND_COPY",
     "KIND_PUBLICATION",
     "KIND_REGISTRY",
@@ -27,7 +30,8 @@ __all__ = [
     "LogEntry",
     "NotOwner",
     "Publication",
-    "TopKBatch",
+    "StatefulBatch",
+    "UnknownPublication",
     "UnknownSubscription",
     "open_store",
 ]

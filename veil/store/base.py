@@ -19,7 +19,8 @@ KIND_SUBSCRIBE = 1
 KIND_UNSUBSCRIBE = 2
 KIND_REGISTRY = 3  # a new registry version: later publications are authorized under it
 KIND_TICK = 4  # the clock moved: top-k/w windows expire up to its time even when nothing is published
-KIND_COPY = 5  # a top-k/w delivery: a copy of an earlier publication, queued under its own offset
+KIND_COPY = 5  # a delivery decided after its publication was matched (top-k/w, initial matches): a copy
+KIND_CANCEL = 6  # a publisher withdrew a valid publication: later subscriptions do not get it
 
 
 class Publication(NamedTuple):
@@ -29,6 +30,7 @@ class Publication(NamedTuple):
     body: bytes
     publisher: str = ""
     meta: bytes = b""
+    valid_for: int | None = None  # milliseconds it stays valid: kept, and matched by new subscriptions
 
 
 class LogEntry(NamedTuple):
@@ -57,13 +59,15 @@ class FeedEntry(NamedTuple):
     cropped: bool = False  # some of its matches deliver a cropped copy
 
 
-class TopKBatch(NamedTuple):
-    """What a micro-batch did to the top-k/w subscriptions: deliveries as (subscription number,
-    publication, cropped copy or None) in the order they were decided; the new state of each
-    subscription whose skyband changed (None for one that is gone); the oldest publication any
-    skyband still holds and the next moment an expiry is due (milliseconds), or None."""
+class StatefulBatch(NamedTuple):
+    """What a micro-batch decided beyond matching its own publications, each delivery as (subscription
+    number, publication, cropped copy or None): top-k/w deliveries in the order they were decided;
+    new subscriptions' initial matches (older, still-valid publications); the new state of each
+    top-k/w subscription whose skyband changed (None for one that is gone); the oldest publication
+    any skyband still holds and the next moment an expiry is due (milliseconds), or None."""
 
     deliveries: list[tuple[int, int, bytes | None]]
+    initials: list[tuple[int, int, bytes | None]]
     bands: list[tuple[int, bytes | None]]
     held: int | None
     due: int | None
@@ -71,6 +75,10 @@ class TopKBatch(NamedTuple):
 
 class UnknownSubscription(LookupError):
     pass
+
+
+class UnknownPublication(LookupError):
+    """No publication with that id is still valid."""
 
 
 class NotOwner(PermissionError):
@@ -90,6 +98,16 @@ class EventStore(ABC):
     @abstractmethod
     def registry_at(self, offset: int | None = None) -> bytes | None:
         """The registry version in force just after `offset` (the newest one with offset=None)."""
+
+    @abstractmethod
+    def cancel_publication(self, pub: int, publisher: str) -> int:
+        """Withdraw a still-valid publication of this publisher (UnknownPublication, NotOwner); later
+        subscriptions no longer receive it as an initial match."""
+
+    @abstractmethod
+    def valid_at(self, offset: int, time: int) -> list[tuple[int, bytes, str]]:
+        """The publications logged before `offset`, valid at `time` (ms) and not withdrawn before
+        `offset`, as (offset, body, publisher): a subscription logged there receives the ones it matches."""
 
     @abstractmethod
     def append_tick(self) -> int:
@@ -161,7 +179,7 @@ class EventStore(ABC):
         pubs: np.ndarray,
         processed: int,
         copies: Sequence[tuple[int, int, bytes]] = (),
-        topk: TopKBatch | None = None,
+        stateful: StatefulBatch | None = None,
     ) -> None:
         """Queue the (subscription number, publication) matches of a micro-batch as one feed entry,
         with the cropped copies some of them deliver, and record the processed offset, in one
@@ -169,8 +187,9 @@ class EventStore(ABC):
         so a replayed batch delivers nothing twice. A batch with matches also records its matches
         per log entry (status `matches_per_entry`), by which the source sizes the next batches.
         Top-k/w deliveries are logged as copies (KIND_COPY) of their publications, so that each
-        subscription's queue stays in the order they were decided, and the skybands' new states are
-        kept with them: all of it only when the batch is new, since a replay recomputes them."""
+        subscription's queue stays in the order they were decided; initial matches queue as plain
+        matches (they precede the subscription's others); the skybands' new states are kept with
+        them: all of it only when the batch is new, since a replay recomputes them."""
 
     @abstractmethod
     def topk_bands(self, numbers: Sequence[int]) -> dict[int, bytes]:

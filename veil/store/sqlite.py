@@ -25,6 +25,7 @@ import orjson
 
 from veil.store.base import (
     CROPPED_META,
+    KIND_CANCEL,
     KIND_COPY,
     KIND_PUBLICATION,
     KIND_REGISTRY,
@@ -37,7 +38,8 @@ from veil.store.base import (
     LogEntry,
     NotOwner,
     Publication,
-    TopKBatch,
+    StatefulBatch,
+    UnknownPublication,
     UnknownSubscription,
 )
 
@@ -97,6 +99,11 @@ CREATE TABLE IF NOT EXISTS copies (  -- cropped copies, for the few matches that
     body BLOB NOT NULL,
     PRIMARY KEY (sub_no, pub)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS validity (  -- publications kept while valid, for the subscriptions to come
+    pub INTEGER PRIMARY KEY,
+    until INTEGER NOT NULL,  -- milliseconds since the epoch
+    cancelled INTEGER  -- the offset of the publisher's withdrawal
+);
 CREATE TABLE IF NOT EXISTS topk_bands (  -- each top-k/w subscription's skyband as of the processed offset
     number INTEGER PRIMARY KEY,
     blob BLOB NOT NULL
@@ -157,11 +164,42 @@ class SqliteStore(EventStore):
         with self._tx() as db:
             db.executemany(
                 f"INSERT INTO log(kind, body, client, meta, time) VALUES ({KIND_PUBLICATION}, ?, ?, ?, {now})",
-                publications,
+                [(p.body, p.publisher, p.meta) for p in publications],
             )
             last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
-        # One writer holds the lock for the whole transaction, so the rows got consecutive offsets.
-        return list(range(last - len(publications) + 1, last + 1))
+            # One writer holds the lock for the whole transaction, so the rows got consecutive offsets.
+            offsets = list(range(last - len(publications) + 1, last + 1))
+            db.executemany(
+                "INSERT INTO validity(pub, until) VALUES (?, ?)",
+                [(o, now + p.valid_for) for o, p in zip(offsets, publications, strict=True) if p.valid_for],
+            )
+        return offsets
+
+    def cancel_publication(self, pub: int, publisher: str) -> int:
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT l.client FROM validity v JOIN log l ON l.offset = v.pub "
+                "WHERE v.pub = ? AND v.until > ? AND v.cancelled IS NULL",
+                (pub, _now_ms()),
+            ).fetchone()
+            if row is None:
+                raise UnknownPublication(pub)
+            if row[0] != publisher:
+                raise NotOwner(str(pub))
+            offset = db.execute("INSERT INTO log(kind, time) VALUES (?, ?)", (KIND_CANCEL, _now_ms())).lastrowid
+            db.execute("UPDATE validity SET cancelled = ? WHERE pub = ?", (offset, pub))
+        return offset  # type: ignore[return-value]
+
+    def valid_at(self, offset: int, time: int) -> list[tuple[int, bytes, str]]:
+        return (
+            self._db()
+            .execute(
+                "SELECT v.pub, l.body, COALESCE(l.client, '') FROM validity v JOIN log l ON l.offset = v.pub "
+                "WHERE v.pub < ?1 AND v.until > ?2 AND (v.cancelled IS NULL OR v.cancelled > ?1) ORDER BY v.pub",
+                (offset, time),
+            )
+            .fetchall()
+        )
 
     def put_registry(self, body: bytes) -> int:
         with self._tx() as db:
@@ -382,7 +420,7 @@ class SqliteStore(EventStore):
         pubs: np.ndarray,
         processed: int,
         copies: Sequence[tuple[int, int, bytes]] = (),
-        topk: TopKBatch | None = None,
+        stateful: StatefulBatch | None = None,
     ) -> None:
         sub_nos = np.asarray(sub_nos, np.int64)
         pubs = np.asarray(pubs, np.int64)
@@ -394,10 +432,11 @@ class SqliteStore(EventStore):
             fresh = pubs > done
             sub_nos, pubs = sub_nos[fresh], pubs[fresh]
             copies = [copy for copy in copies if copy[1] > done]
-            if topk is not None and processed > done:
-                logged = self._record_topk(db, topk)
+            if stateful is not None and processed > done:
+                logged = self._record_stateful(db, stateful) + [(n, p) for n, p, _ in stateful.initials]
                 sub_nos = np.concatenate([sub_nos, np.array([n for n, _ in logged], np.int64)])
                 pubs = np.concatenate([pubs, np.array([p for _, p in logged], np.int64)])
+                copies += [(n, p, copy) for n, p, copy in stateful.initials if copy is not None]
             if len(pubs):
                 order = np.lexsort((pubs, sub_nos))
                 db.execute(
@@ -417,20 +456,20 @@ class SqliteStore(EventStore):
                 )
 
     @staticmethod
-    def _record_topk(db: sqlite3.Connection, topk: TopKBatch) -> list[tuple[int, int]]:
-        """Log each top-k/w delivery as a copy of its publication (the envelope keeps the original's
-        id) and keep the skybands; returns the (subscription number, copy offset) matches."""
+    def _record_stateful(db: sqlite3.Connection, batch: StatefulBatch) -> list[tuple[int, int]]:
+        """Log each delivery as a copy of its publication (the envelope keeps the original's id) and
+        keep the skybands; returns the (subscription number, copy offset) matches."""
         originals = {
             offset: (body, client, meta)
             for offset, body, client, meta in db.execute(
                 "SELECT offset, body, client, COALESCE(meta, x'') FROM log "
                 "WHERE offset IN (SELECT value FROM json_each(?))",
-                (orjson.dumps([pub for _, pub, _ in topk.deliveries]),),
+                (orjson.dumps([pub for _, pub, _ in batch.deliveries]),),
             )
         }
         logged = []
         now = _now_ms()
-        for number, pub, cropped in topk.deliveries:
+        for number, pub, cropped in batch.deliveries:
             if pub not in originals:  # kept while any skyband holds it: gone means nobody does
                 continue
             body, client, meta = originals[pub]
@@ -444,12 +483,12 @@ class SqliteStore(EventStore):
             logged.append((number, offset))
         db.executemany(
             "INSERT OR REPLACE INTO topk_bands(number, blob) VALUES (?, ?)",
-            [(number, blob) for number, blob in topk.bands if blob is not None],
+            [(number, blob) for number, blob in batch.bands if blob is not None],
         )
         db.executemany(
-            "DELETE FROM topk_bands WHERE number = ?", [(number,) for number, blob in topk.bands if blob is None]
+            "DELETE FROM topk_bands WHERE number = ?", [(number,) for number, blob in batch.bands if blob is None]
         )
-        for name, value in (("topk_held", topk.held), ("topk_due", topk.due)):
+        for name, value in (("topk_held", batch.held), ("topk_due", batch.due)):
             if value is None:
                 db.execute("DELETE FROM status WHERE name = ?", (name,))
             else:
@@ -515,10 +554,19 @@ class SqliteStore(EventStore):
             horizon = min(
                 [processed] + [oldest - 1 for oldest in (oldest_spilled, oldest_fed, held) if oldest is not None]
             )
+            # Valid publications stay for the subscriptions to come, until the pipeline has passed the
+            # moment they expire or their withdrawal.
+            clock = db.execute(
+                "SELECT COALESCE(MAX(time), 0) FROM log WHERE offset = (SELECT MAX(offset) FROM log WHERE offset <= ?)",
+                (processed,),
+            ).fetchone()[0]
             published = db.execute(
-                "DELETE FROM log WHERE offset IN (SELECT offset FROM log WHERE kind IN (?, ?, ?) AND offset <= ? "
-                "ORDER BY offset LIMIT ?)",
-                (KIND_PUBLICATION, KIND_COPY, KIND_TICK, horizon, limit),
+                "DELETE FROM validity WHERE until <= ? OR cancelled <= ?", (clock, processed)
+            ).rowcount
+            published += db.execute(
+                "DELETE FROM log WHERE offset IN (SELECT offset FROM log WHERE kind IN (?, ?, ?, ?) AND offset <= ? "
+                "AND offset NOT IN (SELECT pub FROM validity) ORDER BY offset LIMIT ?)",
+                (KIND_PUBLICATION, KIND_COPY, KIND_TICK, KIND_CANCEL, horizon, limit),
             ).rowcount
             published += db.execute("DELETE FROM copies WHERE pub <= ?", (horizon,)).rowcount
         return spilled + consumed + fed + published
