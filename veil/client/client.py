@@ -155,6 +155,24 @@ class VeilClient:
             extra["X-Valid-For"] = str(valid_for)
         return (await self.request("/publish", body, extra=extra or None))["id"]
 
+    async def announce(self, data: list[dict], announcement_id: str | None = None) -> dict:
+        """As an edge broker: announce what its publishers can produce (constraints, as `data` of a
+        subscription); see veil.client.edge."""
+        doc: dict[str, Any] = {"data": data}
+        if self.auth_hash is not None:
+            doc["authHash"] = self.auth_hash
+        if announcement_id:
+            doc["announcementId"] = announcement_id
+        reply = await self.request("/announce", orjson.dumps(doc))
+        self.tcp_port = reply.get("port", self.tcp_port)
+        return reply
+
+    async def revoke(self, announcement_id: str) -> None:
+        doc: dict[str, Any] = {"announcementId": announcement_id}
+        if self.auth_hash is not None:
+            doc["authHash"] = self.auth_hash
+        await self.request("/revoke", orjson.dumps(doc))
+
     async def unpublish(self, publication_id: str) -> None:
         """Withdraw a publication of yours that is still valid."""
         doc: dict[str, Any] = {"id": publication_id}

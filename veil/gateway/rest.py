@@ -19,8 +19,10 @@ from veil.matching import Predicate, Unsatisfiable, check_satisfiable
 from veil.matching.stored import encode_subscription
 from veil.protocol import (
     ProtocolError,
+    parse_announce,
     parse_publication,
     parse_publication_batch,
+    parse_revoke,
     parse_subscribe,
     parse_unpublish,
     parse_unsubscribe,
@@ -31,7 +33,7 @@ from veil.security import signatures
 from veil.security.identity import Credentials
 from veil.security.registry import parse_registry
 from veil.security.tls import peer_identity
-from veil.store import NotOwner, Publication, UnknownPublication, UnknownSubscription
+from veil.store import NotOwner, Publication, UnknownAnnouncement, UnknownPublication, UnknownSubscription
 
 if TYPE_CHECKING:
     from veil.gateway.server import Broker
@@ -166,6 +168,35 @@ def create_app(broker: Broker) -> web.Application:
         await broker.hub.kick(req.subscription_id, ProtocolError("subscriptionId", "unsubscribed", 410).to_json())
         return json_response({"subscriptionId": req.subscription_id})
 
+    async def announce(request: web.Request) -> web.Response:
+        """An edge broker announces what its publishers can produce (SPEC §9)."""
+        req = parse_announce(await request.read())
+        owner = client_of(broker, request, req.auth_hash)
+        ann_id = req.announcement_id or uuid.uuid4().hex
+        try:
+            await broker.threads.write(
+                broker.threads.store.put_announcement, ann_id, owner, orjson.dumps(req.predicates)
+            )
+        except NotOwner:
+            raise ProtocolError("announcementId", "belongs to another client", 403) from None
+        return json_response(
+            {"host": config.hostname, "port": config.tcp, "ws-port": config.ws, "announcementId": ann_id}
+        )
+
+    async def revoke(request: web.Request) -> web.Response:
+        auth_hash, ann_id = parse_revoke(await request.read())
+        owner = client_of(broker, request, auth_hash)
+        try:
+            await broker.threads.write(broker.threads.store.remove_announcement, ann_id, owner)
+        except UnknownAnnouncement:
+            raise ProtocolError("announcementId", "unknown announcement", 404) from None
+        except NotOwner:
+            raise ProtocolError("announcementId", "belongs to another client", 403) from None
+        revoked = ProtocolError("announcementId", "revoked", 410).to_json()
+        for close in list(broker.edges.pop(ann_id, {}).values()):
+            await close(revoked)
+        return json_response({"announcementId": ann_id})
+
     async def registry(request: web.Request) -> web.Response:
         """The admin API: read or replace the registry (SPEC §6); only its admins may."""
         admin = client_of(broker, request, request.headers.get("X-Auth-Hash"))
@@ -186,6 +217,8 @@ def create_app(broker: Broker) -> web.Application:
     app.router.add_post("/subscribe", subscribe)
     app.router.add_post("/unsubscribe", unsubscribe)
     app.router.add_post("/unpublish", unpublish)
+    app.router.add_post("/announce", announce)
+    app.router.add_post("/revoke", revoke)
     app.router.add_get("/admin/registry", registry)
     app.router.add_put("/admin/registry", registry)
     app.router.add_get("/health", health)

@@ -15,7 +15,7 @@ from veil.config import Config
 from veil.gateway.ingest import Ingest
 from veil.gateway.pipeline_process import PipelineProcess
 from veil.gateway.rest import create_app
-from veil.gateway.sessions import DeliveryHub
+from veil.gateway.sessions import Close, DeliveryHub
 from veil.gateway.storage import StoreThreads
 from veil.gateway.tcp import start_tcp
 from veil.gateway.websocket import create_ws_app
@@ -44,6 +44,7 @@ class Broker:
         self.connections = 0
         self.pipeline_state = "starting"
         self._tick = 0  # the offset of the last clock tick logged
+        self.edges: dict[str, dict[int, Close]] = {}  # announcement id -> how to close its channels
         self._runners: list[web.AppRunner] = []
         self._tcp: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []

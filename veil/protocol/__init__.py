@@ -1,5 +1,6 @@
 """External formats of the SELIS protocol: parsing, validation and error bodies. Pure, no I/O."""
 
+from veil.protocol.announcements import AnnounceRequest, parse_announce, parse_revoke
 from veil.protocol.errors import ProtocolError
 from veil.protocol.flatten import flatten
 from veil.protocol.handshake import Handshake, parse_ack, parse_handshake
@@ -13,6 +14,7 @@ from veil.protocol.publications import (
 from veil.protocol.subscriptions import SubscribeRequest, TopK, UnsubscribeRequest, parse_subscribe, parse_unsubscribe
 
 __all__ = [
+    "AnnounceRequest",
     "Handshake",
     "ProtocolError",
     "SubscribeRequest",
@@ -21,9 +23,11 @@ __all__ = [
     "UnsubscribeRequest",
     "flatten",
     "parse_ack",
+    "parse_announce",
     "parse_handshake",
     "parse_publication",
     "parse_publication_batch",
+    "parse_revoke",
     "parse_subscribe",
     "parse_unpublish",
     "parse_unsubscribe",

@@ -77,6 +77,10 @@ class UnknownSubscription(LookupError):
     pass
 
 
+class UnknownAnnouncement(LookupError):
+    pass
+
+
 class UnknownPublication(LookupError):
     """No publication with that id is still valid."""
 
@@ -108,6 +112,18 @@ class EventStore(ABC):
     def valid_at(self, offset: int, time: int) -> list[tuple[int, bytes, str]]:
         """The publications logged before `offset`, valid at `time` (ms) and not withdrawn before
         `offset`, as (offset, body, publisher): a subscription logged there receives the ones it matches."""
+
+    @abstractmethod
+    def put_announcement(self, ann_id: str, owner: str, body: bytes) -> None:
+        """Register or replace an edge broker's announcement; NotOwner if the id is someone else's."""
+
+    @abstractmethod
+    def remove_announcement(self, ann_id: str, owner: str) -> None:
+        """UnknownAnnouncement / NotOwner."""
+
+    @abstractmethod
+    def announcement(self, ann_id: str) -> tuple[str, bytes] | None:
+        """(owner, body) of an announcement."""
 
     @abstractmethod
     def append_tick(self) -> int:

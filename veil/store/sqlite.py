@@ -39,6 +39,7 @@ from veil.store.base import (
     NotOwner,
     Publication,
     StatefulBatch,
+    UnknownAnnouncement,
     UnknownPublication,
     UnknownSubscription,
 )
@@ -99,6 +100,11 @@ CREATE TABLE IF NOT EXISTS copies (  -- cropped copies, for the few matches that
     body BLOB NOT NULL,
     PRIMARY KEY (sub_no, pub)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS announcements (  -- what edge brokers' publishers can produce
+    ann_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    body BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS validity (  -- publications kept while valid, for the subscriptions to come
     pub INTEGER PRIMARY KEY,
     until INTEGER NOT NULL,  -- milliseconds since the epoch
@@ -174,6 +180,27 @@ class SqliteStore(EventStore):
                 [(o, now + p.valid_for) for o, p in zip(offsets, publications, strict=True) if p.valid_for],
             )
         return offsets
+
+    def put_announcement(self, ann_id: str, owner: str, body: bytes) -> None:
+        with self._tx() as db:
+            row = db.execute("SELECT owner FROM announcements WHERE ann_id = ?", (ann_id,)).fetchone()
+            if row is not None and row[0] != owner:
+                raise NotOwner(ann_id)
+            db.execute(
+                "INSERT OR REPLACE INTO announcements(ann_id, owner, body) VALUES (?, ?, ?)", (ann_id, owner, body)
+            )
+
+    def remove_announcement(self, ann_id: str, owner: str) -> None:
+        with self._tx() as db:
+            row = db.execute("SELECT owner FROM announcements WHERE ann_id = ?", (ann_id,)).fetchone()
+            if row is None:
+                raise UnknownAnnouncement(ann_id)
+            if row[0] != owner:
+                raise NotOwner(ann_id)
+            db.execute("DELETE FROM announcements WHERE ann_id = ?", (ann_id,))
+
+    def announcement(self, ann_id: str) -> tuple[str, bytes] | None:
+        return self._db().execute("SELECT owner, body FROM announcements WHERE ann_id = ?", (ann_id,)).fetchone()
 
     def cancel_publication(self, pub: int, publisher: str) -> int:
         with self._tx() as db:
