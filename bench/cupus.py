@@ -105,7 +105,7 @@ async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: arg
     handshakes = [orjson.dumps({"authHash": "bench", "subscriptionId": s, "resumeAfter": head}) for s in connected]
     processes = Processes()
     processes.subscribers(
-        broker.tcp_port, handshakes, args.seconds + 300, math.ceil(len(connected) / PER_SUBSCRIBER_PROCESS), idle=10
+        broker.tcp_port, handshakes, args.seconds + 300, math.ceil(len(connected) / PER_SUBSCRIBER_PROCESS), idle=30
     )
     offered = args.step_rate.get(n, args.rate)
     processes.publisher(broker.url, f"cupus-{n}", args.seconds, offered, make=sensor_publication, seed=n)
