@@ -1,4 +1,4 @@
-"""`veil serve | publish | unpublish | subscribe | unsubscribe | certs`."""
+"""`veil serve | publish | unpublish | edge | subscribe | unsubscribe | certs`."""
 
 from __future__ import annotations
 
@@ -70,6 +70,28 @@ async def _publish(args: argparse.Namespace) -> int:
         documents = args.publication or [line for line in sys.stdin if line.strip()]
         for document in documents:
             print(await client.publish(document.encode(), valid_for=args.valid_for))
+    return 0
+
+
+async def _edge(args: argparse.Namespace) -> int:
+    """Publications from stdin (one JSON document per line) published only while wanted."""
+    from veil.client import EdgeBroker
+
+    def tell(wanted: bool) -> None:
+        print(f"wanted: {str(wanted).lower()}", file=sys.stderr, flush=True)
+
+    announcement = [parse_constraint(c) for c in args.constraint]
+    async with (
+        _client(args) as client,
+        EdgeBroker(client, announcement, announcement_id=args.id, on_wanted=tell) as edge,
+    ):
+        await asyncio.wait_for(edge.synced.wait(), 60)
+        tell(edge.wanted)
+        loop = asyncio.get_running_loop()
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            if line.strip():
+                sent = await edge.publish(orjson.loads(line))
+                print(sent if sent is not None else "withheld", flush=True)
     return 0
 
 
@@ -149,6 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
     _client_arguments(unpublish)
     unpublish.add_argument("id", help="the id publish printed")
     unpublish.set_defaults(run=lambda a: asyncio.run(_unpublish(a)))
+
+    edge = commands.add_parser(
+        "edge", help="an edge broker: announce, then publish stdin's JSON lines only while a subscription wants them"
+    )
+    _client_arguments(edge)
+    edge.add_argument("constraint", nargs="*", help="what the local publishers produce, e.g. 'sensor=NO2' 'lat>45'")
+    edge.add_argument("--id", help="announcement id (reusing yours replaces it)")
+    edge.set_defaults(run=lambda a: asyncio.run(_edge(a)))
 
     subscribe = commands.add_parser("subscribe", help="subscribe and print deliveries as they arrive")
     _client_arguments(subscribe)
