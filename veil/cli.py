@@ -1,4 +1,4 @@
-"""`veil serve | publish | subscribe | unsubscribe | certs`."""
+"""`veil serve | publish | unpublish | edge | subscribe | unsubscribe | certs`."""
 
 from __future__ import annotations
 
@@ -50,11 +50,54 @@ def parse_constraint(text: str) -> dict[str, Any]:
     return {"key": key, "op": EXPRESSION_OPS[op], "val": value}
 
 
+def parse_score_term(text: str) -> dict[str, Any]:
+    """`NO2:high`, `temp:low` or `lat=45.8`, optionally weighted: `NO2:high*2`."""
+    term, _, weight = text.partition("*")
+    key, sep, rest = term.partition(":") if ":" in term else term.partition("=")
+    if not key or not rest:
+        raise ValueError(f"--score {text!r}: use KEY:high, KEY:low or KEY=TARGET, optionally *WEIGHT")
+    try:
+        doc: dict[str, Any] = {"key": key, "prefer": rest} if sep == ":" else {"key": key, "target": float(rest)}
+        if weight:
+            doc["weight"] = float(weight)
+    except ValueError:
+        raise ValueError(f"--score {text!r}: the target and the weight are numbers") from None
+    return doc
+
+
 async def _publish(args: argparse.Namespace) -> int:
     async with _client(args) as client:
         documents = args.publication or [line for line in sys.stdin if line.strip()]
         for document in documents:
-            print(await client.publish(document.encode()))
+            print(await client.publish(document.encode(), valid_for=args.valid_for))
+    return 0
+
+
+async def _edge(args: argparse.Namespace) -> int:
+    """Publications from stdin (one JSON document per line) published only while wanted."""
+    from veil.client import EdgeBroker
+
+    def tell(wanted: bool) -> None:
+        print(f"wanted: {str(wanted).lower()}", file=sys.stderr, flush=True)
+
+    announcement = [parse_constraint(c) for c in args.constraint]
+    async with (
+        _client(args) as client,
+        EdgeBroker(client, announcement, announcement_id=args.id, on_wanted=tell) as edge,
+    ):
+        await asyncio.wait_for(edge.synced.wait(), 60)
+        tell(edge.wanted)
+        loop = asyncio.get_running_loop()
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            if line.strip():
+                sent = await edge.publish(orjson.loads(line))
+                print(sent if sent is not None else "withheld", flush=True)
+    return 0
+
+
+async def _unpublish(args: argparse.Namespace) -> int:
+    async with _client(args) as client:
+        await client.unpublish(args.id)
     return 0
 
 
@@ -63,7 +106,10 @@ async def _subscribe(args: argparse.Namespace) -> int:
         subscription_id = args.id
         if not args.existing:
             data = orjson.loads(args.data) if args.data else [parse_constraint(c) for c in args.constraint]
-            response = await client.subscribe(data, args.id)
+            topk = None
+            if args.top_k is not None:
+                topk = {"k": args.top_k, "w": args.window, "score": [parse_score_term(t) for t in args.score]}
+            response = await client.subscribe(data, args.id, topk=topk)
             subscription_id = response["subscriptionId"]
             print(orjson.dumps(response).decode(), file=sys.stderr, flush=True)
         async with client.deliveries(subscription_id, transport=args.transport, envelope=not args.plain) as stream:
@@ -116,7 +162,23 @@ def build_parser() -> argparse.ArgumentParser:
     publish = commands.add_parser("publish", help="publish JSON documents (arguments, or lines on stdin)")
     _client_arguments(publish)
     publish.add_argument("publication", nargs="*", help="a publication in any SELIS form")
+    publish.add_argument(
+        "--valid-for", type=int, help="milliseconds it stays valid: subscriptions made meanwhile receive it too"
+    )
     publish.set_defaults(run=lambda a: asyncio.run(_publish(a)))
+
+    unpublish = commands.add_parser("unpublish", help="withdraw a publication of yours that is still valid")
+    _client_arguments(unpublish)
+    unpublish.add_argument("id", help="the id publish printed")
+    unpublish.set_defaults(run=lambda a: asyncio.run(_unpublish(a)))
+
+    edge = commands.add_parser(
+        "edge", help="an edge broker: announce, then publish stdin's JSON lines only while a subscription wants them"
+    )
+    _client_arguments(edge)
+    edge.add_argument("constraint", nargs="*", help="what the local publishers produce, e.g. 'sensor=NO2' 'lat>45'")
+    edge.add_argument("--id", help="announcement id (reusing yours replaces it)")
+    edge.set_defaults(run=lambda a: asyncio.run(_edge(a)))
 
     subscribe = commands.add_parser("subscribe", help="subscribe and print deliveries as they arrive")
     _client_arguments(subscribe)
@@ -126,6 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
     subscribe.add_argument("--existing", action="store_true", help="only connect to the existing subscription --id")
     subscribe.add_argument("--transport", choices=("tcp", "ws"), default="tcp")
     subscribe.add_argument("--plain", action="store_true", help="plain SELIS lines (no envelope, no acks)")
+    subscribe.add_argument("--top-k", type=int, help="top-k/w: only the K best matches of each window")
+    subscribe.add_argument("--window", type=float, default=60000, help="top-k/w window in milliseconds")
+    subscribe.add_argument(
+        "--score", action="append", default=[], help="top-k/w scoring term: KEY:high, KEY:low or KEY=TARGET[*WEIGHT]"
+    )
     subscribe.set_defaults(run=lambda a: asyncio.run(_subscribe(a)))
 
     unsubscribe = commands.add_parser("unsubscribe", help="remove a subscription")
@@ -144,8 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "subscribe" and not (args.existing or args.data is not None or args.constraint):
-        parser.error("subscribe: give constraints, --data, or --existing --id ID")
+    if args.command == "subscribe" and not (
+        args.existing or args.data is not None or args.constraint or args.top_k is not None
+    ):
+        parser.error("subscribe: give constraints, --data, --top-k, or --existing --id ID")
+    if args.command == "subscribe" and args.top_k is not None and not args.score:
+        parser.error("subscribe --top-k needs at least one --score term")
     if args.command == "subscribe" and args.existing and not args.id:
         parser.error("subscribe --existing needs --id")
     try:

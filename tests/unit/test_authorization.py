@@ -86,7 +86,7 @@ def test_pipeline_delivers_exactly_what_the_oracle_allows(registry_doc, with_aut
     run, out = _Run(), _Output()
     bodies = [orjson.dumps(doc) for _, doc in published]
     for offset, ((publisher, _), body) in enumerate(zip(published, bodies, strict=True), start=1):
-        run.add(offset, body, publisher)
+        run.add(offset, body, publisher, 0)
     run.match(state, out)
     rows = pa.Table.from_batches(out.take()).to_pydict()
     delivered = {
@@ -163,7 +163,7 @@ def test_a_late_rule_of_many_still_allows():
     state.add("s1", 1, "u1", b"[]")
     run, out = _Run(), _Output()
     for offset, n in enumerate([0, 17, 44, 45], start=1):
-        run.add(offset, orjson.dumps({"n": n}), "p")
+        run.add(offset, orjson.dumps({"n": n}), "p", 0)
     run.match(state, out)
     rows = pa.Table.from_batches(out.take()).to_pydict()
     assert sorted(zip(rows["offset"], rows["sub_no"], strict=True)) == [(1, 0), (1, 1), (2, 0), (3, 0)]

@@ -1,9 +1,21 @@
 import time
 
+import numpy as np
 import pytest
 
 from tests.unit.helpers import published
-from veil.store import KIND_PUBLICATION, KIND_SUBSCRIBE, KIND_UNSUBSCRIBE, NotOwner, UnknownSubscription, open_store
+from veil.store import (
+    KIND_PUBLICATION,
+    KIND_SUBSCRIBE,
+    KIND_UNSUBSCRIBE,
+    NotOwner,
+    Publication,
+    StatefulBatch,
+    UnknownPublication,
+    UnknownSubscription,
+    open_store,
+)
+from veil.store.base import CROPPED_META
 
 
 @pytest.fixture
@@ -169,3 +181,48 @@ def test_a_large_feed_entry_is_spilled_in_steps_of_whole_subscriptions(store):
     store.compact(3, 1 << 40, time.time() + 1)
     assert store.feed_since(0, 10) == []
     assert all([p for p, *_ in store.backlog(x, 0, 10)[0]] == pubs for x in "stu")
+
+
+def test_top_k_deliveries_are_logged_copies_recorded_once_with_their_skybands(store):
+    store.put_subscription("s", "alice", b"[]")
+    s = store.subscription_number("s")
+    old, new = store.append_publications([Publication(b'{"v":1}', "bob", b'"publisher":"bob"'), Publication(b"{}")])
+    batch = StatefulBatch([(s, old, None), (s, new, b'{"cut":1}')], [], [(s, b"band")], old, 123)
+    store.record_deliveries(0, [], [], new, stateful=batch)
+    store.record_deliveries(0, [], [], new, stateful=batch)  # the same batch replayed
+    rows, _ = store.backlog("s", 0, 10)
+    assert [(body, meta) for _, body, meta in rows] == [
+        (b'{"v":1}', b'"id":"%d","publisher":"bob"' % old),
+        (b'{"cut":1}', b'"id":"%d",%s' % (new, CROPPED_META)),
+    ]
+    assert all(pub > new for pub, _, _ in rows)  # queued under their own offsets, in decision order
+    assert store.topk_bands([s, 999]) == {s: b"band"}
+    assert store.status("topk_held")[0] == old and store.status("topk_due")[0] == 123
+    store.save_cursors({"s": rows[-1][0]})
+    store.compact(1000, store.last_feed_seq(), time.time() + 10)
+    assert store.bodies(np.array([old]))  # a skyband still holds it
+    store.record_deliveries(1, [], [], rows[-1][0], stateful=StatefulBatch([], [], [(s, None)], None, None))
+    store.compact(1000, store.last_feed_seq(), time.time() + 10)
+    assert not store.bodies(np.array([old])) and store.topk_bands([s]) == {}
+
+
+def test_valid_publications_are_kept_for_the_subscriptions_to_come(store):
+    kept, plain, withdrawn = store.append_publications(
+        [Publication(b'{"n":1}', "bob", valid_for=60_000), Publication(b'{"n":2}', "bob"),
+         Publication(b'{"n":3}', "bob", valid_for=60_000)]
+    )  # fmt: skip
+    now = time.time_ns() // 1_000_000
+    with pytest.raises(NotOwner):
+        store.cancel_publication(withdrawn, "mallory")
+    with pytest.raises(UnknownPublication):
+        store.cancel_publication(plain, "bob")
+    before = store.put_subscription("s", "alice", b"[]")
+    cancel = store.cancel_publication(withdrawn, "bob")
+    with pytest.raises(UnknownPublication):
+        store.cancel_publication(withdrawn, "bob")
+    assert [pub for pub, _, _ in store.valid_at(before, now)] == [kept, withdrawn]  # withdrawn after it
+    assert store.valid_at(cancel + 1, now) == [(kept, b'{"n":1}', "bob")]
+    assert store.valid_at(cancel + 1, now + 60_000) == []  # expired by then
+    store.record_deliveries(0, [], [], cancel)
+    store.compact(1000, store.last_feed_seq(), time.time() + 10)
+    assert set(store.bodies(np.array([kept, plain, withdrawn]))) == {kept}

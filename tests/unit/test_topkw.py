@@ -1,12 +1,17 @@
 """The k-skyband against the definition of top-k/w delivery, evaluated by brute force."""
 
+import itertools
 import math
+from unittest import mock
 
+import msgspec
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from veil.matching.topkw import Delivery, Skyband, Term, TopKW, TopKWSet, score
+from veil.matching import topkw
+from veil.matching.topkw import Delivery, NumericColumns, Skyband, Term, TopKW, TopKWSet, score, score_many
 
 
 def brute_force(k: int, window: float, events: list[tuple]) -> dict[int, float]:
@@ -51,6 +56,8 @@ def streams(draw):
             time += draw(st.integers(0, 3))
         wanted = draw(st.lists(st.sampled_from(range(len(subscriptions))), unique=True))
         events.append(("arrive", seq, time, draw(st.integers(0, 5)), wanted))
+        if draw(st.integers(0, 9)) == 0:
+            events.append(("restore",))
     events.append(("advance", time + 20))
     return subscriptions, events
 
@@ -69,7 +76,10 @@ def test_the_skyband_delivers_what_the_definition_does(case):
             for number, delivery in engine.advance(time):  # the broker advances before each batch
                 got[number].append(delivery)
             for number in wanted:
-                got[number].extend(engine.arrive(number, seq, time, {"v": value}))
+                got[number].extend(engine.arrive_many(number, [seq], [time], np.array([float(value)])))
+        elif event[0] == "restore":  # as after a restart: each skyband from its saved state
+            for number, band in list(engine.bands.items()):
+                engine.restore(number, Skyband.restore(msgspec.msgpack.decode(msgspec.msgpack.encode(band.state()))))
         else:
             for number, delivery in engine.advance(event[1]):
                 got[number].append(delivery)
@@ -78,7 +88,7 @@ def test_the_skyband_delivers_what_the_definition_does(case):
         own = [
             ("arrive", e[1], e[2], e[3]) if e[0] == "arrive" else e
             for e in events
-            if e[0] != "arrive" or number in e[4]
+            if e[0] == "advance" or (e[0] == "arrive" and number in e[4])
         ]
         expected = brute_force(k, window, own)
         assert {d.seq: d.time for d in got[number]} == expected
@@ -119,3 +129,37 @@ def test_many_dropped_readings_do_not_hide_an_expiry():
     assert sorted(band.seqs) == [1, 49] and len(band.arrivals) < 14
     assert band.next_expiry() == 1000
     assert band.advance(1000) == [Delivery(49, 1000)]
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.integers(1, 5),
+    st.integers(1, 30),
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6)), max_size=120),
+    st.lists(st.integers(1, 40), max_size=8),
+)
+def test_arrivals_counted_together_match_arrivals_one_by_one(k, window, steps, cuts):
+    """The same stream (time steps and scores) fed one publication at a time and in batches."""
+    times = list(itertools.accumulate(step for step, _ in steps))
+    scores = [float(value) for _, value in steps]
+    one = Skyband(k, window)
+    expected = [d for seq, (t, v) in enumerate(zip(times, scores, strict=True)) for d in one.arrive(seq, t, v)]
+    for vector_from in (1, topkw.VECTOR_FROM):  # counting used for every segment, and as configured
+        many, got, low = Skyband(k, window), [], 0
+        with mock.patch.object(topkw, "VECTOR_FROM", vector_from):
+            for high in [*itertools.accumulate(cuts), len(steps)]:
+                high = min(high, len(steps))
+                if high > low:
+                    got += many.arrive_many(list(range(low, high)), times[low:high], np.array(scores[low:high]))
+                    low = high
+        assert got == expected
+        assert many.state()[:8] == one.state()[:8]
+
+
+def test_scores_by_column_match_scores_one_by_one():
+    documents = [{"a": 1, "b": 2.5}, {"a": True, "b": 1}, {"b": 3}, {"a": float("inf"), "b": 0}, {"a": -4, "b": "x"}]
+    terms = (Term("a", weight=2, prefer="high"), Term("b", target=1.0))
+    got = score_many(terms, NumericColumns(documents), np.arange(len(documents)))
+    for value, document in zip(got.tolist(), documents, strict=True):
+        expected = score(terms, document)
+        assert (math.isnan(value) and expected is None) or value == pytest.approx(expected)

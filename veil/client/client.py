@@ -137,15 +137,48 @@ class VeilClient:
             return orjson.loads(payload) if payload else None
 
     async def publish(
-        self, publication: dict | list | bytes, *, signing_key: tuple[str, Ed25519PrivateKey] | None = None
+        self,
+        publication: dict | list | bytes,
+        *,
+        signing_key: tuple[str, Ed25519PrivateKey] | None = None,
+        valid_for: int | None = None,
     ) -> str:
-        """Publish; with `signing_key` (key id, private key) the exact bytes sent are signed."""
+        """Publish; with `signing_key` (key id, private key) the exact bytes sent are signed; with
+        `valid_for` (milliseconds) the publication is kept that long and subscriptions made meanwhile
+        receive it too."""
         body = publication if isinstance(publication, bytes) else orjson.dumps(publication)
-        extra = None
+        extra: dict[str, str] = {}
         if signing_key is not None:
             key_id, private = signing_key
-            extra = {"X-Key-Id": key_id, "X-Signature": signatures.sign(private, body)}
-        return (await self.request("/publish", body, extra=extra))["id"]
+            extra.update({"X-Key-Id": key_id, "X-Signature": signatures.sign(private, body)})
+        if valid_for is not None:
+            extra["X-Valid-For"] = str(valid_for)
+        return (await self.request("/publish", body, extra=extra or None))["id"]
+
+    async def announce(self, data: list[dict], announcement_id: str | None = None) -> dict:
+        """As an edge broker: announce what its publishers can produce (constraints, as `data` of a
+        subscription); see veil.client.edge."""
+        doc: dict[str, Any] = {"data": data}
+        if self.auth_hash is not None:
+            doc["authHash"] = self.auth_hash
+        if announcement_id:
+            doc["announcementId"] = announcement_id
+        reply = await self.request("/announce", orjson.dumps(doc))
+        self.tcp_port = reply.get("port", self.tcp_port)
+        return reply
+
+    async def revoke(self, announcement_id: str) -> None:
+        doc: dict[str, Any] = {"announcementId": announcement_id}
+        if self.auth_hash is not None:
+            doc["authHash"] = self.auth_hash
+        await self.request("/revoke", orjson.dumps(doc))
+
+    async def unpublish(self, publication_id: str) -> None:
+        """Withdraw a publication of yours that is still valid."""
+        doc: dict[str, Any] = {"id": publication_id}
+        if self.auth_hash is not None:
+            doc["authHash"] = self.auth_hash
+        await self.request("/unpublish", orjson.dumps(doc))
 
     async def registry(self, document: dict | None = None) -> dict:
         """The broker's registry (admins only); with `document`, replace it first."""
@@ -157,8 +190,13 @@ class VeilClient:
         body = b"\n".join(orjson.dumps(p) for p in publications)
         return (await self.request("/publish", body, "application/x-ndjson"))["ids"]
 
-    async def subscribe(self, data: list[dict], subscription_id: str | None = None) -> dict:
+    async def subscribe(
+        self, data: list[dict], subscription_id: str | None = None, *, topk: dict | None = None
+    ) -> dict:
+        """`topk` makes it a top-k/w subscription: {"k": K, "w": MILLISECONDS, "score": [TERM, ...]}."""
         doc: dict[str, Any] = {"data": data}
+        if topk is not None:
+            doc["topk"] = topk
         if self.auth_hash is not None:
             doc["authHash"] = self.auth_hash
         if subscription_id:

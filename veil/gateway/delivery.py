@@ -8,8 +8,9 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from veil.gateway.edge import run_edge
 from veil.gateway.sessions import Close, Send, Session
-from veil.protocol import ProtocolError, parse_ack, parse_handshake
+from veil.protocol import Handshake, ProtocolError, parse_ack, parse_handshake
 from veil.security.identity import Credentials
 
 if TYPE_CHECKING:
@@ -20,9 +21,8 @@ HANDSHAKE_TIMEOUT = 30.0
 MAX_LINE = 64 * 1024
 
 
-async def open_session(broker: Broker, raw: bytes | str, identity: str | None, send: Send, close: Close) -> Session:
-    """Validate the handshake; ProtocolError (with the reason to send back) when refused."""
-    handshake = parse_handshake(raw)
+async def open_session(broker: Broker, handshake: Handshake, identity: str | None, send: Send, close: Close) -> Session:
+    """Check the handshake; ProtocolError (with the reason to send back) when refused."""
     client = broker.auth.identify(Credentials(identity, handshake.token, handshake.auth_hash))
     store = broker.threads.store
     owner = await broker.threads.read(store.subscription_owner, handshake.subscription_id)
@@ -57,7 +57,12 @@ async def run_session(
     """Serve one delivery connection: push deliveries while reading acknowledgements, until either
     side ends it. `receive` returns the client's next message, or None when the client is done."""
     try:
-        session = await open_session(broker, handshake, identity, send, close)
+        parsed = parse_handshake(handshake)
+        if parsed.announcement_id:
+            await run_edge(broker, parsed, identity, send, close, receive)
+            await close(None)
+            return
+        session = await open_session(broker, parsed, identity, send, close)
     except ProtocolError as exc:
         await close(exc.to_json())
         return

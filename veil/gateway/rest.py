@@ -16,13 +16,24 @@ from aiohttp import web
 
 from veil.gateway.ingest import Overloaded
 from veil.matching import Predicate, Unsatisfiable, check_satisfiable
-from veil.protocol import ProtocolError, parse_publication, parse_publication_batch, parse_subscribe, parse_unsubscribe
+from veil.matching.stored import encode_subscription
+from veil.protocol import (
+    ProtocolError,
+    parse_announce,
+    parse_publication,
+    parse_publication_batch,
+    parse_revoke,
+    parse_subscribe,
+    parse_unpublish,
+    parse_unsubscribe,
+    parse_valid_for,
+)
 from veil.protocol.errors import load_json
 from veil.security import signatures
 from veil.security.identity import Credentials
 from veil.security.registry import parse_registry
 from veil.security.tls import peer_identity
-from veil.store import NotOwner, Publication, UnknownSubscription
+from veil.store import NotOwner, Publication, UnknownAnnouncement, UnknownPublication, UnknownSubscription
 
 if TYPE_CHECKING:
     from veil.gateway.server import Broker
@@ -86,11 +97,12 @@ def create_app(broker: Broker) -> web.Application:
         publisher = client_of(broker, request, request.headers.get("X-Auth-Hash"))
         raw = await request.read()
         signature = request.headers.get("X-Signature")
+        valid_for = parse_valid_for(request.headers.get("X-Valid-For"))
         if request.content_type in BATCH_TYPES:
             if signature is not None:
                 raise ProtocolError("X-Signature", "sign publications one per request, not a batch")
             meta = signatures.envelope_fields(publisher)
-            batch = [Publication(body, publisher, meta) for body in parse_publication_batch(raw)]
+            batch = [Publication(body, publisher, meta, valid_for) for body in parse_publication_batch(raw)]
             offsets = await broker.ingest.append(batch)
             return json_response({"ids": [str(o) for o in offsets]})
         body = parse_publication(raw)
@@ -101,10 +113,21 @@ def create_app(broker: Broker) -> web.Application:
                     "X-Signature", "sign a raw JSON object sent byte for byte (other forms are converted)"
                 )
             signatures.check(broker.registry.keys.get(publisher, {}), key_id, signature, raw)
-        offsets = await broker.ingest.append(
-            [Publication(body, publisher, signatures.envelope_fields(publisher, key_id, signature))]
-        )
+        meta = signatures.envelope_fields(publisher, key_id, signature)
+        offsets = await broker.ingest.append([Publication(body, publisher, meta, valid_for)])
         return json_response({"id": str(offsets[0])})
+
+    async def unpublish(request: web.Request) -> web.Response:
+        """Withdraw a still-valid publication: later subscriptions do not get it (SPEC §2.5)."""
+        req = parse_unpublish(await request.read())
+        publisher = client_of(broker, request, req.auth_hash or request.headers.get("X-Auth-Hash"))
+        try:
+            await broker.threads.write(broker.threads.store.cancel_publication, req.publication, publisher)
+        except UnknownPublication:
+            raise ProtocolError("id", "no publication with this id is still valid", 404) from None
+        except NotOwner:
+            raise ProtocolError("id", "published by another client", 403) from None
+        return json_response({"id": str(req.publication)})
 
     async def subscribe(request: web.Request) -> web.Response:
         req = parse_subscribe(await request.read())
@@ -113,10 +136,13 @@ def create_app(broker: Broker) -> web.Application:
             check_satisfiable([Predicate(*p) for p in req.predicates])
         except Unsatisfiable as exc:
             raise ProtocolError("data", str(exc)) from None
+        if req.topk is not None and config.partition_mode == "publications":
+            raise ProtocolError("topk", "top-k/w subscriptions need the broker's --partition-mode subscriptions")
         sub_id = req.subscription_id or uuid.uuid4().hex
         store = broker.threads.store
         try:
-            await broker.threads.write(store.put_subscription, sub_id, owner, orjson.dumps(req.predicates))
+            body = encode_subscription(req.predicates, req.topk)
+            await broker.threads.write(store.put_subscription, sub_id, owner, body)
         except NotOwner:
             raise ProtocolError("subscriptionId", "belongs to another client", 403) from None
         return json_response(
@@ -142,6 +168,35 @@ def create_app(broker: Broker) -> web.Application:
         await broker.hub.kick(req.subscription_id, ProtocolError("subscriptionId", "unsubscribed", 410).to_json())
         return json_response({"subscriptionId": req.subscription_id})
 
+    async def announce(request: web.Request) -> web.Response:
+        """An edge broker announces what its publishers can produce (SPEC §9)."""
+        req = parse_announce(await request.read())
+        owner = client_of(broker, request, req.auth_hash)
+        ann_id = req.announcement_id or uuid.uuid4().hex
+        try:
+            await broker.threads.write(
+                broker.threads.store.put_announcement, ann_id, owner, orjson.dumps(req.predicates)
+            )
+        except NotOwner:
+            raise ProtocolError("announcementId", "belongs to another client", 403) from None
+        return json_response(
+            {"host": config.hostname, "port": config.tcp, "ws-port": config.ws, "announcementId": ann_id}
+        )
+
+    async def revoke(request: web.Request) -> web.Response:
+        auth_hash, ann_id = parse_revoke(await request.read())
+        owner = client_of(broker, request, auth_hash)
+        try:
+            await broker.threads.write(broker.threads.store.remove_announcement, ann_id, owner)
+        except UnknownAnnouncement:
+            raise ProtocolError("announcementId", "unknown announcement", 404) from None
+        except NotOwner:
+            raise ProtocolError("announcementId", "belongs to another client", 403) from None
+        revoked = ProtocolError("announcementId", "revoked", 410).to_json()
+        for close in list(broker.edges.pop(ann_id, {}).values()):
+            await close(revoked)
+        return json_response({"announcementId": ann_id})
+
     async def registry(request: web.Request) -> web.Response:
         """The admin API: read or replace the registry (SPEC §6); only its admins may."""
         admin = client_of(broker, request, request.headers.get("X-Auth-Hash"))
@@ -161,6 +216,9 @@ def create_app(broker: Broker) -> web.Application:
     app.router.add_post("/publish", publish)
     app.router.add_post("/subscribe", subscribe)
     app.router.add_post("/unsubscribe", unsubscribe)
+    app.router.add_post("/unpublish", unpublish)
+    app.router.add_post("/announce", announce)
+    app.router.add_post("/revoke", revoke)
     app.router.add_get("/admin/registry", registry)
     app.router.add_put("/admin/registry", registry)
     app.router.add_get("/health", health)

@@ -15,7 +15,7 @@ from veil.config import Config
 from veil.gateway.ingest import Ingest
 from veil.gateway.pipeline_process import PipelineProcess
 from veil.gateway.rest import create_app
-from veil.gateway.sessions import DeliveryHub
+from veil.gateway.sessions import Close, DeliveryHub
 from veil.gateway.storage import StoreThreads
 from veil.gateway.tcp import start_tcp
 from veil.gateway.websocket import create_ws_app
@@ -43,6 +43,8 @@ class Broker:
         self.auth = Authenticator(config.auth_methods, config.anonymous, tokens, lambda: self.registry)
         self.connections = 0
         self.pipeline_state = "starting"
+        self._tick = 0  # the offset of the last clock tick logged
+        self.edges: dict[str, dict[int, Close]] = {}  # announcement id -> how to close its channels
         self._runners: list[web.AppRunner] = []
         self._tcp: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -124,9 +126,17 @@ class Broker:
                 self.ingest.behind = (self.hub.behind(), len(self.hub.sessions))
                 status = await self.threads.read(store.status, "pipeline")
                 self.pipeline_state = "running" if status and status[0] else "starting"
+                await self._tick_when_due()
             except Exception:
                 log.exception("reading pipeline progress failed")
             await asyncio.sleep(PROGRESS_INTERVAL)
+
+    async def _tick_when_due(self) -> None:
+        """A top-k/w window whose best publication expires promotes the next one at that moment,
+        even if nothing is published: log the time once it is due, one tick per pipeline step."""
+        due = await self.threads.read(self.threads.store.status, "topk_due")
+        if due is not None and due[0] <= time.time() * 1000 and self._tick <= self.ingest.processed:
+            self._tick = await self.threads.write(self.threads.store.append_tick)
 
     async def _compact(self) -> None:
         """Keep the store's size proportional to what is still queued, not to everything ever sent."""

@@ -42,6 +42,8 @@ class Chunk(NamedTuple):
 
 
 def enveloped(pub: int, body: bytes, meta: bytes) -> bytes:
+    if meta.startswith(b'"id"'):  # a top-k/w delivery: a copy queued under its own offset
+        return b'{"seq":%d,%s,"publication":%s}' % (pub, meta, body)
     if meta:
         return b'{"seq":%d,"id":"%d",%s,"publication":%s}' % (pub, pub, meta, body)
     return b'{"seq":%d,"id":"%d","publication":%s}' % (pub, pub, body)

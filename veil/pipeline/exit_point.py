@@ -1,7 +1,7 @@
 """The exit point (foreachBatch on the driver): queue the micro-batch's matches in the store.
 
 The matches are written as one feed entry with the processed offset, and the cropped copies some of
-them deliver beside it, in one transaction; the store
+them deliver and the deliveries decided by state (top-k/w, initial matches) beside it, in one transaction; the store
 recognises a batch that Spark replays after a crash by its processed offset and writes it only once.
 """
 
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 
-from veil.pipeline.match import MARK
+from veil.pipeline.match import MARK, STATEFUL, decode_stateful
 from veil.pipeline.stores import store_for
+from veil.store import StatefulBatch
 
 
 class DeliveryWriter:
@@ -23,6 +24,13 @@ class DeliveryWriter:
         sub_nos = table.column("sub_no").to_numpy()
         is_mark = sub_nos == MARK
         if is_mark.any():
+            is_stateful = sub_nos == STATEFUL
+            stateful = None
+            if is_stateful.any():
+                blobs = table.column("copy").filter(is_stateful).to_pylist()
+                stateful = _merged([decode_stateful(blob) for blob in blobs])
+                table, offsets, sub_nos = table.filter(~is_stateful), offsets[~is_stateful], sub_nos[~is_stateful]
+                is_mark = sub_nos == MARK
             matches = ~is_mark
             copy = table.column("copy")
             copies = []
@@ -37,5 +45,21 @@ class DeliveryWriter:
                     )
                 )
             store_for(self.url).record_deliveries(
-                batch_id, sub_nos[matches], offsets[matches], int(offsets[is_mark].max()), copies
+                batch_id, sub_nos[matches], offsets[matches], int(offsets[is_mark].max()), copies, stateful
             )
+
+
+def _merged(parts: list[StatefulBatch]) -> StatefulBatch | None:
+    """The partitions' stateful output as one: each subscription lives in one partition, so its
+    deliveries keep their order."""
+    if not parts:
+        return None
+    held = [p.held for p in parts if p.held is not None]
+    due = [p.due for p in parts if p.due is not None]
+    return StatefulBatch(
+        [d for p in parts for d in p.deliveries],
+        [i for p in parts for i in p.initials],
+        [b for p in parts for b in p.bands],
+        min(held) if held else None,
+        min(due) if due else None,
+    )

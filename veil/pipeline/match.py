@@ -7,37 +7,60 @@ offset it reflects; a task that finds no state at its start offset (another work
 partition, a retried or replayed batch) catches up from the store's subscription and registry
 versions instead. Publications are matched and authorized under exactly the subscriptions and the
 registry that preceded them in the log.
+
+Top-k/w subscriptions (SPEC §5) are matched by the same index (their Boolean filter); the pairs it
+finds for them, once authorized, go through their skybands in log order instead of being delivered,
+and the log's times drive the windows (tick entries move the clock when nothing is published).
+Their deliveries, the skybands that changed, the oldest publication still held and the next expiry
+leave the task as one STATEFUL row, which the exit point records with the batch, atomically; a task
+that had to rebuild its state reads the skybands back as of the processed offset.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Iterator
 
+import msgspec
 import numpy as np
 import orjson
 import pyarrow as pa
 
-from veil.matching import Predicate, SubscriptionIndex
+from veil.matching import SubscriptionIndex, matches
+from veil.matching.stored import decode_subscription
+from veil.matching.topkw import NumericColumns, Skyband, TopKWSet, score, score_many
 from veil.pipeline.authorize import Authorizer, user_number
 from veil.pipeline.partition import partition_of
 from veil.pipeline.source import KIND_MARK
 from veil.pipeline.stores import store_for
 from veil.protocol import flatten
 from veil.security.registry import registry_from_json
-from veil.store import KIND_PUBLICATION, KIND_REGISTRY, KIND_SUBSCRIBE
+from veil.store import KIND_PUBLICATION, KIND_REGISTRY, KIND_SUBSCRIBE, KIND_TICK, StatefulBatch
 
 MATCH_SCHEMA = "offset LONG, sub_no LONG, copy BINARY"
 _OUT_SCHEMA = pa.schema([("offset", pa.int64()), ("sub_no", pa.int64()), ("copy", pa.binary())])
 MARK = -1  # the sub_no of a row that only carries how far the log was processed
+STATEFUL = -2  # the sub_no of a row whose copy is the task's top-k/w output (see `encode_stateful`)
 _FLUSH_ROWS = 65536
 RUN_LIMIT = 4096  # publications matched per index call
 
 _states: dict[tuple[str, int, int], tuple[_State, int]] = {}
 
 
-def decode_subscription(body: bytes) -> list[Predicate]:
-    return [Predicate(*p) for p in orjson.loads(body)]
+def encode_stateful(batch: StatefulBatch) -> bytes:
+    return msgspec.msgpack.encode(batch)
+
+
+def decode_stateful(blob: bytes) -> StatefulBatch:
+    deliveries, initials, bands, held, due = msgspec.msgpack.decode(blob)
+    return StatefulBatch(
+        [tuple(d) for d in deliveries],
+        [tuple(i) for i in initials],
+        [tuple(b) for b in bands],
+        held,
+        due,  # type: ignore[misc]
+    )
 
 
 class _State:
@@ -49,14 +72,63 @@ class _State:
         self.with_authorization = with_authorization
         self.registry_body = registry_body
         self.authorizer = Authorizer(registry_from_json(registry_body), with_authorization)
+        self.topk = TopKWSet()
+        self.topk_numbers: dict[str, int] = {}  # id -> number of the top-k/w subscriptions
+        self.is_topk = np.zeros(1024, bool)  # by subscription number
+        self.crops: dict[int, dict[int, bytes]] = {}  # number -> publication -> cropped copy a skyband holds
 
     def add(self, sub_id: str, number: int, owner: str, body: bytes) -> None:
         if number >= len(self.owners):
-            grown = np.full(max(number + 1, 2 * len(self.owners)), -1, np.int64)
-            grown[: len(self.owners)] = self.owners
-            self.owners = grown
+            size = max(number + 1, 2 * len(self.owners))
+            self.owners = np.concatenate([self.owners, np.full(size - len(self.owners), -1, np.int64)])
+            self.is_topk = np.concatenate([self.is_topk, np.zeros(size - len(self.is_topk), bool)])
         self.owners[number] = user_number(owner)
-        self.index.add(sub_id, decode_subscription(body), number)
+        predicates, topk = decode_subscription(body)
+        self.remove(sub_id)
+        self.index.add(sub_id, predicates, number)
+        if topk is not None:
+            self.topk.add(number, topk)
+            self.topk_numbers[sub_id] = number
+            self.is_topk[number] = True
+
+    def remove(self, sub_id: str) -> None:
+        self.index.remove(sub_id)
+        number = self.topk_numbers.pop(sub_id, None)
+        if number is not None:
+            self.topk.remove(number)
+            self.is_topk[number] = False
+            self.crops.pop(number, None)
+
+    def load_bands(self, store) -> None:  # type: ignore[no-untyped-def]
+        """Put back the skybands saved with the last recorded batch."""
+        for number, blob in store.topk_bands(list(self.topk_numbers.values())).items():
+            band, crops = msgspec.msgpack.decode(blob)
+            self.topk.restore(number, Skyband.restore(band))
+            if crops:
+                self.crops[number] = {int(pub): copy for pub, copy in crops.items()}
+        self.topk.touched.clear()
+
+    def stateful_output(
+        self, deliveries: list[tuple[int, int, bytes | None]], initials: list[tuple[int, int, bytes | None]]
+    ) -> StatefulBatch | None:
+        """The batch's stateful output; the touched skybands are saved with their cropped copies."""
+        if not deliveries and not initials and not self.topk_numbers and not self.topk.touched:
+            return None
+        bands: list[tuple[int, bytes | None]] = []
+        for number in sorted(self.topk.touched):
+            band = self.topk.bands.get(number)
+            if band is None:
+                bands.append((number, None))
+                continue
+            crops = self.crops.get(number, {})
+            held = {pub: crops[pub] for pub in band.seqs if pub in crops}
+            if len(held) < len(crops):
+                self.crops[number] = held
+            bands.append((number, msgspec.msgpack.encode([band.state(), held])))
+        self.topk.touched.clear()
+        due = self.topk.next_expiry()
+        due = None if due is None else math.ceil(due)
+        return StatefulBatch(deliveries, initials, bands, self.topk.oldest_held(), due)
 
     def set_registry(self, body: bytes | None) -> None:
         if body != self.registry_body:  # compiling a large registry costs: only when it changed
@@ -77,40 +149,54 @@ class MatchPartition:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         state: _State | None = None
         key: tuple[str, int, int] | None = None
-        end = 0
-        changed = False
+        end = clock = 0
+        changed = replaying = False
         run = _Run()
         out = _Output()
         for batch in batches:
             columns = batch.to_pydict()
-            for part, offset, kind, sub_id, body, client, until in zip(
+            for part, offset, kind, sub_id, body, client, time, until in zip(
                 columns["part"], columns["offset"], columns["kind"], columns["sub_id"], columns["body"],
-                columns["client"], columns["until"], strict=True,
+                columns["client"], columns["time"], columns["until"], strict=True,
             ):  # fmt: skip
+                clock = max(clock, time or 0)
                 if kind == KIND_MARK:
                     key = (self.url, self.partitions, -1 if self.by_publication else part)
                     state, fresh = self._state_at(key, part, offset)
                     changed, end = changed or fresh, until
+                    # a batch the exit point already recorded, replayed: its skybands were saved past it
+                    replaying = fresh and store_for(self.url).processed_offset() != offset
                 elif kind == KIND_PUBLICATION:
-                    run.add(offset, body, client or "")
+                    run.add(offset, body, client or "", clock)
                     if len(run) >= RUN_LIMIT:
                         run.match(state, out)  # type: ignore[arg-type]
                 else:
                     # publications before a change are matched and authorized before it applies
                     run.match(state, out)  # type: ignore[arg-type]
+                    if kind == KIND_TICK:
+                        out.expired(state, clock)  # type: ignore[arg-type]
+                        continue
                     changed = True
                     if kind == KIND_REGISTRY:
                         state.set_registry(body)  # type: ignore[union-attr]
                     elif kind == KIND_SUBSCRIBE:
                         number = store_for(self.url).subscription_number(sub_id)
                         state.add(sub_id, number, client or "", body)  # type: ignore[union-attr, arg-type]
+                        if not state.is_topk[number]:  # type: ignore[union-attr]
+                            valid = store_for(self.url).valid_at(offset, clock)
+                            out.initial(state, number, body, valid)  # type: ignore[arg-type]
                     else:
-                        state.index.remove(sub_id)  # type: ignore[union-attr]
+                        state.remove(sub_id)  # type: ignore[union-attr]
             if len(out) >= _FLUSH_ROWS:
                 yield from out.take()
         if state is not None and key is not None:
             run.match(state, out)
-            _states[key] = (state, end)
+            out.expired(state, clock)
+            if replaying:  # what it computed is dropped: rebuild from the store next time
+                _states.pop(key, None)
+            else:
+                out.stateful_row(state)
+                _states[key] = (state, end)
             if changed:
                 _settle()
             out.mark(end)
@@ -130,7 +216,7 @@ class MatchPartition:
             state = cached[0]
             dropped, added = store.subscription_changes(cached[1], start)
             for sub_id in dropped:
-                state.index.remove(sub_id)
+                state.remove(sub_id)
             state.set_registry(store.registry_at(start))
         else:
             state = _State(store.registry_at(start), self.with_authorization)
@@ -138,6 +224,7 @@ class MatchPartition:
         for sub_id, number, owner, body in added:
             if mine(sub_id):
                 state.add(sub_id, number, owner, body)
+        state.load_bands(store)
         return state, True
 
 
@@ -158,15 +245,17 @@ class _Run:
         self.documents: list[dict] = []
         self.bodies: list[bytes] = []
         self.publishers: list[str] = []
+        self.times: list[int] = []
 
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def add(self, offset: int, body: bytes, publisher: str) -> None:
+    def add(self, offset: int, body: bytes, publisher: str, time: int) -> None:
         self.offsets.append(offset)
         self.documents.append(flatten(orjson.loads(body)))
         self.bodies.append(body)
         self.publishers.append(publisher)
+        self.times.append(time)
 
     def match(self, state: _State, out: _Output) -> None:
         if self.offsets:
@@ -176,20 +265,100 @@ class _Run:
                 self.documents, self.bodies, self.publishers, pubs, state.owners[sub_nos]
             )
             offsets = np.asarray(self.offsets, np.int64)
-            if copies:
-                cropped = np.array([pair for pair, _ in copies], np.int64)
-                out.copies(offsets[pubs[cropped]], sub_nos[cropped], [copy for _, copy in copies])
+            crops = dict(copies)
+            if state.topk_numbers:
+                ranked = state.is_topk[sub_nos]
+                self._rank(state, out, pubs, sub_nos, np.flatnonzero(ranked & keep), crops)
+                keep &= ~ranked
+                crops = {pair: copy for pair, copy in crops.items() if not ranked[pair]}
+            if crops:
+                cropped = np.fromiter(crops, np.int64, len(crops))
+                out.copies(offsets[pubs[cropped]], sub_nos[cropped], list(crops.values()))
                 keep[cropped] = False
             out.offsets.append(offsets[pubs[keep]])
             out.sub_nos.append(sub_nos[keep])
-            self.offsets, self.documents, self.bodies, self.publishers = [], [], [], []
+            self.offsets, self.documents, self.bodies, self.publishers, self.times = [], [], [], [], []
+
+    def _rank(
+        self, state: _State, out: _Output, pubs: np.ndarray, sub_nos: np.ndarray, pairs: np.ndarray,
+        crops: dict[int, bytes],
+    ) -> None:  # fmt: skip
+        """Authorized matches of top-k/w subscriptions through their skybands, each subscription's
+        in log order; a cropped copy is ranked on what its subscriber would see, and kept while the
+        skyband holds it."""
+        pairs = pairs[np.lexsort((pubs[pairs], sub_nos[pairs]))]
+        numbers = sub_nos[pairs]
+        columns = NumericColumns(self.documents)
+        bounds = np.flatnonzero(np.diff(numbers)) + 1
+        for mine in np.split(pairs, bounds) if len(pairs) else ():
+            number = int(sub_nos[mine[0]])
+            positions = pubs[mine]
+            terms = state.topk.specs[number].terms
+            scores = score_many(terms, columns, positions)
+            offsets = [self.offsets[at] for at in positions.tolist()]
+            for i, pair in enumerate(mine.tolist() if crops else ()):
+                copy = crops.get(pair)
+                if copy is not None:
+                    ranked = score(terms, flatten(orjson.loads(copy)))
+                    scores[i] = math.nan if ranked is None else ranked
+                    state.crops.setdefault(number, {})[offsets[i]] = copy
+            times = [self.times[at] for at in positions.tolist()]
+            kept = state.crops.get(number, {})
+            for delivery in state.topk.arrive_many(number, offsets, times, scores):
+                out.logged.append((number, delivery.seq, kept.get(delivery.seq)))
 
 
 class _Output:
+    """A task's output: plain matches as columns, cropped copies beside them; top-k/w deliveries
+    (`logged`) and initial matches, which leave in one STATEFUL row."""
+
     def __init__(self) -> None:
         self.offsets: list[np.ndarray] = []
         self.sub_nos: list[np.ndarray] = []
         self._copies: list[pa.RecordBatch] = []
+        self.logged: list[tuple[int, int, bytes | None]] = []  # (number, publication, cropped copy)
+        self.initials: list[tuple[int, int, bytes | None]] = []  # (number, publication, cropped copy)
+
+    def initial(self, state: _State, number: int, body: bytes, valid: list[tuple[int, bytes, str]]) -> None:
+        """A new subscription's initial matches: the still-valid publications it matches and may see.
+        They are older than the subscription and than all its other matches, so they queue as
+        plain matches ahead of those."""
+        if not valid:
+            return
+        predicates, _ = decode_subscription(body)
+        documents = [flatten(orjson.loads(published)) for _, published, _ in valid]
+        found = [i for i, document in enumerate(documents) if matches(predicates, document)]
+        if not found:
+            return
+        positions = np.array(found, np.int64)
+        owners = np.full(len(found), state.owners[number], np.int64)
+        keep, copies = state.authorizer.filter(
+            [documents[i] for i in found], [valid[i][1] for i in found], [valid[i][2] for i in found],
+            np.arange(len(found), dtype=np.int64), owners,
+        )  # fmt: skip
+        crops = dict(copies)
+        for pair in np.flatnonzero(keep).tolist():
+            self.initials.append((number, valid[int(positions[pair])][0], crops.get(pair)))
+
+    def expired(self, state: _State, now: int) -> None:
+        """What the expiries up to `now` promote into the top k of their subscriptions."""
+        for number, delivery in state.topk.advance(now):
+            self.logged.append((number, delivery.seq, state.crops.get(number, {}).get(delivery.seq)))
+
+    def stateful_row(self, state: _State) -> None:
+        batch = state.stateful_output(self.logged, self.initials)
+        if batch is not None:
+            self._copies.append(
+                pa.RecordBatch.from_arrays(
+                    [
+                        pa.array([0], pa.int64()),
+                        pa.array([STATEFUL], pa.int64()),
+                        pa.array([encode_stateful(batch)], pa.binary()),
+                    ],
+                    schema=_OUT_SCHEMA,
+                )
+            )
+        self.logged = []
 
     def __len__(self) -> int:
         return sum(len(chunk) for chunk in self.sub_nos)

@@ -17,10 +17,10 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
 from veil.pipeline.partition import partition_of
 from veil.pipeline.stores import store_for
-from veil.store import KIND_PUBLICATION, KIND_REGISTRY
+from veil.store import KIND_CANCEL, KIND_COPY, KIND_PUBLICATION, KIND_REGISTRY, KIND_TICK
 
 KIND_MARK = -1
-LOG_SCHEMA = "part INT, offset LONG, kind INT, sub_id STRING, body BINARY, client STRING, until LONG"
+LOG_SCHEMA = "part INT, offset LONG, kind INT, sub_id STRING, body BINARY, client STRING, time LONG, until LONG"
 _ARROW_SCHEMA = pa.schema(
     [
         ("part", pa.int32()),
@@ -29,6 +29,7 @@ _ARROW_SCHEMA = pa.schema(
         ("sub_id", pa.string()),
         ("body", pa.binary()),
         ("client", pa.string()),
+        ("time", pa.int64()),
         ("until", pa.int64()),
     ]
 )
@@ -103,12 +104,14 @@ class EventLogReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, LogRange)
         part, n = partition.part, partition.partitions
-        offsets, kinds, sub_ids, bodies, clients = [partition.start], [KIND_MARK], [None], [None], [None]
+        offsets, kinds, sub_ids, bodies, clients, times = [partition.start], [KIND_MARK], [None], [None], [None], [None]
         for entry in store_for(self.url).log_range(partition.start, partition.end):
             if entry.kind == KIND_PUBLICATION:
                 wanted = partition.low < entry.offset <= partition.high
-            elif entry.kind == KIND_REGISTRY:
+            elif entry.kind in (KIND_REGISTRY, KIND_TICK):
                 wanted = True
+            elif entry.kind in (KIND_COPY, KIND_CANCEL):  # the pipeline's own output; a withdrawal
+                wanted = False
             else:
                 wanted = partition.by_publication or partition_of(entry.sub_id, n) == part  # type: ignore[arg-type]
             if wanted:
@@ -117,11 +120,13 @@ class EventLogReader(DataSourceStreamReader):
                 sub_ids.append(entry.sub_id)
                 bodies.append(entry.body)
                 clients.append(entry.client)
+                times.append(entry.time)
         until = [None] * len(offsets)
         until[0] = partition.end
         yield pa.RecordBatch.from_arrays(
             [pa.array([part] * len(offsets), pa.int32()), pa.array(offsets, pa.int64()),
              pa.array(kinds, pa.int32()), pa.array(sub_ids, pa.string()),
-             pa.array(bodies, pa.binary()), pa.array(clients, pa.string()), pa.array(until, pa.int64())],
+             pa.array(bodies, pa.binary()), pa.array(clients, pa.string()), pa.array(times, pa.int64()),
+             pa.array(until, pa.int64())],
             schema=_ARROW_SCHEMA,
         )  # fmt: skip

@@ -3,13 +3,15 @@
 Clients in the wild send the whole subscription document as the handshake; unknown fields are
 ignored. A bearer token may prove the identity (`token`). The optional extensions ask for an
 envelope (publication id, sequence number, publisher and signature), for
-acknowledgement-driven cursors, and for a resume point after a reconnect.
+acknowledgement-driven cursors, and for a resume point after a reconnect. An edge broker names its
+announcement (`announcementId`) instead of a subscription.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+from veil.protocol.announcements import announcement_id_of
 from veil.protocol.errors import ProtocolError, load_json
 from veil.protocol.subscriptions import auth_hash_of, subscription_id_of
 
@@ -21,6 +23,7 @@ class Handshake(NamedTuple):
     ack: bool
     resume_after: int | None
     token: str | None = None  # a bearer token proving the client's identity
+    announcement_id: str = ""  # an edge broker's channel: the subscriptions its announcement may serve
 
 
 def parse_handshake(raw: bytes | str) -> Handshake:
@@ -35,8 +38,9 @@ def parse_handshake(raw: bytes | str) -> Handshake:
     token = doc.get("token")
     if token is not None and (not isinstance(token, str) or not token):
         raise ProtocolError("token", "not a non-empty string")
-    sub_id = subscription_id_of(doc, required=True)
-    return Handshake(auth_hash_of(doc), sub_id, envelope or ack, ack, resume, token)
+    announcement = announcement_id_of(doc, required=False)
+    sub_id = subscription_id_of(doc, required=not announcement)
+    return Handshake(auth_hash_of(doc), sub_id, envelope or ack, ack, resume, token, announcement)
 
 
 def parse_ack(raw: bytes | str) -> int:

@@ -6,10 +6,48 @@ kept as published; defined and row forms become the equivalent JSON object with 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import orjson
 
 from veil.protocol.errors import ProtocolError, load_json
 from veil.protocol.values import canonical_type, convert, type_of
+
+MAX_VALIDITY_MS = 30 * 24 * 3600 * 1000
+
+
+class UnpublishRequest(NamedTuple):
+    auth_hash: str | None
+    publication: int
+
+
+def parse_valid_for(header: str | None) -> int | None:
+    """The `X-Valid-For` header: milliseconds the publications of a request stay valid (SPEC §2.5)."""
+    if header is None:
+        return None
+    try:
+        valid_for = int(header)
+    except ValueError:
+        raise ProtocolError("X-Valid-For", "milliseconds, a whole number") from None
+    if not 0 < valid_for <= MAX_VALIDITY_MS:
+        raise ProtocolError("X-Valid-For", f"from 1 to {MAX_VALIDITY_MS} milliseconds (30 days)")
+    return valid_for
+
+
+def parse_unpublish(raw: bytes) -> UnpublishRequest:
+    """`{"authHash": H, "id": "123"}`: the id that /publish returned."""
+    doc = load_json(raw)
+    if not isinstance(doc, dict):
+        raise ProtocolError("body", "expected a JSON object")
+    auth = doc.get("authHash")
+    if auth is not None and (not isinstance(auth, str) or not auth):
+        raise ProtocolError("authHash", "not a non-empty string")
+    pub = doc.get("id")
+    if isinstance(pub, str) and pub.isdigit():
+        pub = int(pub)
+    if isinstance(pub, bool) or not isinstance(pub, int) or pub < 1:
+        raise ProtocolError("id", "the publication id that /publish returned")
+    return UnpublishRequest(auth, pub)
 
 
 def parse_publication(raw: bytes) -> bytes:

@@ -6,6 +6,7 @@ types are checked against the operators here, satisfiability is the matcher's bu
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from veil.protocol.errors import ProtocolError, load_json
@@ -31,10 +32,25 @@ TEXTUAL = frozenset({"contains", "starts_with", "ends_with"})
 WILDCARD = "*"
 
 
+MAX_K = 10_000
+PREFERENCES = ("high", "low")
+
+
+class TopK(NamedTuple):
+    """The top-k/w part of a subscription (SPEC §5): the k best of a window of `window` ms, ranked by
+    a weighted sum of terms (key, weight, target, prefer): |value - target|, or the value itself
+    when `prefer` is "low" and its negation when "high"; lower sums rank better."""
+
+    k: int
+    window: float
+    terms: list[tuple[str, float, float | None, str | None]]
+
+
 class SubscribeRequest(NamedTuple):
     auth_hash: str | None  # what the client claims; the gateway decides whether that is proved
     subscription_id: str | None
     predicates: list[tuple[str, str, object]]
+    topk: TopK | None = None
 
 
 class UnsubscribeRequest(NamedTuple):
@@ -56,7 +72,48 @@ def parse_subscribe(raw: bytes) -> SubscribeRequest:
         predicate = parse_predicate(item, f"data[{i}]")
         if predicate not in predicates:
             predicates.append(predicate)
-    return SubscribeRequest(auth, sub_id or None, predicates)
+    topk = doc.get("topk")
+    return SubscribeRequest(auth, sub_id or None, predicates, None if topk is None else parse_topk(topk))
+
+
+def parse_topk(doc: object) -> TopK:
+    """`{"k": 3, "w": 60000, "score": [{"key": "NO2", "prefer": "high"}, {"key": "lat", "target": 45.8,
+    "weight": 2}]}`: the window `w` in milliseconds."""
+    if not isinstance(doc, dict):
+        raise ProtocolError("topk", 'expected {"k": K, "w": MILLISECONDS, "score": [TERM, ...]}')
+    k = doc.get("k")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise ProtocolError("topk.k", f"an integer from 1 to {MAX_K}")
+    window = doc.get("w")
+    if not _number(window) or window <= 0:  # type: ignore[operator]
+        raise ProtocolError("topk.w", "the window in milliseconds: a positive number")
+    score = doc.get("score")
+    if not isinstance(score, list) or not score:
+        raise ProtocolError("topk.score", "a non-empty array of terms {key, target | prefer, weight}")
+    return TopK(k, float(window), [_term(term, f"topk.score[{i}]") for i, term in enumerate(score)])  # type: ignore[arg-type]
+
+
+def _term(item: object, where: str) -> tuple[str, float, float | None, str | None]:
+    if not isinstance(item, dict):
+        raise ProtocolError(where, "each term is an object {key, target | prefer, weight}")
+    key = item.get("key")
+    if not isinstance(key, str) or not key:
+        raise ProtocolError(f"{where}.key", "missing or not a non-empty string")
+    weight = item.get("weight", 1)
+    if not _number(weight) or weight <= 0:
+        raise ProtocolError(f"{where}.weight", "a positive number")
+    target, prefer = item.get("target"), item.get("prefer")
+    if (target is None) == (prefer is None):
+        raise ProtocolError(where, "give either a target (rank by distance to it) or prefer: high | low")
+    if target is not None and not _number(target):
+        raise ProtocolError(f"{where}.target", "a number")
+    if prefer is not None and prefer not in PREFERENCES:
+        raise ProtocolError(f"{where}.prefer", "high or low")
+    return (key, float(weight), None if target is None else float(target), prefer)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def parse_unsubscribe(raw: bytes) -> UnsubscribeRequest:

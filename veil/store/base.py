@@ -18,6 +18,9 @@ KIND_PUBLICATION = 0
 KIND_SUBSCRIBE = 1
 KIND_UNSUBSCRIBE = 2
 KIND_REGISTRY = 3  # a new registry version: later publications are authorized under it
+KIND_TICK = 4  # the clock moved: top-k/w windows expire up to its time even when nothing is published
+KIND_COPY = 5  # a delivery decided after its publication was matched (top-k/w, initial matches): a copy
+KIND_CANCEL = 6  # a publisher withdrew a valid publication: later subscriptions do not get it
 
 
 class Publication(NamedTuple):
@@ -27,6 +30,7 @@ class Publication(NamedTuple):
     body: bytes
     publisher: str = ""
     meta: bytes = b""
+    valid_for: int | None = None  # milliseconds it stays valid: kept, and matched by new subscriptions
 
 
 class LogEntry(NamedTuple):
@@ -35,6 +39,7 @@ class LogEntry(NamedTuple):
     sub_id: str | None
     body: bytes | None
     client: str | None = None  # the publisher of a publication, the owner of a subscription
+    time: int = 0  # milliseconds since the epoch when it was logged
 
 
 CROPPED_META = b'"cropped":true'  # a cropped copy travels without the publisher's signature
@@ -54,8 +59,30 @@ class FeedEntry(NamedTuple):
     cropped: bool = False  # some of its matches deliver a cropped copy
 
 
+class StatefulBatch(NamedTuple):
+    """What a micro-batch decided beyond matching its own publications, each delivery as (subscription
+    number, publication, cropped copy or None): top-k/w deliveries in the order they were decided;
+    new subscriptions' initial matches (older, still-valid publications); the new state of each
+    top-k/w subscription whose skyband changed (None for one that is gone); the oldest publication
+    any skyband still holds and the next moment an expiry is due (milliseconds), or None."""
+
+    deliveries: list[tuple[int, int, bytes | None]]
+    initials: list[tuple[int, int, bytes | None]]
+    bands: list[tuple[int, bytes | None]]
+    held: int | None
+    due: int | None
+
+
 class UnknownSubscription(LookupError):
     pass
+
+
+class UnknownAnnouncement(LookupError):
+    pass
+
+
+class UnknownPublication(LookupError):
+    """No publication with that id is still valid."""
 
 
 class NotOwner(PermissionError):
@@ -75,6 +102,32 @@ class EventStore(ABC):
     @abstractmethod
     def registry_at(self, offset: int | None = None) -> bytes | None:
         """The registry version in force just after `offset` (the newest one with offset=None)."""
+
+    @abstractmethod
+    def cancel_publication(self, pub: int, publisher: str) -> int:
+        """Withdraw a still-valid publication of this publisher (UnknownPublication, NotOwner); later
+        subscriptions no longer receive it as an initial match."""
+
+    @abstractmethod
+    def valid_at(self, offset: int, time: int) -> list[tuple[int, bytes, str]]:
+        """The publications logged before `offset`, valid at `time` (ms) and not withdrawn before
+        `offset`, as (offset, body, publisher): a subscription logged there receives the ones it matches."""
+
+    @abstractmethod
+    def put_announcement(self, ann_id: str, owner: str, body: bytes) -> None:
+        """Register or replace an edge broker's announcement; NotOwner if the id is someone else's."""
+
+    @abstractmethod
+    def remove_announcement(self, ann_id: str, owner: str) -> None:
+        """UnknownAnnouncement / NotOwner."""
+
+    @abstractmethod
+    def announcement(self, ann_id: str) -> tuple[str, bytes] | None:
+        """(owner, body) of an announcement."""
+
+    @abstractmethod
+    def append_tick(self) -> int:
+        """Log the current time, so that the pipeline applies the top-k/w expiries due by then."""
 
     @abstractmethod
     def put_subscription(self, sub_id: str, owner: str, body: bytes) -> int:
@@ -142,12 +195,21 @@ class EventStore(ABC):
         pubs: np.ndarray,
         processed: int,
         copies: Sequence[tuple[int, int, bytes]] = (),
+        stateful: StatefulBatch | None = None,
     ) -> None:
         """Queue the (subscription number, publication) matches of a micro-batch as one feed entry,
         with the cropped copies some of them deliver, and record the processed offset, in one
         transaction; matches of publications at or below the offset already recorded are dropped,
         so a replayed batch delivers nothing twice. A batch with matches also records its matches
-        per log entry (status `matches_per_entry`), by which the source sizes the next batches."""
+        per log entry (status `matches_per_entry`), by which the source sizes the next batches.
+        Top-k/w deliveries are logged as copies (KIND_COPY) of their publications, so that each
+        subscription's queue stays in the order they were decided; initial matches queue as plain
+        matches (they precede the subscription's others); the skybands' new states are kept with
+        them: all of it only when the batch is new, since a replay recomputes them."""
+
+    @abstractmethod
+    def topk_bands(self, numbers: Sequence[int]) -> dict[int, bytes]:
+        """The saved skyband states of these top-k/w subscriptions, as of the processed offset."""
 
     @abstractmethod
     def processed_offset(self) -> int: ...

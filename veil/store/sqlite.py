@@ -25,9 +25,12 @@ import orjson
 
 from veil.store.base import (
     CROPPED_META,
+    KIND_CANCEL,
+    KIND_COPY,
     KIND_PUBLICATION,
     KIND_REGISTRY,
     KIND_SUBSCRIBE,
+    KIND_TICK,
     KIND_UNSUBSCRIBE,
     Delivery,
     EventStore,
@@ -35,6 +38,9 @@ from veil.store.base import (
     LogEntry,
     NotOwner,
     Publication,
+    StatefulBatch,
+    UnknownAnnouncement,
+    UnknownPublication,
     UnknownSubscription,
 )
 
@@ -48,6 +54,7 @@ ADDED_COLUMNS = (  # (table, column, declaration) added since the first release
     ("log", "client", "TEXT"),
     ("log", "meta", "BLOB"),
     ("feed", "cropped", "INTEGER NOT NULL DEFAULT 0"),
+    ("log", "time", "INTEGER"),
 )
 
 SCHEMA = """
@@ -57,7 +64,8 @@ CREATE TABLE IF NOT EXISTS log (
     sub_id TEXT,
     body BLOB,
     client TEXT,  -- who logged it: the publisher of a publication, the owner of a subscription
-    meta BLOB
+    meta BLOB,
+    time INTEGER  -- milliseconds since the epoch
 );
 CREATE TABLE IF NOT EXISTS subscriptions (
     sub_id TEXT NOT NULL,
@@ -92,6 +100,20 @@ CREATE TABLE IF NOT EXISTS copies (  -- cropped copies, for the few matches that
     body BLOB NOT NULL,
     PRIMARY KEY (sub_no, pub)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS announcements (  -- what edge brokers' publishers can produce
+    ann_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS validity (  -- publications kept while valid, for the subscriptions to come
+    pub INTEGER PRIMARY KEY,
+    until INTEGER NOT NULL,  -- milliseconds since the epoch
+    cancelled INTEGER  -- the offset of the publisher's withdrawal
+);
+CREATE TABLE IF NOT EXISTS topk_bands (  -- each top-k/w subscription's skyband as of the processed offset
+    number INTEGER PRIMARY KEY,
+    blob BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS registry (
     offset INTEGER PRIMARY KEY,
     body BLOB NOT NULL
@@ -144,19 +166,79 @@ class SqliteStore(EventStore):
 
     # --- gateway side -------------------------------------------------------------------------
     def append_publications(self, publications: list[Publication]) -> list[int]:
+        now = _now_ms()
         with self._tx() as db:
             db.executemany(
-                f"INSERT INTO log(kind, body, client, meta) VALUES ({KIND_PUBLICATION}, ?, ?, ?)", publications
+                f"INSERT INTO log(kind, body, client, meta, time) VALUES ({KIND_PUBLICATION}, ?, ?, ?, {now})",
+                [(p.body, p.publisher, p.meta) for p in publications],
             )
             last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
-        # One writer holds the lock for the whole transaction, so the rows got consecutive offsets.
-        return list(range(last - len(publications) + 1, last + 1))
+            # One writer holds the lock for the whole transaction, so the rows got consecutive offsets.
+            offsets = list(range(last - len(publications) + 1, last + 1))
+            db.executemany(
+                "INSERT INTO validity(pub, until) VALUES (?, ?)",
+                [(o, now + p.valid_for) for o, p in zip(offsets, publications, strict=True) if p.valid_for],
+            )
+        return offsets
+
+    def put_announcement(self, ann_id: str, owner: str, body: bytes) -> None:
+        with self._tx() as db:
+            row = db.execute("SELECT owner FROM announcements WHERE ann_id = ?", (ann_id,)).fetchone()
+            if row is not None and row[0] != owner:
+                raise NotOwner(ann_id)
+            db.execute(
+                "INSERT OR REPLACE INTO announcements(ann_id, owner, body) VALUES (?, ?, ?)", (ann_id, owner, body)
+            )
+
+    def remove_announcement(self, ann_id: str, owner: str) -> None:
+        with self._tx() as db:
+            row = db.execute("SELECT owner FROM announcements WHERE ann_id = ?", (ann_id,)).fetchone()
+            if row is None:
+                raise UnknownAnnouncement(ann_id)
+            if row[0] != owner:
+                raise NotOwner(ann_id)
+            db.execute("DELETE FROM announcements WHERE ann_id = ?", (ann_id,))
+
+    def announcement(self, ann_id: str) -> tuple[str, bytes] | None:
+        return self._db().execute("SELECT owner, body FROM announcements WHERE ann_id = ?", (ann_id,)).fetchone()
+
+    def cancel_publication(self, pub: int, publisher: str) -> int:
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT l.client FROM validity v JOIN log l ON l.offset = v.pub "
+                "WHERE v.pub = ? AND v.until > ? AND v.cancelled IS NULL",
+                (pub, _now_ms()),
+            ).fetchone()
+            if row is None:
+                raise UnknownPublication(pub)
+            if row[0] != publisher:
+                raise NotOwner(str(pub))
+            offset = db.execute("INSERT INTO log(kind, time) VALUES (?, ?)", (KIND_CANCEL, _now_ms())).lastrowid
+            db.execute("UPDATE validity SET cancelled = ? WHERE pub = ?", (offset, pub))
+        return offset  # type: ignore[return-value]
+
+    def valid_at(self, offset: int, time: int) -> list[tuple[int, bytes, str]]:
+        return (
+            self._db()
+            .execute(
+                "SELECT v.pub, l.body, COALESCE(l.client, '') FROM validity v JOIN log l ON l.offset = v.pub "
+                "WHERE v.pub < ?1 AND v.until > ?2 AND (v.cancelled IS NULL OR v.cancelled > ?1) ORDER BY v.pub",
+                (offset, time),
+            )
+            .fetchall()
+        )
 
     def put_registry(self, body: bytes) -> int:
         with self._tx() as db:
-            offset = db.execute("INSERT INTO log(kind, body) VALUES (?, ?)", (KIND_REGISTRY, body)).lastrowid
+            offset = db.execute(
+                "INSERT INTO log(kind, body, time) VALUES (?, ?, ?)", (KIND_REGISTRY, body, _now_ms())
+            ).lastrowid
             db.execute("INSERT INTO registry(offset, body) VALUES (?, ?)", (offset, body))
         return offset  # type: ignore[return-value]
+
+    def append_tick(self) -> int:
+        with self._tx() as db:
+            return db.execute("INSERT INTO log(kind, time) VALUES (?, ?)", (KIND_TICK, _now_ms())).lastrowid  # type: ignore[return-value]
 
     def registry_at(self, offset: int | None = None) -> bytes | None:
         row = (
@@ -175,7 +257,8 @@ class SqliteStore(EventStore):
             if current is not None and current != owner:
                 raise NotOwner(sub_id)
             offset = db.execute(
-                "INSERT INTO log(kind, sub_id, body, client) VALUES (?, ?, ?, ?)", (KIND_SUBSCRIBE, sub_id, body, owner)
+                "INSERT INTO log(kind, sub_id, body, client, time) VALUES (?, ?, ?, ?, ?)",
+                (KIND_SUBSCRIBE, sub_id, body, owner, _now_ms()),
             ).lastrowid
             db.execute("UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id))
             db.execute(
@@ -193,7 +276,9 @@ class SqliteStore(EventStore):
                 raise UnknownSubscription(sub_id)
             if current != owner:
                 raise NotOwner(sub_id)
-            offset = db.execute("INSERT INTO log(kind, sub_id) VALUES (?, ?)", (KIND_UNSUBSCRIBE, sub_id)).lastrowid
+            offset = db.execute(
+                "INSERT INTO log(kind, sub_id, time) VALUES (?, ?, ?)", (KIND_UNSUBSCRIBE, sub_id, _now_ms())
+            ).lastrowid
             db.execute("UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id))
             # matches computed before the unsubscription may still arrive in the feed: they are never
             # spilled or served, since only live subscriptions get them and only after their reset
@@ -320,7 +405,8 @@ class SqliteStore(EventStore):
     # --- pipeline side ------------------------------------------------------------------------
     def log_range(self, start: int, end: int) -> list[LogEntry]:
         rows = self._db().execute(
-            "SELECT offset, kind, sub_id, body, client FROM log WHERE offset > ? AND offset <= ? ORDER BY offset",
+            "SELECT offset, kind, sub_id, body, client, COALESCE(time, 0) FROM log "
+            "WHERE offset > ? AND offset <= ? ORDER BY offset",
             (start, end),
         )
         return [LogEntry(*row) for row in rows]
@@ -361,6 +447,7 @@ class SqliteStore(EventStore):
         pubs: np.ndarray,
         processed: int,
         copies: Sequence[tuple[int, int, bytes]] = (),
+        stateful: StatefulBatch | None = None,
     ) -> None:
         sub_nos = np.asarray(sub_nos, np.int64)
         pubs = np.asarray(pubs, np.int64)
@@ -372,6 +459,11 @@ class SqliteStore(EventStore):
             fresh = pubs > done
             sub_nos, pubs = sub_nos[fresh], pubs[fresh]
             copies = [copy for copy in copies if copy[1] > done]
+            if stateful is not None and processed > done:
+                logged = self._record_stateful(db, stateful) + [(n, p) for n, p, _ in stateful.initials]
+                sub_nos = np.concatenate([sub_nos, np.array([n for n, _ in logged], np.int64)])
+                pubs = np.concatenate([pubs, np.array([p for _, p in logged], np.int64)])
+                copies += [(n, p, copy) for n, p, copy in stateful.initials if copy is not None]
             if len(pubs):
                 order = np.lexsort((pubs, sub_nos))
                 db.execute(
@@ -389,6 +481,55 @@ class SqliteStore(EventStore):
                     "INSERT OR REPLACE INTO status(name, value, updated) VALUES ('matches_per_entry', ?, ?)",
                     (-(-len(pubs) // (processed - done)), now),
                 )
+
+    @staticmethod
+    def _record_stateful(db: sqlite3.Connection, batch: StatefulBatch) -> list[tuple[int, int]]:
+        """Log each delivery as a copy of its publication (the envelope keeps the original's id) and
+        keep the skybands; returns the (subscription number, copy offset) matches."""
+        originals = {
+            offset: (body, client, meta)
+            for offset, body, client, meta in db.execute(
+                "SELECT offset, body, client, COALESCE(meta, x'') FROM log "
+                "WHERE offset IN (SELECT value FROM json_each(?))",
+                (orjson.dumps([pub for _, pub, _ in batch.deliveries]),),
+            )
+        }
+        logged = []
+        now = _now_ms()
+        for number, pub, cropped in batch.deliveries:
+            if pub not in originals:  # kept while any skyband holds it: gone means nobody does
+                continue
+            body, client, meta = originals[pub]
+            if cropped is not None:
+                body, meta = cropped, CROPPED_META
+            meta = b'"id":"%d"%s%s' % (pub, b"," if meta else b"", meta)
+            offset = db.execute(
+                "INSERT INTO log(kind, body, client, meta, time) VALUES (?, ?, ?, ?, ?)",
+                (KIND_COPY, body, client, meta, now),
+            ).lastrowid
+            logged.append((number, offset))
+        db.executemany(
+            "INSERT OR REPLACE INTO topk_bands(number, blob) VALUES (?, ?)",
+            [(number, blob) for number, blob in batch.bands if blob is not None],
+        )
+        db.executemany(
+            "DELETE FROM topk_bands WHERE number = ?", [(number,) for number, blob in batch.bands if blob is None]
+        )
+        for name, value in (("topk_held", batch.held), ("topk_due", batch.due)):
+            if value is None:
+                db.execute("DELETE FROM status WHERE name = ?", (name,))
+            else:
+                db.execute(
+                    "INSERT OR REPLACE INTO status(name, value, updated) VALUES (?, ?, ?)", (name, value, now / 1000)
+                )
+        return logged
+
+    def topk_bands(self, numbers: Sequence[int]) -> dict[int, bytes]:
+        rows = self._db().execute(
+            "SELECT number, blob FROM topk_bands WHERE number IN (SELECT value FROM json_each(?))",
+            (orjson.dumps(list(numbers)),),
+        )
+        return dict(rows.fetchall())
 
     def processed_offset(self) -> int:
         found = self.status("processed")
@@ -432,14 +573,27 @@ class SqliteStore(EventStore):
             # Publications at or below the processed offset are never read by the pipeline again (a
             # replayed batch starts after the last recorded one), and below the oldest queued delivery
             # no queue needs their bodies.
-            processed, oldest_spilled, oldest_fed = db.execute(
-                f"SELECT {PROCESSED}, (SELECT MIN(pub) FROM deliveries), (SELECT MIN(first) FROM feed)"
+            # Nor are the publications a top-k/w skyband holds: a later expiry may deliver them.
+            processed, oldest_spilled, oldest_fed, held = db.execute(
+                f"SELECT {PROCESSED}, (SELECT MIN(pub) FROM deliveries), (SELECT MIN(first) FROM feed), "
+                "(SELECT value FROM status WHERE name = 'topk_held')"
             ).fetchone()
-            horizon = min([processed] + [oldest - 1 for oldest in (oldest_spilled, oldest_fed) if oldest is not None])
+            horizon = min(
+                [processed] + [oldest - 1 for oldest in (oldest_spilled, oldest_fed, held) if oldest is not None]
+            )
+            # Valid publications stay for the subscriptions to come, until the pipeline has passed the
+            # moment they expire or their withdrawal.
+            clock = db.execute(
+                "SELECT COALESCE(MAX(time), 0) FROM log WHERE offset = (SELECT MAX(offset) FROM log WHERE offset <= ?)",
+                (processed,),
+            ).fetchone()[0]
             published = db.execute(
-                "DELETE FROM log WHERE offset IN (SELECT offset FROM log WHERE kind = ? AND offset <= ? "
-                "ORDER BY offset LIMIT ?)",
-                (KIND_PUBLICATION, horizon, limit),
+                "DELETE FROM validity WHERE until <= ? OR cancelled <= ?", (clock, processed)
+            ).rowcount
+            published += db.execute(
+                "DELETE FROM log WHERE offset IN (SELECT offset FROM log WHERE kind IN (?, ?, ?, ?) AND offset <= ? "
+                "AND offset NOT IN (SELECT pub FROM validity) ORDER BY offset LIMIT ?)",
+                (KIND_PUBLICATION, KIND_COPY, KIND_TICK, KIND_CANCEL, horizon, limit),
             ).rowcount
             published += db.execute("DELETE FROM copies WHERE pub <= ?", (horizon,)).rowcount
         return spilled + consumed + fed + published
@@ -513,6 +667,10 @@ class SqliteStore(EventStore):
                 db.close()
             self._connections.clear()
         self._local = threading.local()
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _unpack(seq: int, pairs: bytes, cropped: bool = False) -> FeedEntry:

@@ -1,0 +1,77 @@
+"""Top-k/w subscriptions end to end: the k best of a sliding window, delivered once, including a
+reading promoted when a better one leaves the window with nothing else published."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration.helpers import nothing_more, run_id, take
+from veil.client import VeilClient, VeilError
+from veil.harness import BrokerProcess
+
+
+def client_for(broker: BrokerProcess, auth_hash: str) -> VeilClient:
+    return VeilClient(broker.url, auth_hash=auth_hash, tcp_port=broker.tcp_port, ws_port=broker.ws_port)
+
+
+def top(k: int, window_ms: int) -> dict:
+    return {"k": k, "w": window_ms, "score": [{"key": "v", "prefer": "high"}]}
+
+
+async def test_the_k_best_of_the_window_and_a_late_promotion(broker):
+    rid = run_id()
+    async with client_for(broker, "tina") as client:
+        sub = (await client.subscribe([{"key": "run", "val": rid, "op": "eq"}], topk=top(2, 4000)))["subscriptionId"]
+        async with client.deliveries(sub) as stream:
+            ids = {}
+            started = time.monotonic()
+            for v in (5, 9, 1, 7):
+                ids[v] = await client.publish({"run": rid, "v": v})
+            await client.publish({"run": "someone else's", "v": 100})
+            on_arrival = await take(stream, 3)
+            assert [d.publication["v"] for d in on_arrival] == [5, 9, 7]  # 1 ranked third; 7 pushed 5 out
+            assert [d.id for d in on_arrival] == [ids[5], ids[9], ids[7]]
+            # 5 and then 9 leave the window 4 s after they came; with 9 gone, 1 is among the best two
+            (late,) = await take(stream, 1, timeout=30)
+            assert late.publication["v"] == 1 and late.id == ids[1]
+            assert time.monotonic() - started > 3.5
+            await nothing_more(stream, 2)
+
+
+async def test_bad_top_k_requests_name_the_field(broker):
+    async with client_for(broker, "tina") as client:
+        for topk, field in (
+            ({"k": 0, "w": 10, "score": [{"key": "v", "prefer": "high"}]}, "topk.k"),
+            ({"k": 1, "w": -1, "score": [{"key": "v", "prefer": "high"}]}, "topk.w"),
+            ({"k": 1, "w": 10, "score": []}, "topk.score"),
+            ({"k": 1, "w": 10, "score": [{"key": "v", "prefer": "up"}]}, "topk.score[0].prefer"),
+            ({"k": 1, "w": 10, "score": [{"key": "v"}]}, "topk.score[0]"),
+        ):
+            with pytest.raises(VeilError) as caught:
+                await client.subscribe([], topk=topk)
+            assert caught.value.status == 400 and caught.value.field == field
+
+
+async def test_skybands_survive_a_restart_without_duplicates(tmp_path):
+    broker = BrokerProcess(str(tmp_path)).start()
+    rid = run_id()
+    try:
+        async with client_for(broker, "uma") as client:
+            sub = (await client.subscribe([{"key": "run", "val": rid, "op": "eq"}], topk=top(1, 6000)))[
+                "subscriptionId"
+            ]
+            async with client.deliveries(sub) as stream:
+                first = await client.publish({"run": rid, "v": 3})
+                second = await client.publish({"run": rid, "v": 1})
+                assert [d.id for d in await take(stream, 1)] == [first]
+                await nothing_more(stream, 1)
+        assert broker.stop() == 0
+        broker.start()
+        async with client_for(broker, "uma") as client, client.deliveries(sub) as stream:
+            (late,) = await take(stream, 1, timeout=40)  # 3 left the window: 1 is now the best
+            assert late.id == second
+            await nothing_more(stream, 3)
+    finally:
+        broker.close()

@@ -1,0 +1,58 @@
+"""Publication validity (SPEC §2.5): valid publications are kept and a new subscription receives the
+still-valid ones it matches, before anything newer; a publisher can withdraw its own."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.integration.helpers import nothing_more, run_id, take
+from veil.client import VeilClient, VeilError
+from veil.harness import BrokerProcess
+
+
+def client_for(broker: BrokerProcess, auth_hash: str) -> VeilClient:
+    return VeilClient(broker.url, auth_hash=auth_hash, tcp_port=broker.tcp_port, ws_port=broker.ws_port)
+
+
+async def test_new_subscriptions_get_the_still_valid_publications_first(broker):
+    rid = run_id()
+    async with client_for(broker, "vera") as publisher, client_for(broker, "walt") as subscriber:
+        kept = await publisher.publish({"run": rid, "n": 1}, valid_for=600_000)
+        await publisher.publish({"run": rid, "n": 2})  # no validity: matched once, never kept
+        withdrawn = await publisher.publish({"run": rid, "n": 3}, valid_for=600_000)
+        short = await publisher.publish({"run": rid, "n": 4}, valid_for=1000)
+        await publisher.publish({"run": "another", "n": 5}, valid_for=600_000)
+        await asyncio.to_thread(broker.wait_processed)
+        await asyncio.sleep(1.5)  # n=4 is no longer valid
+
+        first = (await subscriber.subscribe([{"key": "run", "val": rid, "op": "eq"}]))["subscriptionId"]
+        async with subscriber.deliveries(first) as stream:
+            got = await take(stream, 2)
+            assert [(d.id, d.publication["n"]) for d in got] == [(kept, 1), (withdrawn, 3)]
+            newer = await publisher.publish({"run": rid, "n": 6})
+            assert [d.id for d in await take(stream, 1)] == [newer]
+            await nothing_more(stream)
+
+        await publisher.unpublish(withdrawn)
+        second = (await subscriber.subscribe([{"key": "run", "val": rid, "op": "eq"}]))["subscriptionId"]
+        async with subscriber.deliveries(second) as stream:
+            assert [d.id for d in await take(stream, 1)] == [kept]
+            await nothing_more(stream)
+
+        with pytest.raises(VeilError) as caught:
+            await subscriber.unpublish(kept)
+        assert (caught.value.status, caught.value.field) == (403, "id")
+        for gone in (withdrawn, short, "999999999"):
+            with pytest.raises(VeilError) as caught:
+                await publisher.unpublish(gone)
+            assert (caught.value.status, caught.value.field) == (404, "id")
+
+
+async def test_bad_validity_is_refused_by_name(broker):
+    async with client_for(broker, "vera") as publisher:
+        for valid_for in (0, -5, 10**12):
+            with pytest.raises(VeilError) as caught:
+                await publisher.publish({"n": 1}, valid_for=valid_for)
+            assert (caught.value.status, caught.value.field) == (400, "X-Valid-For")
