@@ -9,7 +9,7 @@ constant rate over 16 HTTP connections; a separate subscriber process holds ever
 connection and measures publish → delivery. Within a 10 s run nothing leaves a 60 s window, so every
 top-k/w delivery is one made on arrival.
 
-    python -m bench.cupus_topkw [--subscriptions 5000] [--rate 1000] [--seconds 10]
+    python -m bench.cupus_topkw [--subscriptions 5000] [--rate 1000] [--seconds 10] [--modes Boolean,top-k/w]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from bench.workloads import GASES, sensor_publication, sensor_subscription
 from veil.harness import BrokerProcess
 
 WINDOW_MS = 60_000
+MODES = ("Boolean", "top-k/w")
 
 
 def topk_part(rng: random.Random, data: list[dict]) -> dict:
@@ -98,7 +99,7 @@ async def main_async(args: argparse.Namespace) -> None:
         warm_up.publisher(broker.url, "warm-up", 3, args.rate, make=sensor_publication)
         warm_up.results()
         await asyncio.to_thread(broker.wait_processed, 120)
-        for mode in ("Boolean", "top-k/w"):
+        for mode in args.modes:
             rows.append(await run_case(broker, mode, filters, args))
             print(rows[-1], flush=True)
     print_table(
@@ -122,6 +123,7 @@ def main() -> None:
     parser.add_argument("--subscriptions", type=int, default=5000)
     parser.add_argument("--rate", type=float, default=1000.0, help="publications/s offered")
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--modes", type=lambda text: text.split(","), default=list(MODES), help="Boolean,top-k/w")
     add_broker_arguments(parser)
     asyncio.run(main_async(parser.parse_args()))
 
