@@ -11,7 +11,7 @@ again (those k stay in the window longer than it does), so it is dropped at once
 window are always the first k of the skyband. An arrival costs a binary search and one pass over the
 skyband's worse part, an expiry a removal and a look at the first k: nothing ever re-sorts the window.
 Many arrivals at once (a micro-batch's matches of one subscription) are counted together between
-expiries, with numpy, which gives the same skyband and deliveries as taking them one by one.
+expiries, in two linear passes, which gives the same skyband and deliveries as taking them one by one.
 
 Expiries and arrivals of the same instant: expiries apply first. The moments at which the top k are
 judged are every arrival and every distinct expiry time, so a publication promoted by an expiry is
@@ -21,7 +21,6 @@ delivered at that expiry's exact time, whenever the caller gets to `advance` the
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 from bisect import bisect_left
 from collections import deque
@@ -30,8 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-VECTOR_FROM = 8  # arrivals in a segment from which counting with numpy beats the pass per arrival
-SEGMENT = 256  # most arrivals counted together (the comparisons grow with its square)
+VECTOR_FROM = 8  # arrivals in a segment from which counting them together beats one pass per arrival
 
 
 class Term(NamedTuple):
@@ -185,16 +183,17 @@ class Skyband:
     def arrive_many(self, seqs: list[int], times: list[float], scores: np.ndarray) -> list[Delivery]:
         """`arrive` for consecutive publications, the same result, computed by segment: between two
         expiries, arrivals only push publications down, so which arrive in the top k and which end
-        dominated follows from counting, for each one, the better ones before and after it, with
-        a few numpy calls per segment instead of a pass over the skyband per arrival."""
+        dominated follows from counting, for each one, the better ones before and after it (up to
+        k), in two passes over the segment instead of a pass over the skyband per arrival."""
         delivered: list[Delivery] = []
-        times = list(itertools.accumulate(times, max, initial=self.latest))[1:]
+        times = np.maximum.accumulate(np.asarray(times)).tolist() if times else []
+        early = bisect_left(times, self.latest)  # before the last arrival: counts as that one
+        times[:early] = [self.latest] * early
         i = 0
         while i < len(seqs):
             delivered += self.advance(times[i])
             due = self.next_expiry()
             end = bisect_left(times, min(math.inf if due is None else due, times[i] + self.window), i, len(times))
-            end = min(end, i + SEGMENT)
             if end - i < VECTOR_FROM:
                 for j in range(i, end):
                     delivered += self.arrive(seqs[j], times[j], float(scores[j]))
@@ -206,33 +205,61 @@ class Skyband:
     def _segment(self, seqs: list[int], times: list[float], scores: np.ndarray) -> list[Delivery]:
         """Arrivals with no expiry among or before them. Ties rank the younger first, so a held
         publication is outranked by an arrival scoring at most as much, an arrival by an earlier one
-        scoring less, and by a later one scoring at most as much."""
+        scoring less, and by a later one scoring at most as much. Two passes that keep the k lowest
+        scores seen (a heap): forwards, an arrival enters the top k when at most k-1 held or earlier
+        ones score less; backwards, it stays in the skyband when fewer than k later ones score at
+        most as much. An arrival that does neither leaves the heap as it was, so the passes visit
+        only those that `_block_bounds` cannot rule out."""
         k = self.k
+        values = scores.tolist()
+        early, late = _block_bounds(scores, k, self.ranks[k - 1][0] if len(self.ranks) >= k else math.inf)
+        bound = [-score for score, _ in self.ranks[:k]]  # the k lowest so far, negated: a max-heap
+        heapq.heapify(bound)
+        in_top: list[int] = []
+        for j in np.flatnonzero(scores <= early).tolist():
+            value = values[j]
+            if len(bound) < k:
+                in_top.append(j)
+                heapq.heappush(bound, -value)
+            elif value <= -bound[0]:
+                in_top.append(j)
+                heapq.heapreplace(bound, -value)
+        bound = []
+        keep_new: list[int] = []
+        later: list[int] = []  # of each kept arrival: the later ones scoring at most as much (< k)
+        for j in reversed(np.flatnonzero(scores < late).tolist()):
+            value = values[j]
+            if len(bound) < k or value < -bound[0]:
+                keep_new.append(j)
+                later.append(sum(-other <= value for other in bound))
+                if len(bound) < k:
+                    heapq.heappush(bound, -value)
+                else:
+                    heapq.heapreplace(bound, -value)
+        keep_new.reverse()
+        later.reverse()
         held = np.array([score for score, _ in self.ranks], np.float64)
-        earlier = np.tril(scores[None, :] < scores[:, None], -1).sum(axis=1)  # [j]: earlier and better
-        in_top = np.searchsorted(held, scores, "left") + earlier < k
-        later = np.triu(scores[None, :] <= scores[:, None], 1).sum(axis=1)  # [j]: later and better
         counters = np.array(self.counters, np.int64) + np.searchsorted(np.sort(scores), held, "right")
         keep_held = np.flatnonzero(counters < k).tolist()
-        keep_new = np.flatnonzero(later < k).tolist()
         columns = (self.ranks, self.seqs, self.counters, self.expires, self.delivered)
         kept = [[column[i] for i in keep_held] for column in columns]
         kept[2] = counters[keep_held].tolist()
+        top = set(in_top)
         new = [
-            [(float(scores[j]), -seqs[j]) for j in keep_new],
+            [(values[j], -seqs[j]) for j in keep_new],
             [seqs[j] for j in keep_new],
-            later[keep_new].tolist(),
+            later,
             [times[j] + self.window for j in keep_new],
-            in_top[keep_new].tolist(),
+            [j in top for j in keep_new],
         ]
         order = sorted(range(len(kept[0]) + len(new[0])), key=(kept[0] + new[0]).__getitem__)
         for column, old, added in zip(columns, kept, new, strict=True):
             merged = old + added
             column[:] = [merged[i] for i in order]
-        self.arrivals.extend((times[j] + self.window, seqs[j], float(scores[j])) for j in keep_new)
+        self.arrivals.extend((times[j] + self.window, seqs[j], values[j]) for j in keep_new)
         self._bound_arrivals()
         self.latest = times[-1]
-        return [Delivery(seqs[j], times[j]) for j in np.flatnonzero(in_top).tolist()]
+        return [Delivery(seqs[j], times[j]) for j in in_top]
 
     def advance(self, now: float) -> list[Delivery]:
         """Apply the expiries up to `now`; return the publications they promoted into the top k,
@@ -274,6 +301,22 @@ class Skyband:
             if position < len(self.ranks) and self.seqs[position] == seq:
                 return
             arrivals.popleft()
+
+
+def _block_bounds(scores: np.ndarray, k: int, held: float) -> tuple[np.ndarray, np.ndarray]:
+    """For each arrival of a segment, bounds its score must meet to enter the top k (at most
+    `early`) and to stay in the skyband (below `late`), from the k-th lowest score of each block of
+    arrivals: an arrival needs to score at most the k-th lowest of the `held` ones and of any
+    earlier block, and less than the k-th lowest of any later block. Vectorised, where the exact
+    passes are Python loops: with random scores they are left with a few arrivals per block."""
+    size = max(4 * k, 32)
+    blocks = -(-len(scores) // size)
+    padded = np.full(blocks * size, math.inf)
+    padded[: len(scores)] = scores
+    kth = np.partition(padded.reshape(blocks, size), k - 1, axis=1)[:, k - 1]
+    before = np.minimum.accumulate(np.concatenate(([held], kth[:-1])))
+    after = np.minimum.accumulate(np.concatenate((kth[1:], [math.inf]))[::-1])[::-1]
+    return np.repeat(before, size)[: len(scores)], np.repeat(after, size)[: len(scores)]
 
 
 class TopKWSet:

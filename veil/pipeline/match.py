@@ -286,23 +286,24 @@ class _Run:
         """Authorized matches of top-k/w subscriptions through their skybands, each subscription's
         in log order; a cropped copy is ranked on what its subscriber would see, and kept while the
         skyband holds it."""
-        pairs = pairs[np.lexsort((pubs[pairs], sub_nos[pairs]))]
+        pairs = pairs[np.argsort(sub_nos[pairs] * len(self.offsets) + pubs[pairs])]  # each pair once
         numbers = sub_nos[pairs]
         columns = NumericColumns(self.documents)
         bounds = np.flatnonzero(np.diff(numbers)) + 1
+        all_offsets, all_times = np.asarray(self.offsets, np.int64), np.asarray(self.times, np.int64)
         for mine in np.split(pairs, bounds) if len(pairs) else ():
             number = int(sub_nos[mine[0]])
             positions = pubs[mine]
             terms = state.topk.specs[number].terms
             scores = score_many(terms, columns, positions)
-            offsets = [self.offsets[at] for at in positions.tolist()]
+            offsets = all_offsets[positions].tolist()
             for i, pair in enumerate(mine.tolist() if crops else ()):
                 copy = crops.get(pair)
                 if copy is not None:
                     ranked = score(terms, flatten(orjson.loads(copy)))
                     scores[i] = math.nan if ranked is None else ranked
                     state.crops.setdefault(number, {})[offsets[i]] = copy
-            times = [self.times[at] for at in positions.tolist()]
+            times = all_times[positions].tolist()
             kept = state.crops.get(number, {})
             for delivery in state.topk.arrive_many(number, offsets, times, scores):
                 out.logged.append((number, delivery.seq, kept.get(delivery.seq)))
