@@ -105,13 +105,12 @@ class EventLogReader(DataSourceStreamReader):
         assert isinstance(partition, LogRange)
         part, n = partition.part, partition.partitions
         offsets, kinds, sub_ids, bodies, clients, times = [partition.start], [KIND_MARK], [None], [None], [None], [None]
-        for entry in store_for(self.url).log_range(partition.start, partition.end):
+        # the pipeline's own output (copies) and withdrawals are not its input
+        for entry in store_for(self.url).log_range(partition.start, partition.end, (KIND_COPY, KIND_CANCEL)):
             if entry.kind == KIND_PUBLICATION:
                 wanted = partition.low < entry.offset <= partition.high
             elif entry.kind in (KIND_REGISTRY, KIND_TICK):
                 wanted = True
-            elif entry.kind in (KIND_COPY, KIND_CANCEL):  # the pipeline's own output; a withdrawal
-                wanted = False
             else:
                 wanted = partition.by_publication or partition_of(entry.sub_id, n) == part  # type: ignore[arg-type]
             if wanted:

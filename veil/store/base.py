@@ -175,8 +175,9 @@ class EventStore(ABC):
 
     # --- pipeline side ------------------------------------------------------------------------
     @abstractmethod
-    def log_range(self, start: int, end: int) -> list[LogEntry]:
-        """Entries with start < offset <= end, in offset order."""
+    def log_range(self, start: int, end: int, without: tuple[int, ...] = ()) -> list[LogEntry]:
+        """Entries with start < offset <= end, in offset order, leaving out the kinds `without`
+        (where the pipeline's own copies are most of the log, not reading them is most of the work)."""
 
     @abstractmethod
     def subscriptions_at(self, offset: int) -> list[tuple[str, int, str, bytes]]:

@@ -403,11 +403,11 @@ class SqliteStore(EventStore):
         return self._db().execute(LAST_FEED_SEQ).fetchone()[0]
 
     # --- pipeline side ------------------------------------------------------------------------
-    def log_range(self, start: int, end: int) -> list[LogEntry]:
+    def log_range(self, start: int, end: int, without: tuple[int, ...] = ()) -> list[LogEntry]:
         rows = self._db().execute(
             "SELECT offset, kind, sub_id, body, client, COALESCE(time, 0) FROM log "
-            "WHERE offset > ? AND offset <= ? ORDER BY offset",
-            (start, end),
+            f"WHERE offset > ? AND offset <= ? AND kind NOT IN ({', '.join('?' * len(without))}) ORDER BY offset",
+            (start, end, *without),
         )
         return [LogEntry(*row) for row in rows]
 
