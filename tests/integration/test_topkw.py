@@ -3,6 +3,7 @@ reading promoted when a better one leaves the window with nothing else published
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -59,7 +60,10 @@ async def test_skybands_survive_a_restart_without_duplicates(tmp_path):
     rid = run_id()
     try:
         async with client_for(broker, "uma") as client:
-            sub = (await client.subscribe([{"key": "run", "val": rid, "op": "eq"}], topk=top(1, 6000)))[
+            # A cold pipeline's first batch can take seconds; the window must not close before the check
+            await client.publish({"run": "warm-up"})
+            await asyncio.to_thread(broker.wait_processed)
+            sub = (await client.subscribe([{"key": "run", "val": rid, "op": "eq"}], topk=top(1, 10_000)))[
                 "subscriptionId"
             ]
             async with client.deliveries(sub) as stream:
