@@ -30,6 +30,7 @@ async def test_the_k_best_of_the_window_and_a_late_promotion(broker):
             started = time.monotonic()
             for v in (5, 9, 1, 7):
                 ids[v] = await client.publish({"run": rid, "v": v})
+                await asyncio.sleep(0.01)  # log times are in ms: two in one ms leave the window together
             await client.publish({"run": "someone else's", "v": 100})
             on_arrival = await take(stream, 3)
             assert [d.publication["v"] for d in on_arrival] == [5, 9, 7]  # 1 ranked third; 7 pushed 5 out
@@ -68,6 +69,7 @@ async def test_skybands_survive_a_restart_without_duplicates(tmp_path):
             ]
             async with client.deliveries(sub) as stream:
                 first = await client.publish({"run": rid, "v": 3})
+                await asyncio.sleep(0.01)  # a later ms: `second` outlives `first` in the window
                 second = await client.publish({"run": rid, "v": 1})
                 assert [d.id for d in await take(stream, 1)] == [first]
                 await nothing_more(stream, 1)
