@@ -50,6 +50,12 @@ SPILLED = "(SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'spilled')" 
 LAST_FEED_SEQ = "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'feed'), 0)"
 SPILL_POSITION = "(SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'spill_position')"  # within the next
 PROCESSED = "(SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'processed')"
+# The oldest publication any queue holds. The key is (sub_no, pub): a plain MIN(pub) scans every
+# queued row (180 ms at 5 M rows, once per compaction chunk), one seek per subscription number does not.
+OLDEST_QUEUED = (
+    "(SELECT MIN((SELECT MIN(pub) FROM deliveries d WHERE d.sub_no = n.no)) FROM subscription_numbers n "
+    "WHERE EXISTS (SELECT 1 FROM deliveries))"
+)
 ADDED_COLUMNS = (  # (table, column, declaration) added since the first release
     ("log", "client", "TEXT"),
     ("log", "meta", "BLOB"),
@@ -94,6 +100,9 @@ CREATE TABLE IF NOT EXISTS feed (
     created REAL NOT NULL,
     cropped INTEGER NOT NULL DEFAULT 0
 );
+-- the oldest publication the feed still needs: MIN(first) over the table would read every entry's
+-- pairs blob (overflow pages are a linked list), hundreds of megabytes when subscribers lag
+CREATE INDEX IF NOT EXISTS feed_first ON feed(first);
 CREATE TABLE IF NOT EXISTS copies (  -- cropped copies, for the few matches that deliver one
     sub_no INTEGER NOT NULL,
     pub INTEGER NOT NULL,
@@ -575,7 +584,7 @@ class SqliteStore(EventStore):
             # no queue needs their bodies.
             # Nor are the publications a top-k/w skyband holds: a later expiry may deliver them.
             processed, oldest_spilled, oldest_fed, held = db.execute(
-                f"SELECT {PROCESSED}, (SELECT MIN(pub) FROM deliveries), (SELECT MIN(first) FROM feed), "
+                f"SELECT {PROCESSED}, {OLDEST_QUEUED}, (SELECT MIN(first) FROM feed), "
                 "(SELECT value FROM status WHERE name = 'topk_held')"
             ).fetchone()
             horizon = min(
