@@ -15,6 +15,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from veil.protocol.limits import DAY_MS, Limits
 from veil.security.identity import METHODS as AUTH_METHODS
 
 
@@ -107,12 +108,45 @@ class Config:
     token_audience: str | None = _opt(None, "required audience (aud) of bearer tokens", ("VEIL_TOKEN_AUDIENCE",), str)
     max_body: int = _opt(1 << 20, "largest accepted request body in bytes", ("VEIL_MAX_BODY",))
     max_lag: int = _opt(200000, "log entries the pipeline may lag behind before publishes get 503", ("VEIL_MAX_LAG",))
-    max_pending: int = _opt(20000, "publications waiting for a commit before publishes get 503", ("VEIL_MAX_PENDING",))
+    max_pending: int = _opt(
+        20000, "publications waiting for a commit before publishes get 503 (also the largest batch)",
+        ("VEIL_MAX_PENDING",),
+    )  # fmt: skip
+    max_depth: int = _opt(32, "deepest nesting of objects and arrays in a request", ("VEIL_MAX_DEPTH",))
+    max_keys: int = _opt(10_000, "most attributes of a publication, nested ones counted", ("VEIL_MAX_KEYS",))
+    max_key_length: int = _opt(1024, "longest key of a JSON object, in characters", ("VEIL_MAX_KEY_LENGTH",))
+    max_constraints: int = _opt(1024, "most constraints of a subscription or announcement", ("VEIL_MAX_CONSTRAINTS",))
+    max_in_values: int = _opt(10_000, "most values of an `in` constraint", ("VEIL_MAX_IN_VALUES",))
+    max_k: int = _opt(10_000, "largest k of a top-k/w subscription", ("VEIL_MAX_K",))
+    max_window_ms: int = _opt(DAY_MS * 30, "longest top-k/w window, in milliseconds", ("VEIL_MAX_WINDOW_MS",))
+    max_validity_ms: int = _opt(DAY_MS * 30, "longest X-Valid-For, in milliseconds", ("VEIL_MAX_VALIDITY_MS",))
+    read_timeout: float = _opt(
+        10.0, "seconds a client may take to send a request (or a WebSocket upgrade) once connected",
+        ("VEIL_READ_TIMEOUT",),
+    )  # fmt: skip
+    max_unauthenticated: int = _opt(
+        1000, "connections that have not yet sent a request or handshake; beyond it the oldest go",
+        ("VEIL_MAX_UNAUTHENTICATED",),
+    )  # fmt: skip
+    entry_timeout: float = _opt(
+        60.0, "seconds the pipeline may spend on one log entry before setting it aside (quarantine)",
+        ("VEIL_ENTRY_TIMEOUT",),
+    )  # fmt: skip
+    batch_timeout: float = _opt(
+        300.0, "seconds a micro-batch may run before /health calls the pipeline stuck", ("VEIL_BATCH_TIMEOUT",)
+    )
     log_level: str = _opt("info", "log level", ("VEIL_LOG_LEVEL",))
 
     @property
     def store_url(self) -> str:
         return self.store or f"sqlite:///{os.path.abspath(os.path.join(self.data_dir, 'veil.db'))}"
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(
+            self.max_depth, self.max_keys, self.max_key_length, self.max_constraints, self.max_in_values,
+            self.max_k, self.max_window_ms, self.max_validity_ms,
+        )  # fmt: skip
 
     @property
     def tcp(self) -> int:
@@ -173,6 +207,12 @@ class Config:
             raise ValueError(f"--registry: no such file {self.registry!r}")
         if min(self.trigger_ms, self.max_batch_rows, self.max_batch_matches, self.max_body) < 1:
             raise ValueError("--trigger-ms, --max-batch-rows, --max-batch-matches and --max-body must be positive")
+        for option in (*(f"max_{name}" for name in Limits._fields), "max_pending", "max_unauthenticated"):
+            if getattr(self, option) < 1:
+                raise ValueError(f"--{_flag(option)}: at least 1")
+        for name in ("read_timeout", "entry_timeout", "batch_timeout"):
+            if not 0 < getattr(self, name) < 86400:
+                raise ValueError(f"--{_flag(name)}: seconds, more than 0 and less than a day")
 
 
 def _loopback(host: str) -> bool:

@@ -13,7 +13,7 @@ from veil.protocol import ProtocolError
 from veil.security.identity import Authenticator, Credentials, TokenVerifier
 from veil.security.registry import ANONYMOUS, parse_registry
 
-REGISTRY = parse_registry({"users": {"dev": {}}})
+REGISTRY = parse_registry({"hashes": {"dev-secret-1": "dev"}, "users": {"dev": {}, "alice": {}}})
 
 
 def authenticator(methods: str, anonymous: bool = False, tokens: TokenVerifier | None = None) -> Authenticator:
@@ -27,8 +27,17 @@ def refused(auth: Authenticator, credentials: Credentials) -> ProtocolError:
 
 
 def test_static_hashes_only_where_allowed():
-    assert authenticator("hash").identify(Credentials(claimed="dev")) == "dev"
+    assert authenticator("hash").identify(Credentials(claimed="dev-secret-1")) == "dev"
     assert refused(authenticator("hash"), Credentials(claimed="stranger")).status == 401
+
+
+def test_a_user_id_is_not_a_static_hash():
+    """Names (user ids, certificate fingerprints, token subjects) are not secrets: only a declared
+    hash proves its user, whichever methods are on."""
+    auth = authenticator("certificate,token,hash")
+    for name in ("dev", "alice"):
+        assert refused(auth, Credentials(claimed=name)).status == 401
+    assert auth.identify(Credentials(claimed="dev-secret-1")) == "dev"
     assert authenticator("any-hash").identify(Credentials(claimed="stranger")) == "stranger"
     assert refused(authenticator("certificate,token"), Credentials(claimed="dev")).field == "authHash"
 

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from veil.gateway.server import Broker
 
 Receive = Callable[[], Awaitable[bytes | str | None]]
-HANDSHAKE_TIMEOUT = 30.0
 MAX_LINE = 64 * 1024
 
 
@@ -31,6 +30,9 @@ async def open_session(broker: Broker, handshake: Handshake, identity: str | Non
         raise ProtocolError("subscriptionId", "unknown subscription", 404)
     if owner != client:
         raise ProtocolError("authHash", "not the owner of this subscription", 403)
+    refusal = await broker.threads.read(store.subscription_refusal, handshake.subscription_id)
+    if refusal is not None:
+        raise ProtocolError("subscriptionId", f"quarantined by the broker: {refusal}", 422)
     start = handshake.resume_after
     if start is None:
         saved = await broker.threads.read(store.cursor, handshake.subscription_id)

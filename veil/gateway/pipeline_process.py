@@ -23,7 +23,13 @@ class PipelineProcess:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.process: asyncio.subprocess.Process | None = None
+        self.exited: int | None = None  # the last exit code, while no pipeline process runs
+        self.last_error = ""  # the last error line the pipeline logged, for /health
         self._stopping = False
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
 
     async def supervise(self) -> None:
         settings = orjson.dumps(dataclasses.asdict(self.config))
@@ -31,13 +37,32 @@ class PipelineProcess:
             # A new session: Ctrl-C in a terminal reaches the gateway only, which then stops the
             # pipeline in order instead of having the JVM killed under it.
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "veil.pipeline", settings, start_new_session=True
-            )
+                sys.executable, "-m", "veil.pipeline", settings, start_new_session=True,
+                stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            self.exited = None
+            relay = asyncio.create_task(self._relay(self.process.stderr))  # type: ignore[arg-type]
             code = await self.process.wait()
+            await relay
+            self.exited = code
             if self._stopping:
                 break
             log.error("pipeline process exited with %s; restarting in %.0f s", code, RESTART_DELAY)
             await asyncio.sleep(RESTART_DELAY)
+
+    async def _relay(self, stream: asyncio.StreamReader) -> None:
+        """The pipeline's log goes on to the gateway's stderr; its last error line is kept."""
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:  # a line longer than the buffer: pass on what is there
+                line = await stream.read(1 << 16)
+            if not line:
+                return
+            sys.stderr.buffer.write(line)
+            sys.stderr.buffer.flush()
+            if b" ERROR " in line or b"Error:" in line:
+                self.last_error = line.decode(errors="replace").strip()[-300:]
 
     async def stop(self) -> None:
         self._stopping = True

@@ -7,9 +7,12 @@ Retry-After.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import orjson
 from aiohttp import web
@@ -19,6 +22,7 @@ from veil.matching import Predicate, Unsatisfiable, check_satisfiable
 from veil.matching.stored import encode_subscription
 from veil.protocol import (
     ProtocolError,
+    SubscribeRequest,
     parse_announce,
     parse_publication,
     parse_publication_batch,
@@ -28,18 +32,38 @@ from veil.protocol import (
     parse_unsubscribe,
     parse_valid_for,
 )
-from veil.protocol.errors import load_json
+from veil.protocol.limits import Limits, load_json
 from veil.security import signatures
 from veil.security.identity import Credentials
 from veil.security.registry import parse_registry
 from veil.security.tls import peer_identity
-from veil.store import NotOwner, Publication, UnknownAnnouncement, UnknownPublication, UnknownSubscription
+from veil.store import (
+    KIND_CANCEL,
+    KIND_PUBLICATION,
+    KIND_REGISTRY,
+    KIND_SUBSCRIBE,
+    KIND_TICK,
+    KIND_UNSUBSCRIBE,
+    NotOwner,
+    Publication,
+    StoreUnavailable,
+    UnknownAnnouncement,
+    UnknownPublication,
+    UnknownSubscription,
+)
 
 if TYPE_CHECKING:
     from veil.gateway.server import Broker
 
 log = logging.getLogger("veil.gateway")
 BATCH_TYPES = frozenset({"application/x-ndjson", "application/jsonl", "application/x-jsonlines"})
+PARSE_OFF_LOOP = 64 * 1024  # bodies larger than this are parsed on a thread, so the loop serves others meanwhile
+STORE_RETRY_AFTER = 5  # seconds, when the store cannot take writes
+KIND_NAMES = {
+    KIND_PUBLICATION: "publication", KIND_SUBSCRIBE: "subscription", KIND_UNSUBSCRIBE: "unsubscription",
+    KIND_REGISTRY: "registry", KIND_TICK: "tick", KIND_CANCEL: "unpublication",
+}  # fmt: skip
+T = TypeVar("T")
 
 
 def json_response(body: object, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -58,6 +82,12 @@ async def errors(request: web.Request, handler):
         return error_response(exc)
     except Overloaded as exc:
         return error_response(ProtocolError("", str(exc), 503), {"Retry-After": str(exc.retry_after)})
+    except StoreUnavailable as exc:
+        log.error("store unavailable on %s %s: %s", request.method, request.path, exc)
+        return error_response(
+            ProtocolError("", f"the broker's store cannot take writes now ({exc}); nothing was stored", 503),
+            {"Retry-After": str(STORE_RETRY_AFTER)},
+        )
     except web.HTTPRequestEntityTooLarge:
         return error_response(ProtocolError("body", f"request body larger than {request.client_max_size} bytes", 413))
     except web.HTTPException as exc:
@@ -89,23 +119,57 @@ def client_of(broker: Broker, request: web.Request, claimed: str | None) -> str:
     return broker.auth.identify(Credentials(identity_of(request), bearer_token(request), claimed))
 
 
+async def body_of(broker: Broker, request: web.Request) -> bytes:
+    """The request's body, within the read timeout: a client that stops sending mid-body holds a
+    connection, not the broker."""
+    try:
+        async with asyncio.timeout(broker.config.read_timeout):
+            return await request.read()
+    except TimeoutError:
+        raise ProtocolError("body", f"not received within {broker.config.read_timeout:g} s", 408) from None
+
+
+async def parsed(broker: Broker, raw: bytes, parse: Callable[..., T], *args: object) -> T:
+    """`parse(raw, *args)`, on the parsing thread when the body is large."""
+    if len(raw) <= PARSE_OFF_LOOP:
+        return parse(raw, *args)
+    return await asyncio.get_running_loop().run_in_executor(broker.parsing, parse, raw, *args)
+
+
+def checked_subscription(raw: bytes, limits: Limits) -> tuple[SubscribeRequest, bytes]:
+    """A subscribe request, refused if it can never match, and the body it is logged with."""
+    req = parse_subscribe(raw, limits)
+    try:
+        check_satisfiable([Predicate(*p) for p in req.predicates])
+    except Unsatisfiable as exc:
+        raise ProtocolError("data", str(exc)) from None
+    return req, encode_subscription(req.predicates, req.topk)
+
+
 def create_app(broker: Broker) -> web.Application:
     config = broker.config
-    app = web.Application(client_max_size=config.max_body, middlewares=[errors])
+    limits = broker.limits
+
+    @web.middleware
+    async def settle(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        broker.admission.settle(request.protocol)  # a whole request arrived: no longer a silent connection
+        return await handler(request)
+
+    app = web.Application(client_max_size=config.max_body, middlewares=[settle, errors])
 
     async def publish(request: web.Request) -> web.Response:
         publisher = client_of(broker, request, request.headers.get("X-Auth-Hash"))
-        raw = await request.read()
+        raw = await body_of(broker, request)
         signature = request.headers.get("X-Signature")
-        valid_for = parse_valid_for(request.headers.get("X-Valid-For"))
+        valid_for = parse_valid_for(request.headers.get("X-Valid-For"), limits)
         if request.content_type in BATCH_TYPES:
             if signature is not None:
                 raise ProtocolError("X-Signature", "sign publications one per request, not a batch")
             meta = signatures.envelope_fields(publisher)
-            batch = [Publication(body, publisher, meta, valid_for) for body in parse_publication_batch(raw)]
-            offsets = await broker.ingest.append(batch)
+            bodies = await parsed(broker, raw, parse_publication_batch, limits, config.max_pending)
+            offsets = await broker.ingest.append([Publication(body, publisher, meta, valid_for) for body in bodies])
             return json_response({"ids": [str(o) for o in offsets]})
-        body = parse_publication(raw)
+        body = await parsed(broker, raw, parse_publication, limits)
         key_id = request.headers.get("X-Key-Id")
         if signature is not None:
             if body != raw:
@@ -119,7 +183,7 @@ def create_app(broker: Broker) -> web.Application:
 
     async def unpublish(request: web.Request) -> web.Response:
         """Withdraw a still-valid publication: later subscriptions do not get it (SPEC §2.5)."""
-        req = parse_unpublish(await request.read())
+        req = parse_unpublish(await body_of(broker, request))
         publisher = client_of(broker, request, req.auth_hash or request.headers.get("X-Auth-Hash"))
         try:
             await broker.threads.write(broker.threads.store.cancel_publication, req.publication, publisher)
@@ -130,18 +194,13 @@ def create_app(broker: Broker) -> web.Application:
         return json_response({"id": str(req.publication)})
 
     async def subscribe(request: web.Request) -> web.Response:
-        req = parse_subscribe(await request.read())
+        req, body = await parsed(broker, await body_of(broker, request), checked_subscription, limits)
         owner = client_of(broker, request, req.auth_hash)
-        try:
-            check_satisfiable([Predicate(*p) for p in req.predicates])
-        except Unsatisfiable as exc:
-            raise ProtocolError("data", str(exc)) from None
         if req.topk is not None and config.partition_mode == "publications":
             raise ProtocolError("topk", "top-k/w subscriptions need the broker's --partition-mode subscriptions")
         sub_id = req.subscription_id or uuid.uuid4().hex
         store = broker.threads.store
         try:
-            body = encode_subscription(req.predicates, req.topk)
             await broker.threads.write(store.put_subscription, sub_id, owner, body)
         except NotOwner:
             raise ProtocolError("subscriptionId", "belongs to another client", 403) from None
@@ -156,7 +215,7 @@ def create_app(broker: Broker) -> web.Application:
         )
 
     async def unsubscribe(request: web.Request) -> web.Response:
-        req = parse_unsubscribe(await request.read())
+        req = parse_unsubscribe(await body_of(broker, request), limits)
         owner = client_of(broker, request, req.auth_hash)
         store = broker.threads.store
         try:
@@ -170,7 +229,7 @@ def create_app(broker: Broker) -> web.Application:
 
     async def announce(request: web.Request) -> web.Response:
         """An edge broker announces what its publishers can produce (SPEC §9)."""
-        req = parse_announce(await request.read())
+        req = await parsed(broker, await body_of(broker, request), parse_announce, limits)
         owner = client_of(broker, request, req.auth_hash)
         ann_id = req.announcement_id or uuid.uuid4().hex
         try:
@@ -184,7 +243,7 @@ def create_app(broker: Broker) -> web.Application:
         )
 
     async def revoke(request: web.Request) -> web.Response:
-        auth_hash, ann_id = parse_revoke(await request.read())
+        auth_hash, ann_id = parse_revoke(await body_of(broker, request))
         owner = client_of(broker, request, auth_hash)
         try:
             await broker.threads.write(broker.threads.store.remove_announcement, ann_id, owner)
@@ -197,21 +256,66 @@ def create_app(broker: Broker) -> web.Application:
             await close(revoked)
         return json_response({"announcementId": ann_id})
 
+    def admin(request: web.Request) -> str:
+        user = client_of(broker, request, request.headers.get("X-Auth-Hash"))
+        if user not in broker.registry.admins:
+            raise ProtocolError("authHash", "not an administrator of this broker's registry", 403)
+        return user
+
     async def registry(request: web.Request) -> web.Response:
         """The admin API: read or replace the registry (SPEC §6); only its admins may."""
-        admin = client_of(broker, request, request.headers.get("X-Auth-Hash"))
-        if admin not in broker.registry.admins:
-            raise ProtocolError("authHash", "not an administrator of this broker's registry", 403)
+        admin(request)
         if request.method == "PUT":
-            await broker.replace_registry(parse_registry(load_json(await request.read())))
+            raw = await body_of(broker, request)
+            document = await parsed(broker, raw, load_json, "body", limits._replace(keys=config.max_body))
+            await broker.replace_registry(parse_registry(document))
         return web.Response(body=broker.registry.to_json(), content_type="application/json")
+
+    async def quarantine(request: web.Request) -> web.Response:
+        """The log entries the pipeline set aside, for an admin to look at (and drop)."""
+        admin(request)
+        records = await broker.threads.read(broker.threads.store.quarantine)
+        return json_response(
+            {
+                "entries": [
+                    {
+                        "offset": r.offset, "kind": KIND_NAMES.get(r.kind, str(r.kind)), "subscriptionId": r.sub_id,
+                        "owner": r.owner, "error": r.error, "time": r.time,
+                        "body": None if r.body is None else r.body.decode(errors="replace"),
+                    }
+                    for r in records
+                ]
+            }
+        )  # fmt: skip
+
+    async def drop_quarantined(request: web.Request) -> web.Response:
+        """Drop a quarantined entry: a publication stays undelivered, a subscription is removed (its
+        owner subscribes anew), and the entry leaves the quarantine and the health report."""
+        admin(request)
+        text = request.match_info["offset"]
+        if not (text.isascii() and text.isdigit() and len(text) < 19):
+            raise ProtocolError("offset", "the offset of a quarantined entry")
+        store = broker.threads.store
+        records = await broker.threads.read(store.quarantine)
+        found = next((r for r in records if r.offset == int(text)), None)
+        # the subscription goes only if the quarantined version is still the live one (not replaced)
+        live = found is not None and found.sub_id is not None and await broker.threads.read(
+            store.subscription_refusal, found.sub_id
+        ) is not None  # fmt: skip
+        record = await broker.threads.write(store.release_quarantined, int(text))
+        if record is None:
+            raise ProtocolError("offset", "no quarantined entry at this offset", 404)
+        if live and record.kind == KIND_SUBSCRIBE and record.owner is not None:
+            with contextlib.suppress(UnknownSubscription, NotOwner):  # removed by its owner meanwhile
+                await broker.threads.write(store.remove_subscription, record.sub_id, record.owner)
+        broker.quarantined = max(0, broker.quarantined - 1)
+        return json_response({"offset": record.offset, "dropped": KIND_NAMES.get(record.kind, str(record.kind))})
 
     async def health(request: web.Request) -> web.Response:
         return json_response(broker.health())
 
     async def ready(request: web.Request) -> web.Response:
-        state = broker.health()
-        return json_response(state, 200 if state["pipeline"] == "running" else 503)
+        return json_response(broker.health(), 200 if broker.ready else 503)
 
     app.router.add_post("/publish", publish)
     app.router.add_post("/subscribe", subscribe)
@@ -221,6 +325,8 @@ def create_app(broker: Broker) -> web.Application:
     app.router.add_post("/revoke", revoke)
     app.router.add_get("/admin/registry", registry)
     app.router.add_put("/admin/registry", registry)
+    app.router.add_get("/admin/quarantine", quarantine)
+    app.router.add_delete("/admin/quarantine/{offset}", drop_quarantined)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     return app

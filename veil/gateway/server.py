@@ -8,10 +8,13 @@ import hashlib
 import logging
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from veil.config import Config
+from veil.gateway.admission import Admission
 from veil.gateway.ingest import Ingest
 from veil.gateway.pipeline_process import PipelineProcess
 from veil.gateway.rest import create_app
@@ -19,13 +22,17 @@ from veil.gateway.sessions import Close, DeliveryHub
 from veil.gateway.storage import StoreThreads
 from veil.gateway.tcp import start_tcp
 from veil.gateway.websocket import create_ws_app
+from veil.protocol import ProtocolError
 from veil.security.identity import Authenticator, TokenVerifier
 from veil.security.registry import Registry, load_registry_file, registry_from_json
 from veil.security.tls import server_context
-from veil.store import open_store
+from veil.store import KIND_SUBSCRIBE, open_store
 
 log = logging.getLogger("veil.gateway")
 PROGRESS_INTERVAL = 0.1
+QUARANTINE_INTERVAL = 1.0  # seconds between looks for newly quarantined entries
+HEARTBEAT_STALE = 10.0  # seconds without a pipeline heartbeat after which it counts as stuck
+STORE_FAILURE_SHOWN = 30.0  # seconds a failed store write keeps /health degraded
 COMPACT_INTERVAL = 2.0
 COMPACT_CHUNK = 20000  # rows per transaction, so that compaction never holds the write lock for long
 SPILL_AFTER = 2.0  # seconds a match may wait in the feed before it gets its own queue row
@@ -35,6 +42,9 @@ class Broker:
     def __init__(self, config: Config, run_pipeline: bool = True) -> None:
         self.config = config
         self.threads = StoreThreads(open_store(config.store_url))
+        self.limits = config.limits
+        self.admission = Admission(config.max_unauthenticated)
+        self.parsing = ThreadPoolExecutor(1, thread_name_prefix="parse")  # large bodies, off the event loop
         self.ingest = Ingest(self.threads, config.max_pending, config.max_lag)
         self.hub = DeliveryHub(self.threads)
         self.pipeline = PipelineProcess(config) if run_pipeline else None
@@ -43,22 +53,40 @@ class Broker:
         self.auth = Authenticator(config.auth_methods, config.anonymous, tokens, lambda: self.registry)
         self.connections = 0
         self.pipeline_state = "starting"
+        self.problems: list[str] = []  # why the broker is degraded, as /health says
+        self.quarantined = 0
+        self._quarantine_seq = 0  # the last quarantined entry whose subscriber was told
+        self._quarantine_checked = 0.0
         self._tick = 0  # the offset of the last clock tick logged
         self.edges: dict[str, dict[int, Close]] = {}  # announcement id -> how to close its channels
         self._runners: list[web.AppRunner] = []
+        self._servers: list[asyncio.Server] = []
         self._tcp: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     def health(self) -> dict[str, object]:
         return {
-            "status": "ok",
+            "status": "degraded" if self.problems else "ok",
+            "problems": self.problems,
             "pipeline": self.pipeline_state,
             "head": self.ingest.head,
             "processed": self.ingest.processed,
             "lag": self.ingest.lag,
+            "quarantined": self.quarantined,
             "connections": self.connections,
             "subscriptionsConnected": len(self.hub.sessions),
         }
+
+    @property
+    def ready(self) -> bool:
+        """Serving its promise: a pipeline alive and making progress, and a store that takes writes."""
+        return self.pipeline_state == "running" and not self._store_failing()
+
+    def _store_failing(self) -> str | None:
+        failure = self.threads.failure
+        if failure is None or time.monotonic() - failure[0] > STORE_FAILURE_SHOWN:
+            return None
+        return f"store writes failing ({time.monotonic() - failure[0]:.0f} s ago): {failure[1]}"
 
     async def start(self) -> None:
         config = self.config
@@ -77,10 +105,16 @@ class Broker:
                 config.client_ca,
                 config.client_cert == "required",  # type: ignore[arg-type]
             )
+        loop = asyncio.get_running_loop()
         for app, port in ((create_app(self), config.port), (create_ws_app(self), config.ws)):
-            runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            # The keep-alive timer also closes a connection that has not completed a request in time.
+            runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=config.read_timeout)
             await runner.setup()
-            await web.TCPSite(runner, config.bind, port, ssl_context=context, backlog=1024).start()
+            assert runner.server is not None
+            server = await loop.create_server(
+                self.admission.tracking(runner.server), config.bind, port, ssl=context, backlog=1024
+            )
+            self._servers.append(server)
             self._runners.append(runner)
         self._tcp = await start_tcp(self, config.bind, config.tcp, context)
         self._tasks = [
@@ -124,12 +158,59 @@ class Broker:
             try:
                 self.ingest.processed = await self.threads.read(store.processed_offset)
                 self.ingest.behind = (self.hub.behind(), len(self.hub.sessions))
-                status = await self.threads.read(store.status, "pipeline")
-                self.pipeline_state = "running" if status and status[0] else "starting"
+                problems = await self._pipeline_problems()
+                if time.monotonic() - self._quarantine_checked >= QUARANTINE_INTERVAL:
+                    await self._follow_quarantine()
+                if self.quarantined:
+                    problems.append(f"{self.quarantined} log entries quarantined (see GET /admin/quarantine)")
+                failing = self._store_failing()
+                if failing is not None:
+                    problems.append(failing)
+                self.problems = problems
                 await self._tick_when_due()
-            except Exception:
+            except Exception as exc:
                 log.exception("reading pipeline progress failed")
+                self.problems = [f"cannot read the store: {exc}"]
             await asyncio.sleep(PROGRESS_INTERVAL)
+
+    async def _pipeline_problems(self) -> list[str]:
+        """The pipeline's state from what can be seen of it: its process (when this gateway runs it),
+        the process id it registered, and its heartbeat (written every half second, with the start
+        of the micro-batch it is in)."""
+        store = self.threads.store
+        pipeline = self.pipeline
+        if pipeline is not None and not pipeline.alive:
+            self.pipeline_state = "restarting"
+            exited = "" if pipeline.exited is None else f" (exit code {pipeline.exited})"
+            last = f": {pipeline.last_error}" if pipeline.last_error else ""
+            return [f"the pipeline process is not running{exited}; restarting{last}"]
+        registered = await self.threads.read(store.status, "pipeline")
+        own = pipeline.process.pid if pipeline is not None and pipeline.process is not None else None
+        if not registered or not registered[0] or (own is not None and registered[0] != own):
+            self.pipeline_state = "starting"
+            return ["the pipeline is starting"]
+        heartbeat = await self.threads.read(store.status, "heartbeat")
+        now = time.time()
+        if heartbeat is None or now - heartbeat[1] > HEARTBEAT_STALE:
+            silent = now - (heartbeat[1] if heartbeat else registered[1])
+            self.pipeline_state = "stuck"
+            return [f"no heartbeat from the pipeline for {silent:.0f} s"]
+        if heartbeat[0] and now - heartbeat[0] / 1000 > self.config.batch_timeout:
+            self.pipeline_state = "stuck"
+            return [f"a micro-batch has been running for {now - heartbeat[0] / 1000:.0f} s"]
+        self.pipeline_state = "running"
+        return []
+
+    async def _follow_quarantine(self) -> None:
+        """Count what is quarantined, and tell the connected owner of a quarantined subscription."""
+        store = self.threads.store
+        self._quarantine_checked = time.monotonic()
+        self.quarantined = await self.threads.read(store.quarantine_count)
+        for record in await self.threads.read(store.quarantine, self._quarantine_seq):
+            self._quarantine_seq = record.seq
+            if record.kind == KIND_SUBSCRIBE and record.sub_id is not None:
+                reason = ProtocolError("subscriptionId", f"quarantined by the broker: {record.error}", 422)
+                await self.hub.kick(record.sub_id, reason.to_json())
 
     async def _tick_when_due(self) -> None:
         """A top-k/w window whose best publication expires promotes the next one at that moment,
@@ -156,6 +237,8 @@ class Broker:
         """Stop taking work, commit what was accepted, save cursors, then stop the pipeline."""
         if self._tcp is not None:
             self._tcp.close()
+        for server in self._servers:
+            server.close()
         for runner in self._runners:
             await runner.shutdown()
         await self.ingest.drain()
@@ -170,6 +253,20 @@ class Broker:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.threads.close()
+        self.parsing.shutdown(wait=False)
+
+
+class _OneLine(logging.Filter):
+    """A malformed HTTP request is the client's problem: one line in the log, not a traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            record.msg, record.args, record.exc_info = "malformed request: %s", (error.message,), None
+        return True
+
+
+logging.getLogger("aiohttp.server").addFilter(_OneLine())
 
 
 async def serve(config: Config) -> None:

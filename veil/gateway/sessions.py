@@ -20,7 +20,8 @@ import numpy as np
 
 from veil.gateway.storage import StoreThreads
 from veil.protocol import Handshake, ProtocolError
-from veil.store.base import CROPPED_META, FeedEntry
+from veil.protocol.envelope import cropped_fields
+from veil.store.base import FeedEntry
 
 log = logging.getLogger("veil.gateway")
 
@@ -236,7 +237,7 @@ class DeliveryHub:
             for (sub_no, pub), copy in copies.items():  # pairs are sorted by (subscription, publication)
                 low, high = np.searchsorted(sub_nos, [sub_no, sub_no + 1])
                 at = low + int(np.searchsorted(pubs[low:high], pub))
-                bodies[at], metas[at] = copy, CROPPED_META
+                bodies[at], metas[at] = copy, cropped_fields(metas[at])
         cuts = np.flatnonzero(np.diff(sub_nos)) + 1
         for low, high in zip([0, *cuts.tolist()], [*cuts.tolist(), len(sub_nos)], strict=True):
             session = self._by_number.get(int(sub_nos[low]))

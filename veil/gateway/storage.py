@@ -5,11 +5,12 @@ reads (so that a slow commit never delays pushing deliveries)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from veil.store import EventStore
+from veil.store import EventStore, StoreUnavailable
 
 T = TypeVar("T")
 
@@ -19,9 +20,15 @@ class StoreThreads:
         self.store = store
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="store-write")
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="store-read")
+        self.failure: tuple[float, str] | None = None  # (monotonic time, error) of the last failed write
 
     async def write(self, call: Callable[..., T], *args: object) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._writer, call, *args)
+        """Run a write; a StoreUnavailable is remembered for /health as well as raised."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._writer, call, *args)
+        except StoreUnavailable as exc:
+            self.failure = (time.monotonic(), str(exc))
+            raise
 
     async def read(self, call: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._reader, call, *args)

@@ -8,7 +8,7 @@ import contextlib
 import ssl
 from typing import TYPE_CHECKING
 
-from veil.gateway.delivery import HANDSHAKE_TIMEOUT, MAX_LINE, run_session
+from veil.gateway.delivery import MAX_LINE, run_session
 from veil.protocol import ProtocolError
 from veil.security.tls import peer_identity
 
@@ -19,11 +19,13 @@ if TYPE_CHECKING:
 async def start_tcp(broker: Broker, host: str, port: int, context: ssl.SSLContext | None) -> asyncio.Server:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         broker.connections += 1
+        broker.admission.admit(writer, writer.close)
         try:
             await _serve(broker, reader, writer)
         except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
             pass
         finally:
+            broker.admission.settle(writer)
             broker.connections -= 1
             writer.close()
             with contextlib.suppress(Exception):
@@ -42,14 +44,16 @@ async def _serve(broker: Broker, reader: asyncio.StreamReader, writer: asyncio.S
             writer.write(error + b"\n")
         writer.close()
 
+    timeout = broker.config.read_timeout
     try:
-        line = await asyncio.wait_for(reader.readline(), HANDSHAKE_TIMEOUT)
+        line = await asyncio.wait_for(reader.readline(), timeout)
     except TimeoutError:
-        await close(ProtocolError("handshake", f"no handshake line within {HANDSHAKE_TIMEOUT:.0f} s").to_json())
+        await close(ProtocolError("handshake", f"no handshake line within {timeout:g} s").to_json())
         return
     except ValueError:
         await close(ProtocolError("handshake", f"handshake line longer than {MAX_LINE} bytes").to_json())
         return
+    broker.admission.settle(writer)
     if not line.strip():
         await close(ProtocolError("handshake", "empty handshake line").to_json())
         return

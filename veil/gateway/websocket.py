@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import WSMsgType, web
 
-from veil.gateway.delivery import HANDSHAKE_TIMEOUT, MAX_LINE, run_session
+from veil.gateway.delivery import MAX_LINE, run_session
 from veil.gateway.rest import errors, identity_of
 from veil.protocol import ProtocolError
 
@@ -20,19 +20,28 @@ def create_ws_app(broker: Broker) -> web.Application:
         ws = web.WebSocketResponse(heartbeat=30, max_msg_size=MAX_LINE)
         await ws.prepare(request)
         broker.connections += 1
+        # upgraded, but silent until its handshake message
+        transport = request.transport
+        broker.admission.admit(request.protocol, transport.close if transport is not None else lambda: None)
         try:
-            await _serve(broker, ws, identity_of(request))
+            await _serve(broker, ws, identity_of(request), request.protocol)
         finally:
+            broker.admission.settle(request.protocol)
             broker.connections -= 1
             await ws.close()
         return ws
 
-    app = web.Application(middlewares=[errors])
+    @web.middleware
+    async def settle(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        broker.admission.settle(request.protocol)
+        return await handler(request)
+
+    app = web.Application(middlewares=[settle, errors])
     app.router.add_get("/{tail:.*}", handle)
     return app
 
 
-async def _serve(broker: Broker, ws: web.WebSocketResponse, identity: str | None) -> None:
+async def _serve(broker: Broker, ws: web.WebSocketResponse, identity: str | None, connection: object) -> None:
     async def send(frames: list[bytes]) -> None:
         for payload in frames:
             await ws.send_str(payload.decode())
@@ -42,11 +51,13 @@ async def _serve(broker: Broker, ws: web.WebSocketResponse, identity: str | None
             await ws.send_str(error.decode())
         await ws.close()
 
+    timeout = broker.config.read_timeout
     try:
-        first = await ws.receive(timeout=HANDSHAKE_TIMEOUT)
+        first = await ws.receive(timeout=timeout)
     except TimeoutError:
-        await close(ProtocolError("handshake", f"no handshake within {HANDSHAKE_TIMEOUT:.0f} s").to_json())
+        await close(ProtocolError("handshake", f"no handshake within {timeout:g} s").to_json())
         return
+    broker.admission.settle(connection)
     if first.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
         return
 

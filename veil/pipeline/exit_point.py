@@ -3,15 +3,17 @@
 The matches are written as one feed entry with the processed offset, and the cropped copies some of
 them deliver and the deliveries decided by state (top-k/w, initial matches) beside it, in one transaction; the store
 recognises a batch that Spark replays after a crash by its processed offset and writes it only once.
+Entries a match task set aside go to the quarantine in the same transaction.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from pyspark.sql import DataFrame
 
-from veil.pipeline.match import MARK, STATEFUL, decode_stateful
+from veil.pipeline.match import MARK, QUARANTINE, STATEFUL, decode_quarantined, decode_stateful
 from veil.pipeline.stores import store_for
-from veil.store import StatefulBatch
+from veil.store import KIND_PUBLICATION, Quarantined, StatefulBatch
 
 
 class DeliveryWriter:
@@ -22,6 +24,15 @@ class DeliveryWriter:
         table = frame.toArrow()
         offsets = table.column("offset").to_numpy()
         sub_nos = table.column("sub_no").to_numpy()
+        quarantined: list[Quarantined] = []
+        is_set_aside = sub_nos == QUARANTINE
+        if is_set_aside.any():
+            blobs = table.column("copy").filter(is_set_aside).to_pylist()
+            quarantined = list({(q.offset, q.sub_id): q for q in map(decode_quarantined, blobs)}.values())
+            # a publication one partition could not process is delivered by none
+            poisoned = [q.offset for q in quarantined if q.kind == KIND_PUBLICATION]
+            dropped = is_set_aside | (np.isin(offsets, poisoned) & (sub_nos >= 0))
+            table, offsets, sub_nos = table.filter(~dropped), offsets[~dropped], sub_nos[~dropped]
         is_mark = sub_nos == MARK
         if is_mark.any():
             is_stateful = sub_nos == STATEFUL
@@ -45,8 +56,9 @@ class DeliveryWriter:
                     )
                 )
             store_for(self.url).record_deliveries(
-                batch_id, sub_nos[matches], offsets[matches], int(offsets[is_mark].max()), copies, stateful
-            )
+                batch_id, sub_nos[matches], offsets[matches], int(offsets[is_mark].max()), copies, stateful,
+                quarantined,
+            )  # fmt: skip
 
 
 def _merged(parts: list[StatefulBatch]) -> StatefulBatch | None:

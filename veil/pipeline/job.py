@@ -8,6 +8,7 @@ gateway dies, so a killed broker never leaves a matcher behind.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -15,10 +16,16 @@ import signal
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from veil.config import Config
+from veil.store import EventStore, StoreUnavailable
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
 
 log = logging.getLogger("veil.pipeline")
+HEARTBEAT = 0.5  # seconds
 
 
 def build_session(config: Config):
@@ -65,7 +72,7 @@ def start_query(spark, config: Config):
         .load()
     )
     by_publication = config.partition_mode == "publications"
-    task = MatchPartition(url, config.partitions, by_publication, config.with_authorization)
+    task = MatchPartition(url, config.partitions, by_publication, config.with_authorization, config.entry_timeout)
     matches = log_entries.mapInArrow(task, MATCH_SCHEMA)
     return (
         matches.writeStream.queryName("veil_match")
@@ -99,8 +106,33 @@ def _exit_with_parent(stop: threading.Event) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+class Heartbeat:
+    """What the gateway's health check reads: that this process is alive, and since when the current
+    micro-batch runs (0 when none does), written every HEARTBEAT seconds."""
+
+    def __init__(self, store: EventStore) -> None:
+        self.store = store
+        self.batch_since = 0
+        self._failing = False
+
+    def beat(self, query: StreamingQuery) -> None:
+        active = bool(query.status.get("isTriggerActive"))
+        if not active:
+            self.batch_since = 0
+        elif not self.batch_since:
+            self.batch_since = time.time_ns() // 1_000_000
+        try:
+            self.store.set_status("heartbeat", self.batch_since)
+        except StoreUnavailable as exc:  # the gateway sees the silence; the query goes on
+            if not self._failing:
+                log.error("cannot write the pipeline's heartbeat: %s", exc)
+            self._failing = True
+        else:
+            self._failing = False
+
+
 def run(config: Config, watch_parent: bool = True) -> int:
-    from veil.store import open_store
+    from veil.store import StoreMissing, open_store
 
     stop = threading.Event()
     if watch_parent:
@@ -108,10 +140,15 @@ def run(config: Config, watch_parent: bool = True) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     lock = _lock_data_dir(config)
-    store = open_store(config.store_url)
+    try:
+        store = open_store(config.store_url, create=False)
+    except StoreMissing as exc:
+        log.error("pipeline cannot start: %s", exc)
+        return 2
     started = time.monotonic()
     spark = build_session(config)
     query = start_query(spark, config)
+    heartbeat = Heartbeat(store)
     store.set_status("pipeline", os.getpid())
     log.info(
         "pipeline running (%s, %d partitions by %s) after %.1f s",
@@ -119,14 +156,16 @@ def run(config: Config, watch_parent: bool = True) -> int:
     )  # fmt: skip
     try:
         while not stop.is_set():
-            if query.awaitTermination(0.5):
+            heartbeat.beat(query)
+            if query.awaitTermination(HEARTBEAT):
                 break
         if query.exception() is not None:
             log.error("matching query failed: %s", query.exception())
             return 1
         return 0
     finally:
-        store.set_status("pipeline", 0)
+        with contextlib.suppress(StoreUnavailable):
+            store.set_status("pipeline", 0)
         query.stop()
         spark.stop()
         os.close(lock)

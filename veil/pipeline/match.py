@@ -31,17 +31,20 @@ from veil.matching import SubscriptionIndex, matches
 from veil.matching.stored import decode_subscription
 from veil.matching.topkw import NumericColumns, Skyband, TopKWSet, score, score_many
 from veil.pipeline.authorize import Authorizer, user_number
+from veil.pipeline.guard import FAULTS, attempt, isolate
 from veil.pipeline.partition import partition_of
 from veil.pipeline.source import KIND_MARK
 from veil.pipeline.stores import store_for
 from veil.protocol import flatten
 from veil.security.registry import registry_from_json
-from veil.store import KIND_PUBLICATION, KIND_REGISTRY, KIND_SUBSCRIBE, KIND_TICK, StatefulBatch
+from veil.store import KIND_PUBLICATION, KIND_REGISTRY, KIND_SUBSCRIBE, KIND_TICK, Quarantined, StatefulBatch
 
 MATCH_SCHEMA = "offset LONG, sub_no LONG, copy BINARY"
 _OUT_SCHEMA = pa.schema([("offset", pa.int64()), ("sub_no", pa.int64()), ("copy", pa.binary())])
 MARK = -1  # the sub_no of a row that only carries how far the log was processed
 STATEFUL = -2  # the sub_no of a row whose copy is the task's top-k/w output (see `encode_stateful`)
+QUARANTINE = -3  # the sub_no of a row whose copy is an entry the task set aside (see `encode_quarantined`)
+LATEST_DUE = 2**62  # ms: later expiries are reported as this one (msgpack and SQLite hold int64)
 _FLUSH_ROWS = 65536
 RUN_LIMIT = 4096  # publications matched per index call
 
@@ -50,6 +53,14 @@ _states: dict[tuple[str, int, int], tuple[_State, int]] = {}
 
 def encode_stateful(batch: StatefulBatch) -> bytes:
     return msgspec.msgpack.encode(batch)
+
+
+def encode_quarantined(entry: Quarantined) -> bytes:
+    return msgspec.msgpack.encode(entry)
+
+
+def decode_quarantined(blob: bytes) -> Quarantined:
+    return Quarantined(*msgspec.msgpack.decode(blob))
 
 
 def decode_stateful(blob: bytes) -> StatefulBatch:
@@ -76,14 +87,16 @@ class _State:
         self.topk_numbers: dict[str, int] = {}  # id -> number of the top-k/w subscriptions
         self.is_topk = np.zeros(1024, bool)  # by subscription number
         self.crops: dict[int, dict[int, bytes]] = {}  # number -> publication -> cropped copy a skyband holds
+        # set when applying a change failed half-way: the next batch rebuilds from the store instead
+        self.suspect = False
 
     def add(self, sub_id: str, number: int, owner: str, body: bytes) -> None:
+        predicates, topk = decode_subscription(body)  # before anything changes: a bad body changes nothing
         if number >= len(self.owners):
             size = max(number + 1, 2 * len(self.owners))
             self.owners = np.concatenate([self.owners, np.full(size - len(self.owners), -1, np.int64)])
             self.is_topk = np.concatenate([self.is_topk, np.zeros(size - len(self.is_topk), bool)])
         self.owners[number] = user_number(owner)
-        predicates, topk = decode_subscription(body)
         self.remove(sub_id)
         self.index.add(sub_id, predicates, number)
         if topk is not None:
@@ -127,7 +140,7 @@ class _State:
             bands.append((number, msgspec.msgpack.encode([band.state(), held])))
         self.topk.touched.clear()
         due = self.topk.next_expiry()
-        due = None if due is None else math.ceil(due)
+        due = None if due is None else min(math.ceil(due), LATEST_DUE)
         return StatefulBatch(deliveries, initials, bands, self.topk.oldest_held(), due)
 
     def set_registry(self, body: bytes | None) -> None:
@@ -140,11 +153,15 @@ class MatchPartition:
     """Picklable task function; the `until` mark rows of its output tell the exit point how far the
     log was processed."""
 
-    def __init__(self, url: str, partitions: int, by_publication: bool, with_authorization: bool = True) -> None:
+    def __init__(
+        self, url: str, partitions: int, by_publication: bool, with_authorization: bool = True,
+        entry_timeout: float = 60.0,
+    ) -> None:  # fmt: skip
         self.url = url
         self.partitions = partitions
         self.by_publication = by_publication
         self.with_authorization = with_authorization
+        self.entry_timeout = entry_timeout  # seconds one log entry may take before it is set aside
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         state: _State | None = None
@@ -162,37 +179,28 @@ class MatchPartition:
                 clock = max(clock, time or 0)
                 if kind == KIND_MARK:
                     key = (self.url, self.partitions, -1 if self.by_publication else part)
-                    state, fresh = self._state_at(key, part, offset)
+                    state, fresh = self._state_at(key, part, offset, out)
                     changed, end = changed or fresh, until
                     # a batch the exit point already recorded, replayed: its skybands were saved past it
                     replaying = fresh and store_for(self.url).processed_offset() != offset
                 elif kind == KIND_PUBLICATION:
                     run.add(offset, body, client or "", clock)
                     if len(run) >= RUN_LIMIT:
-                        run.match(state, out)  # type: ignore[arg-type]
+                        run.match(state, out, self.entry_timeout)  # type: ignore[arg-type]
                 else:
                     # publications before a change are matched and authorized before it applies
-                    run.match(state, out)  # type: ignore[arg-type]
+                    run.match(state, out, self.entry_timeout)  # type: ignore[arg-type]
                     if kind == KIND_TICK:
                         out.expired(state, clock)  # type: ignore[arg-type]
                         continue
                     changed = True
-                    if kind == KIND_REGISTRY:
-                        state.set_registry(body)  # type: ignore[union-attr]
-                    elif kind == KIND_SUBSCRIBE:
-                        number = store_for(self.url).subscription_number(sub_id)
-                        state.add(sub_id, number, client or "", body)  # type: ignore[union-attr, arg-type]
-                        if not state.is_topk[number]:  # type: ignore[union-attr]
-                            valid = store_for(self.url).valid_at(offset, clock)
-                            out.initial(state, number, body, valid)  # type: ignore[arg-type]
-                    else:
-                        state.remove(sub_id)  # type: ignore[union-attr]
+                    self._apply(state, out, offset, kind, sub_id, client or "", body, clock)  # type: ignore[arg-type]
             if len(out) >= _FLUSH_ROWS:
                 yield from out.take()
         if state is not None and key is not None:
-            run.match(state, out)
+            run.match(state, out, self.entry_timeout)
             out.expired(state, clock)
-            if replaying:  # what it computed is dropped: rebuild from the store next time
+            if replaying or state.suspect:  # what it computed is dropped: rebuild from the store next time
                 _states.pop(key, None)
             else:
                 out.stateful_row(state)
@@ -202,7 +210,33 @@ class MatchPartition:
             out.mark(end)
         yield from out.take()
 
-    def _state_at(self, key: tuple[str, int, int], part: int, start: int) -> tuple[_State, bool]:
+    def _apply(
+        self, state: _State, out: _Output, offset: int, kind: int, sub_id: str | None, client: str, body: bytes,
+        clock: int,
+    ) -> None:  # fmt: skip
+        """A subscription or registry change; one that fails (or runs past the bound) is set aside and
+        leaves the subscription out (the registry as it was)."""
+        store = store_for(self.url)
+
+        def change() -> None:
+            if kind == KIND_REGISTRY:
+                state.set_registry(body)
+            elif kind == KIND_SUBSCRIBE:
+                number = store.subscription_number(sub_id)  # type: ignore[arg-type]
+                state.add(sub_id, number, client, body)  # type: ignore[arg-type]
+                if not state.is_topk[number]:
+                    out.initial(state, number, body, store.valid_at(offset, clock))
+            else:
+                state.remove(sub_id)  # type: ignore[arg-type]
+
+        _, error = attempt(self.entry_timeout, change)
+        if error is not None:
+            state.suspect = True
+            if kind == KIND_SUBSCRIBE:
+                state.remove(sub_id)  # type: ignore[arg-type]
+            out.quarantine(Quarantined(offset, kind, sub_id, client, error))
+
+    def _state_at(self, key: tuple[str, int, int], part: int, start: int, out: _Output) -> tuple[_State, bool]:
         """The partition's state as of `start`, and whether it had to be built or caught up."""
         cached = _states.pop(key, None)
         if cached is not None and cached[1] == start:
@@ -223,7 +257,10 @@ class MatchPartition:
             added = store.subscriptions_at(start)
         for sub_id, number, owner, body in added:
             if mine(sub_id):
-                state.add(sub_id, number, owner, body)
+                _, error = attempt(self.entry_timeout, lambda: state.add(sub_id, number, owner, body))  # noqa: B023
+                if error is not None:
+                    state.remove(sub_id)
+                    out.quarantine(Quarantined(0, KIND_SUBSCRIBE, sub_id, owner, error))
         state.load_bands(store)
         return state, True
 
@@ -242,7 +279,7 @@ class _Run:
 
     def __init__(self) -> None:
         self.offsets: list[int] = []
-        self.documents: list[dict] = []
+        self.documents: list[dict | None] = []  # parsed on first use, inside the guard
         self.bodies: list[bytes] = []
         self.publishers: list[str] = []
         self.times: list[int] = []
@@ -252,23 +289,48 @@ class _Run:
 
     def add(self, offset: int, body: bytes, publisher: str, time: int) -> None:
         self.offsets.append(offset)
-        self.documents.append(flatten(orjson.loads(body)))
+        self.documents.append(None)
         self.bodies.append(body)
         self.publishers.append(publisher)
         self.times.append(time)
 
-    def match(self, state: _State, out: _Output) -> None:
-        if self.offsets:
-            pubs, slots = state.index.match_pairs(self.documents)
-            sub_nos = state.index.numbers(slots)
-            keep, copies = state.authorizer.filter(
-                self.documents, self.bodies, self.publishers, pubs, state.owners[sub_nos]
-            )
+    def _matched(self, state: _State, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+        """Match and authorize publications [lo, hi): (publication positions, subscription numbers, which
+        pairs are kept, cropped copies by pair position). Nothing outside the return value changes
+        but the parsed documents, so a failed attempt can be retried on a part of the range."""
+        documents = self.documents
+        for i in range(lo, hi):
+            if documents[i] is None:
+                FAULTS.check(self.bodies[i])
+                documents[i] = flatten(orjson.loads(self.bodies[i]))
+        part: list[dict] = documents[lo:hi]  # type: ignore[assignment]
+        pubs, slots = state.index.match_pairs(part)
+        sub_nos = state.index.numbers(slots)
+        keep, copies = state.authorizer.filter(
+            part, self.bodies[lo:hi], self.publishers[lo:hi], pubs, state.owners[sub_nos]
+        )
+        return pubs + lo, sub_nos, keep, copies
+
+    def match(self, state: _State, out: _Output, seconds: float = 0) -> None:
+        if not self.offsets:
+            return
+        pieces, failed = isolate(0, len(self.offsets), seconds, lambda lo, hi: self._matched(state, lo, hi))
+        for position, error in failed:
+            offset, publisher = self.offsets[position], self.publishers[position]
+            out.quarantine(Quarantined(offset, KIND_PUBLICATION, None, publisher, error))
+        if pieces:
+            pubs = np.concatenate([piece[0] for _, _, piece in pieces])
+            sub_nos = np.concatenate([piece[1] for _, _, piece in pieces])
+            keep = np.concatenate([piece[2] for _, _, piece in pieces])
+            crops: dict[int, bytes] = {}
+            shift = 0
+            for _, _, piece in pieces:
+                crops.update((pair + shift, copy) for pair, copy in piece[3])
+                shift += len(piece[0])
             offsets = np.asarray(self.offsets, np.int64)
-            crops = dict(copies)
             if state.topk_numbers:
                 ranked = state.is_topk[sub_nos]
-                self._rank(state, out, pubs, sub_nos, np.flatnonzero(ranked & keep), crops)
+                self._rank(state, out, pubs, sub_nos, np.flatnonzero(ranked & keep), crops, seconds)
                 keep &= ~ranked
                 crops = {pair: copy for pair, copy in crops.items() if not ranked[pair]}
             if crops:
@@ -277,21 +339,22 @@ class _Run:
                 keep[cropped] = False
             out.offsets.append(offsets[pubs[keep]])
             out.sub_nos.append(sub_nos[keep])
-            self.offsets, self.documents, self.bodies, self.publishers, self.times = [], [], [], [], []
+        self.offsets, self.documents, self.bodies, self.publishers, self.times = [], [], [], [], []
 
     def _rank(
         self, state: _State, out: _Output, pubs: np.ndarray, sub_nos: np.ndarray, pairs: np.ndarray,
-        crops: dict[int, bytes],
+        crops: dict[int, bytes], seconds: float,
     ) -> None:  # fmt: skip
         """Authorized matches of top-k/w subscriptions through their skybands, each subscription's
         in log order; a cropped copy is ranked on what its subscriber would see, and kept while the
-        skyband holds it."""
+        skyband holds it. A subscription whose ranking fails (or runs past the bound) is set aside."""
         pairs = pairs[np.argsort(sub_nos[pairs] * len(self.offsets) + pubs[pairs])]  # each pair once
         numbers = sub_nos[pairs]
-        columns = NumericColumns(self.documents)
+        columns = NumericColumns([document or {} for document in self.documents])
         bounds = np.flatnonzero(np.diff(numbers)) + 1
         all_offsets, all_times = np.asarray(self.offsets, np.int64), np.asarray(self.times, np.int64)
-        for mine in np.split(pairs, bounds) if len(pairs) else ():
+
+        def rank(mine: np.ndarray) -> list[tuple[int, int, bytes | None]]:
             number = int(sub_nos[mine[0]])
             positions = pubs[mine]
             terms = state.topk.specs[number].terms
@@ -305,8 +368,20 @@ class _Run:
                     state.crops.setdefault(number, {})[offsets[i]] = copy
             times = all_times[positions].tolist()
             kept = state.crops.get(number, {})
-            for delivery in state.topk.arrive_many(number, offsets, times, scores):
-                out.logged.append((number, delivery.seq, kept.get(delivery.seq)))
+            return [
+                (number, delivery.seq, kept.get(delivery.seq))
+                for delivery in state.topk.arrive_many(number, offsets, times, scores)
+            ]
+
+        for mine in np.split(pairs, bounds) if len(pairs) else ():
+            decided, error = attempt(seconds, lambda mine=mine: rank(mine))
+            if error is None:
+                out.logged.extend(decided)  # type: ignore[arg-type]
+                continue
+            number = int(sub_nos[mine[0]])
+            sub_id = next(sub_id for sub_id, n in state.topk_numbers.items() if n == number)
+            state.remove(sub_id)
+            out.quarantine(Quarantined(0, KIND_SUBSCRIBE, sub_id, None, error))
 
 
 class _Output:
@@ -360,6 +435,19 @@ class _Output:
                 )
             )
         self.logged = []
+
+    def quarantine(self, entry: Quarantined) -> None:
+        """An entry set aside: it leaves in a row of its own, for the exit point to record."""
+        self._copies.append(
+            pa.RecordBatch.from_arrays(
+                [
+                    pa.array([entry.offset], pa.int64()),
+                    pa.array([QUARANTINE], pa.int64()),
+                    pa.array([encode_quarantined(entry)], pa.binary()),
+                ],
+                schema=_OUT_SCHEMA,
+            )
+        )
 
     def __len__(self) -> int:
         return sum(len(chunk) for chunk in self.sub_nos)

@@ -9,4 +9,5 @@ from veil.store import EventStore, open_store
 
 @cache
 def store_for(url: str) -> EventStore:
-    return open_store(url)
+    """Never creates a store: a pipeline or executor that cannot see the gateway's fails loudly."""
+    return open_store(url, create=False)

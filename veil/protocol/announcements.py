@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from veil.protocol.errors import ProtocolError, load_json
-from veil.protocol.subscriptions import MAX_ID_LENGTH, auth_hash_of, parse_predicate
+from veil.protocol.errors import ProtocolError
+from veil.protocol.limits import DEFAULT, Limits
+from veil.protocol.subscriptions import MAX_ID_LENGTH, auth_hash_of, load_object, parse_constraints
 
 
 class AnnounceRequest(NamedTuple):
@@ -15,19 +16,16 @@ class AnnounceRequest(NamedTuple):
     predicates: list[tuple[str, str, object]]
 
 
-def parse_announce(raw: bytes) -> AnnounceRequest:
+def parse_announce(raw: bytes, limits: Limits = DEFAULT) -> AnnounceRequest:
     """`{"authHash": H, "announcementId": ID?, "data": [{"key", "val", "type"?, "op"}, ...]}`; an
     empty `data` announces publications of any content."""
-    doc = _object(raw)
-    data = doc.get("data")
-    if not isinstance(data, list):
-        raise ProtocolError("data", "missing or not an array of constraints ([] announces anything)")
-    predicates = [parse_predicate(item, f"data[{i}]") for i, item in enumerate(data)]
+    doc = load_object(raw, limits)
+    predicates = parse_constraints(doc.get("data"), "data", limits)
     return AnnounceRequest(auth_hash_of(doc), announcement_id_of(doc, required=False) or None, predicates)
 
 
 def parse_revoke(raw: bytes) -> tuple[str | None, str]:
-    doc = _object(raw)
+    doc = load_object(raw)
     return auth_hash_of(doc), announcement_id_of(doc, required=True)
 
 
@@ -41,9 +39,3 @@ def announcement_id_of(doc: dict, required: bool) -> str:
         raise ProtocolError("announcementId", f"a string of at most {MAX_ID_LENGTH} printable characters")
     return ann_id
 
-
-def _object(raw: bytes) -> dict:
-    doc = load_json(raw)
-    if not isinstance(doc, dict):
-        raise ProtocolError("body", "expected a JSON object")
-    return doc

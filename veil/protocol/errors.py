@@ -17,10 +17,3 @@ class ProtocolError(Exception):
     def to_json(self) -> bytes:
         return orjson.dumps({"error": self.problem, "field": self.field, "status": self.status})
 
-
-def load_json(raw: bytes, field: str = "body") -> object:
-    """Parse JSON; a syntax error becomes a 400 that says where parsing stopped."""
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ProtocolError(field, f"malformed JSON: {exc}") from None

@@ -11,18 +11,16 @@ from veil.protocol.values import Scalar
 
 
 def flatten(doc: dict) -> dict[str, Scalar]:
+    """Without recursion: the pipeline must never fail on a document the gateway let through, and
+    Python's recursion limit is lower than the nesting JSON parsers accept."""
     out: dict[str, Scalar] = {}
-    for key, value in doc.items():
-        _walk(key, value, out)
+    stack: list[tuple[str, object]] = list(reversed(doc.items()))
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{path}.{key}", inner) for key, inner in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{path}.[{i}]", value[i]) for i in range(len(value) - 1, -1, -1))
+        elif value is not None:
+            out[path] = value  # type: ignore[assignment]
     return out
-
-
-def _walk(path: str, value: object, out: dict[str, Scalar]) -> None:
-    if isinstance(value, dict):
-        for key, inner in value.items():
-            _walk(f"{path}.{key}", inner, out)
-    elif isinstance(value, list):
-        for i, inner in enumerate(value):
-            _walk(f"{path}.[{i}]", inner, out)
-    elif value is not None:
-        out[path] = value  # type: ignore[assignment]

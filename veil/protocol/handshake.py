@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from veil.protocol.announcements import announcement_id_of
-from veil.protocol.errors import ProtocolError, load_json
-from veil.protocol.subscriptions import auth_hash_of, subscription_id_of
+from veil.protocol.errors import ProtocolError
+from veil.protocol.limits import INT64_MAX, load_json
+from veil.protocol.subscriptions import MAX_CREDENTIAL_LENGTH, auth_hash_of, subscription_id_of
 
 
 class Handshake(NamedTuple):
@@ -33,11 +34,11 @@ def parse_handshake(raw: bytes | str) -> Handshake:
     envelope = _flag(doc, "envelope")
     ack = _flag(doc, "ack")
     resume = doc.get("resumeAfter")
-    if resume is not None and (isinstance(resume, bool) or not isinstance(resume, int) or resume < 0):
-        raise ProtocolError("resumeAfter", "not a non-negative integer sequence number")
+    if resume is not None and not _sequence(resume):
+        raise ProtocolError("resumeAfter", f"not a sequence number (an integer from 0 to {INT64_MAX})")
     token = doc.get("token")
-    if token is not None and (not isinstance(token, str) or not token):
-        raise ProtocolError("token", "not a non-empty string")
+    if token is not None and (not isinstance(token, str) or not token or len(token) > MAX_CREDENTIAL_LENGTH):
+        raise ProtocolError("token", f"not a non-empty string of at most {MAX_CREDENTIAL_LENGTH} characters")
     announcement = announcement_id_of(doc, required=False)
     sub_id = subscription_id_of(doc, required=not announcement)
     return Handshake(auth_hash_of(doc), sub_id, envelope or ack, ack, resume, token, announcement)
@@ -46,9 +47,14 @@ def parse_handshake(raw: bytes | str) -> Handshake:
 def parse_ack(raw: bytes | str) -> int:
     doc = load_json(raw, "ack")
     seq = doc.get("ack") if isinstance(doc, dict) else None
-    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+    if not _sequence(seq):
         raise ProtocolError("ack", 'expected {"ack": <sequence number>}')
-    return seq
+    return seq  # type: ignore[return-value]
+
+
+def _sequence(value: object) -> bool:
+    """Sequence numbers are log offsets: signed 64-bit in every store."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT64_MAX
 
 
 def _flag(doc: dict, name: str) -> bool:

@@ -10,10 +10,10 @@ from typing import NamedTuple
 
 import orjson
 
-from veil.protocol.errors import ProtocolError, load_json
+from veil.protocol.errors import ProtocolError
+from veil.protocol.limits import DEFAULT, INT64_MAX, Limits, load_json
+from veil.protocol.subscriptions import auth_hash_of
 from veil.protocol.values import canonical_type, convert, type_of
-
-MAX_VALIDITY_MS = 30 * 24 * 3600 * 1000
 
 
 class UnpublishRequest(NamedTuple):
@@ -21,16 +21,18 @@ class UnpublishRequest(NamedTuple):
     publication: int
 
 
-def parse_valid_for(header: str | None) -> int | None:
-    """The `X-Valid-For` header: milliseconds the publications of a request stay valid (SPEC §2.5)."""
+def parse_valid_for(header: str | None, limits: Limits = DEFAULT) -> int | None:
+    """The `X-Valid-For` header: milliseconds the publications of a request stay valid (SPEC §2.5).
+    ASCII digits only: Python's `int` would also take full-width and Arabic-Indic digits and `1_000`,
+    which no other reader of the header would."""
     if header is None:
         return None
-    try:
-        valid_for = int(header)
-    except ValueError:
-        raise ProtocolError("X-Valid-For", "milliseconds, a whole number") from None
-    if not 0 < valid_for <= MAX_VALIDITY_MS:
-        raise ProtocolError("X-Valid-For", f"from 1 to {MAX_VALIDITY_MS} milliseconds (30 days)")
+    text = header.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 15:
+        raise ProtocolError("X-Valid-For", "milliseconds, a whole number in ASCII digits")
+    valid_for = int(text)
+    if not 0 < valid_for <= limits.validity_ms:
+        raise ProtocolError("X-Valid-For", f"from 1 to {limits.validity_ms} milliseconds")
     return valid_for
 
 
@@ -39,28 +41,29 @@ def parse_unpublish(raw: bytes) -> UnpublishRequest:
     doc = load_json(raw)
     if not isinstance(doc, dict):
         raise ProtocolError("body", "expected a JSON object")
-    auth = doc.get("authHash")
-    if auth is not None and (not isinstance(auth, str) or not auth):
-        raise ProtocolError("authHash", "not a non-empty string")
     pub = doc.get("id")
-    if isinstance(pub, str) and pub.isdigit():
+    if isinstance(pub, str) and pub.isascii() and pub.isdigit() and len(pub) < 19:
         pub = int(pub)
-    if isinstance(pub, bool) or not isinstance(pub, int) or pub < 1:
+    if isinstance(pub, bool) or not isinstance(pub, int) or not 1 <= pub <= INT64_MAX:
         raise ProtocolError("id", "the publication id that /publish returned")
-    return UnpublishRequest(auth, pub)
+    return UnpublishRequest(auth_hash_of(doc), pub)
 
 
-def parse_publication(raw: bytes) -> bytes:
-    return _normalise(load_json(raw), raw, "")
+def parse_publication(raw: bytes, limits: Limits = DEFAULT) -> bytes:
+    return _normalise(load_json(raw, "body", limits, publication=True), raw, "")
 
 
-def parse_publication_batch(raw: bytes) -> list[bytes]:
-    """NDJSON: one publication per non-empty line; all are refused if any line is invalid."""
+def parse_publication_batch(raw: bytes, limits: Limits = DEFAULT, max_lines: int | None = None) -> list[bytes]:
+    """NDJSON: one publication per non-empty line; all are refused if any line is invalid, and a batch
+    of more than `max_lines` publications (what the broker could ever take in one commit) with 413."""
+    lines = [line for line in raw.splitlines() if line.strip()]
+    if max_lines is not None and len(lines) > max_lines:
+        raise ProtocolError("body", f"{len(lines)} publications in one batch; at most {max_lines}", 413)
     bodies = []
     for number, line in enumerate(raw.splitlines(), start=1):
         if line.strip():
             prefix = f"line {number}: "
-            bodies.append(_normalise(load_json(line, f"{prefix}body"), line, prefix))
+            bodies.append(_normalise(load_json(line, f"{prefix}body", limits, publication=True), line, prefix))
     if not bodies:
         raise ProtocolError("body", "empty batch: send one publication per line")
     return bodies

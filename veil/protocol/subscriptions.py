@@ -9,10 +9,14 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from veil.protocol.errors import ProtocolError, load_json
+from veil.protocol.errors import ProtocolError
+from veil.protocol.limits import DEFAULT, Limits, load_json
 from veil.protocol.values import Scalar, canonical_type, convert, type_of
 
 MAX_ID_LENGTH = 256
+MAX_CREDENTIAL_LENGTH = 16 * 1024  # an authHash or a bearer token
+MIN_WINDOW_MS = 1  # below a millisecond, `time + w == time` for the log's clock
+MAX_TERM_VALUE = 1e15  # weights and targets: sums of terms stay far from overflow
 
 OPERATORS = {
     "eq": "eq", "=": "eq", "==": "eq",
@@ -32,7 +36,6 @@ TEXTUAL = frozenset({"contains", "starts_with", "ends_with"})
 WILDCARD = "*"
 
 
-MAX_K = 10_000
 PREFERENCES = ("high", "low")
 
 
@@ -58,38 +61,54 @@ class UnsubscribeRequest(NamedTuple):
     subscription_id: str
 
 
-def parse_subscribe(raw: bytes) -> SubscribeRequest:
-    doc = _object(raw)
+def parse_subscribe(raw: bytes, limits: Limits = DEFAULT) -> SubscribeRequest:
+    doc = load_object(raw, limits)
     auth = auth_hash_of(doc)
     sub_id = doc.get("subscriptionId")
     if sub_id is not None:
         sub_id = subscription_id_of(doc, required=False)
-    data = doc.get("data")
-    if not isinstance(data, list):
-        raise ProtocolError("data", "missing or not an array of constraints ([] matches everything)")
-    predicates: list[tuple[str, str, object]] = []
-    for i, item in enumerate(data):
-        predicate = parse_predicate(item, f"data[{i}]")
-        if predicate not in predicates:
-            predicates.append(predicate)
+    predicates = parse_constraints(doc.get("data"), "data", limits)
     topk = doc.get("topk")
-    return SubscribeRequest(auth, sub_id or None, predicates, None if topk is None else parse_topk(topk))
+    return SubscribeRequest(auth, sub_id or None, predicates, None if topk is None else parse_topk(topk, limits))
 
 
-def parse_topk(doc: object) -> TopK:
+def parse_constraints(data: object, field: str, limits: Limits = DEFAULT) -> list[tuple[str, str, object]]:
+    """A conjunction of constraints, each once, in the order given (a set keeps de-duplication linear)."""
+    if not isinstance(data, list):
+        raise ProtocolError(field, "missing or not an array of constraints ([] matches everything)")
+    if len(data) > limits.constraints:
+        raise ProtocolError(field, f"{len(data)} constraints; at most {limits.constraints}", 413)
+    predicates: dict[tuple, tuple[str, str, object]] = {}
+    for i, item in enumerate(data):
+        predicate = parse_predicate(item, f"{field}[{i}]", limits)
+        predicates.setdefault(_identity(predicate), predicate)
+    return list(predicates.values())
+
+
+def _identity(predicate: tuple[str, str, object]) -> tuple:
+    """What makes two constraints the same: also the type of each value, since `1 == True == 1.0`."""
+    key, op, value = predicate
+    if isinstance(value, list):
+        return (key, op, tuple((type(v), v) for v in value))
+    return (key, op, type(value), value)
+
+
+def parse_topk(doc: object, limits: Limits = DEFAULT) -> TopK:
     """`{"k": 3, "w": 60000, "score": [{"key": "NO2", "prefer": "high"}, {"key": "lat", "target": 45.8,
     "weight": 2}]}`: the window `w` in milliseconds."""
     if not isinstance(doc, dict):
         raise ProtocolError("topk", 'expected {"k": K, "w": MILLISECONDS, "score": [TERM, ...]}')
     k = doc.get("k")
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
-        raise ProtocolError("topk.k", f"an integer from 1 to {MAX_K}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limits.k:
+        raise ProtocolError("topk.k", f"an integer from 1 to {limits.k}")
     window = doc.get("w")
-    if not _number(window) or window <= 0:  # type: ignore[operator]
-        raise ProtocolError("topk.w", "the window in milliseconds: a positive number")
+    if not _number(window) or not MIN_WINDOW_MS <= window <= limits.window_ms:  # type: ignore[operator]
+        raise ProtocolError("topk.w", f"the window in milliseconds: from {MIN_WINDOW_MS} to {limits.window_ms}")
     score = doc.get("score")
-    if not isinstance(score, list) or not score:
-        raise ProtocolError("topk.score", "a non-empty array of terms {key, target | prefer, weight}")
+    if not isinstance(score, list) or not score or len(score) > limits.constraints:
+        raise ProtocolError(
+            "topk.score", f"a non-empty array of at most {limits.constraints} terms {{key, target | prefer, weight}}"
+        )
     return TopK(k, float(window), [_term(term, f"topk.score[{i}]") for i, term in enumerate(score)])  # type: ignore[arg-type]
 
 
@@ -100,13 +119,13 @@ def _term(item: object, where: str) -> tuple[str, float, float | None, str | Non
     if not isinstance(key, str) or not key:
         raise ProtocolError(f"{where}.key", "missing or not a non-empty string")
     weight = item.get("weight", 1)
-    if not _number(weight) or weight <= 0:
-        raise ProtocolError(f"{where}.weight", "a positive number")
+    if not _number(weight) or not 0 < weight <= MAX_TERM_VALUE:
+        raise ProtocolError(f"{where}.weight", f"a positive number up to {MAX_TERM_VALUE:g}")
     target, prefer = item.get("target"), item.get("prefer")
     if (target is None) == (prefer is None):
         raise ProtocolError(where, "give either a target (rank by distance to it) or prefer: high | low")
-    if target is not None and not _number(target):
-        raise ProtocolError(f"{where}.target", "a number")
+    if target is not None and (not _number(target) or abs(target) > MAX_TERM_VALUE):
+        raise ProtocolError(f"{where}.target", f"a number from {-MAX_TERM_VALUE:g} to {MAX_TERM_VALUE:g}")
     if prefer is not None and prefer not in PREFERENCES:
         raise ProtocolError(f"{where}.prefer", "high or low")
     return (key, float(weight), None if target is None else float(target), prefer)
@@ -116,16 +135,16 @@ def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def parse_unsubscribe(raw: bytes) -> UnsubscribeRequest:
-    doc = _object(raw)
+def parse_unsubscribe(raw: bytes, limits: Limits = DEFAULT) -> UnsubscribeRequest:
+    doc = load_object(raw, limits)
     return UnsubscribeRequest(auth_hash_of(doc), subscription_id_of(doc, required=True))
 
 
 def auth_hash_of(doc: dict) -> str | None:
     """The authHash a request names, if any (a client certificate or a token may prove it instead)."""
     auth = doc.get("authHash")
-    if auth is not None and (not isinstance(auth, str) or not auth):
-        raise ProtocolError("authHash", "not a non-empty string")
+    if auth is not None and (not isinstance(auth, str) or not auth or len(auth) > MAX_CREDENTIAL_LENGTH):
+        raise ProtocolError("authHash", f"not a non-empty string of at most {MAX_CREDENTIAL_LENGTH} characters")
     return auth
 
 
@@ -142,7 +161,7 @@ def subscription_id_of(doc: dict, required: bool) -> str:
     return sub_id
 
 
-def parse_predicate(item: object, where: str) -> tuple[str, str, object]:
+def parse_predicate(item: object, where: str, limits: Limits = DEFAULT) -> tuple[str, str, object]:
     if not isinstance(item, dict):
         raise ProtocolError(where, "each constraint is an object {key, val, type, op}")
     key = item.get("key")
@@ -158,27 +177,25 @@ def parse_predicate(item: object, where: str) -> tuple[str, str, object]:
     if op == "eq" and value == WILDCARD:
         return (key, "exists", None)
     if op in ("between", "in"):
-        return (key, op, _list_value(op, value, type_name, where))
+        return (key, op, _list_value(op, value, type_name, where, limits))
     scalar = _scalar(value, type_name, f"{where}.val")
     _check_operator(op, type_of(scalar), where)
     return (key, op, scalar)
 
 
-def _list_value(op: str, value: object, type_name: str | None, where: str) -> list[Scalar]:
+def _list_value(op: str, value: object, type_name: str | None, where: str, limits: Limits) -> list[Scalar]:
     if not isinstance(value, list) or not value or (op == "between" and len(value) != 2):
         shape = "[low, high]" if op == "between" else "a non-empty array of values"
         raise ProtocolError(f"{where}.val", f"operator {op!r} takes {shape}")
+    if len(value) > limits.in_values:
+        raise ProtocolError(f"{where}.val", f"{len(value)} values; at most {limits.in_values}", 413)
     items = [_scalar(v, type_name, f"{where}.val[{i}]") for i, v in enumerate(value)]
     classes = {_class(type_of(v)) for v in items}
     if len(classes) > 1:
         raise ProtocolError(f"{where}.val", f"operator {op!r} needs values of one type, got {sorted(classes)}")
     _check_operator(op, type_of(items[0]), where)
-    if op == "in":
-        unique: list[Scalar] = []
-        for v in items:
-            if v not in unique:
-                unique.append(v)
-        return unique
+    if op == "in":  # one class of values: equal ones are the same value (1 and 1.0 alike)
+        return list(dict.fromkeys(items))
     return items
 
 
@@ -203,8 +220,8 @@ def _check_operator(op: str, type_name: str | None, where: str) -> None:
         raise ProtocolError(f"{where}.op", f"operator {op!r} applies to strings only, not {type_name}")
 
 
-def _object(raw: bytes) -> dict:
-    doc = load_json(raw)
+def load_object(raw: bytes, limits: Limits = DEFAULT) -> dict:
+    doc = load_json(raw, "body", limits)
     if not isinstance(doc, dict):
         raise ProtocolError("body", "expected a JSON object")
     return doc

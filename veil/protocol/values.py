@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from veil.protocol.errors import ProtocolError
+from veil.protocol.limits import check_int
 
 Scalar = int | float | bool | str
 
@@ -59,12 +60,12 @@ def _to_int(value: object, field: str) -> int:
     if isinstance(value, bool):
         raise ProtocolError(field, f"{value!r} is a boolean, not an int")
     if isinstance(value, int):
-        return value
+        return check_int(value, field)
     if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
+        return check_int(int(value), field)
+    if isinstance(value, str) and value.strip().isascii():
         try:
-            return int(value.strip())
+            return check_int(int(value.strip()), field)
         except ValueError:
             pass
     raise ProtocolError(field, f"{value!r} is not an int")

@@ -2,8 +2,9 @@
 
 An identity is proved by a client certificate under mutual TLS (its SHA-256 fingerprint), by a
 bearer token an identity provider signed (its subject), or, where the operator allows it for
-development, by a static hash: one listed in the registry (`hash`), or any at all (`any-hash`, the
-SELIS server's behaviour). Whatever else a request claims (the authHash of the SELIS protocol) must
+development, by a static hash: a secret declared in the registry's `hashes` section, which proves
+the user it maps to (`hash`), or any hash at all, taken as the user's name (`any-hash`, the SELIS
+server's behaviour). Whatever else a request claims (the authHash of the SELIS protocol) must
 agree with what was proved. Without any credentials a client is anonymous, if the operator allows
 that, and refused otherwise.
 """
@@ -131,10 +132,12 @@ class Authenticator:
                 if claimed != identity:
                     proof = "bearer token" if credentials.token is not None else "client certificate"
                     raise ProtocolError("authHash", f"does not match the {proof}", 403)
-            elif "any-hash" in self.methods or ("hash" in self.methods and self._registry().knows(claimed)):
+            elif "hash" in self.methods and (user := self._registry().user_of_hash(claimed)) is not None:
+                identity = user
+            elif "any-hash" in self.methods:
                 identity = claimed
             elif "hash" in self.methods:
-                raise ProtocolError("authHash", "not a static hash the registry lists", 401)
+                raise ProtocolError("authHash", "not a static hash the registry declares (its hashes section)", 401)
             else:
                 raise ProtocolError(
                     "authHash", "static hashes are not accepted: use a client certificate or a bearer token", 401

@@ -7,7 +7,8 @@ authentication and signature checks. Every mistake in a document is a ProtocolEr
 offending field, whether the document came from a file at start or from the admin API.
 
     admins: [root]                          # who may change the registry at runtime
-    users: {alice: {groups: [A]}}           # user ids: certificate fingerprints, token subjects, hashes
+    hashes: {s3cret-of-dev: dev}            # static hashes: a secret, and the user it proves (development)
+    users: {alice: {groups: [A]}}           # user ids: certificate fingerprints, token subjects
     groups: {A: [bob]}                      # members may also be listed per group
     rules:                                  # user or "*" (anyone) -> rules; a rule is a conjunction,
       alice: [[{key: country, val: FR, op: eq}]]   # several rules a disjunction; [] allows everything
@@ -33,8 +34,9 @@ from veil.protocol.subscriptions import parse_predicate
 
 ANYONE = "*"
 ANONYMOUS = ""  # the identity of a client without credentials, where the operator allows them
-SECTIONS = ("admins", "users", "groups", "rules", "policies", "cropping", "keys")
+SECTIONS = ("admins", "hashes", "users", "groups", "rules", "policies", "cropping", "keys")
 MAX_ID = 256
+MIN_SECRET = 8  # characters of a static hash: a secret a client proves itself with, not a name
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class Registry:
     policies: dict[str, tuple[Policy, ...]] = field(default_factory=dict)
     cropping: dict[str, tuple[Crop, ...]] = field(default_factory=dict)
     keys: dict[str, dict[str, bytes]] = field(default_factory=dict)  # publisher -> key id -> raw key
+    hashes: dict[str, str] = field(default_factory=dict)  # static hash (a secret) -> the user it proves
     document: dict[str, Any] = field(default_factory=dict)  # as given, for persistence and the admin API
 
     def groups_of(self, user: str) -> frozenset[str]:
@@ -68,9 +71,10 @@ class Registry:
     def rules_of(self, user: str) -> tuple[tuple[Predicate, ...], ...]:
         return self.rules.get(user, ()) + (self.rules.get(ANYONE, ()) if user != ANYONE else ())
 
-    def knows(self, user: str) -> bool:
-        """Whether a static hash may act as `user` (development identities, SPEC §3)."""
-        return user in self.users
+    def user_of_hash(self, secret: str) -> str | None:
+        """The user a static hash proves (SPEC §3): only secrets the registry declares. A user id is a
+        name, and names (fingerprints, token subjects) are no proof of anything."""
+        return self.hashes.get(secret)
 
     def to_json(self) -> bytes:
         return json.dumps(self.document, sort_keys=True, separators=(",", ":")).encode()
@@ -123,7 +127,11 @@ def parse_registry(doc: object) -> Registry:
         }
         for publisher, listed in _mapping(doc.get("keys", {}), "keys").items()
     }
-    users = set(users_doc) | {u for group in members.values() for u in group} | admins
+    hashes = {
+        _secret(secret, f"hashes.{secret[:8]}..."): _id(user, f"hashes.{secret[:8]}...")
+        for secret, user in _mapping(doc.get("hashes", {}), "hashes").items()
+    }
+    users = set(users_doc) | {u for group in members.values() for u in group} | admins | set(hashes.values())
     return Registry(
         admins=admins,
         users=frozenset(users - {ANYONE}),
@@ -132,6 +140,7 @@ def parse_registry(doc: object) -> Registry:
         policies=policies,
         cropping=cropping,
         keys=keys,
+        hashes=hashes,
         document=doc,
     )
 
@@ -187,6 +196,12 @@ def _constraints(doc: object, where: str) -> tuple[Predicate, ...]:
     if not isinstance(doc, list):
         raise ProtocolError(where, "a list of constraints {key, val, type, op} ([] = everything)")
     return tuple(Predicate(*parse_predicate(item, f"{where}[{i}]")) for i, item in enumerate(doc))
+
+
+def _secret(value: object, where: str) -> str:
+    if not isinstance(value, str) or not MIN_SECRET <= len(value) <= MAX_ID or not value.isprintable():
+        raise ProtocolError(where, f"a static hash is a secret of {MIN_SECRET} to {MAX_ID} printable characters")
+    return value
 
 
 def _public_key(raw: object, where: str) -> bytes:

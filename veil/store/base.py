@@ -42,8 +42,6 @@ class LogEntry(NamedTuple):
     time: int = 0  # milliseconds since the epoch when it was logged
 
 
-CROPPED_META = b'"cropped":true'  # a cropped copy travels without the publisher's signature
-
 Delivery = tuple[int, bytes, bytes]
 """(publication offset, bytes delivered, envelope fields): plain tuples, since one is made per
 delivery. The bytes are the subscriber's cropped copy where cropping applied."""
@@ -71,6 +69,36 @@ class StatefulBatch(NamedTuple):
     bands: list[tuple[int, bytes | None]]
     held: int | None
     due: int | None
+
+
+class Quarantined(NamedTuple):
+    """A log entry the pipeline could not process: set aside, so that everything else goes on. A
+    subscription may be named by its id alone (offset 0): the version in force is meant."""
+
+    offset: int
+    kind: int
+    sub_id: str | None
+    owner: str | None
+    error: str
+
+
+class QuarantineRecord(NamedTuple):
+    seq: int
+    offset: int
+    kind: int
+    sub_id: str | None
+    owner: str | None
+    error: str
+    body: bytes | None
+    time: float
+
+
+class StoreUnavailable(Exception):
+    """The store cannot take writes now (disk full, I/O error, lock timeout): retry later."""
+
+
+class StoreMissing(Exception):
+    """The store does not exist where a process that must not create it looked for it."""
 
 
 class UnknownSubscription(LookupError):
@@ -197,6 +225,7 @@ class EventStore(ABC):
         processed: int,
         copies: Sequence[tuple[int, int, bytes]] = (),
         stateful: StatefulBatch | None = None,
+        quarantined: Sequence[Quarantined] = (),
     ) -> None:
         """Queue the (subscription number, publication) matches of a micro-batch as one feed entry,
         with the cropped copies some of them deliver, and record the processed offset, in one
@@ -206,7 +235,23 @@ class EventStore(ABC):
         Top-k/w deliveries are logged as copies (KIND_COPY) of their publications, so that each
         subscription's queue stays in the order they were decided; initial matches queue as plain
         matches (they precede the subscription's others); the skybands' new states are kept with
-        them: all of it only when the batch is new, since a replay recomputes them."""
+        them: all of it only when the batch is new, since a replay recomputes them. Entries the
+        batch could not process are set aside in the quarantine."""
+
+    @abstractmethod
+    def quarantine(self, after: int = 0, limit: int = 1000) -> list[QuarantineRecord]:
+        """Quarantined entries with seq > `after`, oldest first."""
+
+    @abstractmethod
+    def quarantine_count(self) -> int: ...
+
+    @abstractmethod
+    def release_quarantined(self, offset: int) -> QuarantineRecord | None:
+        """Drop a quarantined entry from the quarantine (the operator looked at it); what it was."""
+
+    @abstractmethod
+    def subscription_refusal(self, sub_id: str) -> str | None:
+        """Why the live version of a subscription was quarantined, if it was."""
 
     @abstractmethod
     def topk_bands(self, numbers: Sequence[int]) -> dict[int, bytes]:
@@ -234,9 +279,11 @@ class EventStore(ABC):
     def close(self) -> None: ...
 
 
-def open_store(url: str) -> EventStore:
+def open_store(url: str, create: bool = True) -> EventStore:
+    """`create=False` for processes that must find the gateway's store (the pipeline, executors):
+    StoreMissing instead of a new, empty one."""
     if url.startswith("sqlite:///") or "://" not in url:
         from veil.store.sqlite import SqliteStore
 
-        return SqliteStore(url.removeprefix("sqlite://"))
+        return SqliteStore(url.removeprefix("sqlite://"), create)
     raise ValueError(f"unsupported store URL {url!r}: use sqlite:///path/to/veil.db")

@@ -14,7 +14,9 @@ written twice), so a backlog is the spilled rows followed by the unspilled feed.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -23,8 +25,8 @@ from collections.abc import Sequence
 import numpy as np
 import orjson
 
+from veil.protocol.envelope import cropped_fields
 from veil.store.base import (
-    CROPPED_META,
     KIND_CANCEL,
     KIND_COPY,
     KIND_PUBLICATION,
@@ -38,7 +40,11 @@ from veil.store.base import (
     LogEntry,
     NotOwner,
     Publication,
+    Quarantined,
+    QuarantineRecord,
     StatefulBatch,
+    StoreMissing,
+    StoreUnavailable,
     UnknownAnnouncement,
     UnknownPublication,
     UnknownSubscription,
@@ -57,6 +63,8 @@ OLDEST_QUEUED = (
     "(SELECT MIN((SELECT MIN(pub) FROM deliveries d WHERE d.sub_no = n.no)) FROM subscription_numbers n "
     "WHERE EXISTS (SELECT 1 FROM deliveries))"
 )
+NOT_QUARANTINED = "NOT EXISTS (SELECT 1 FROM quarantine q WHERE q.offset = s.created)"
+QUARANTINE_PREVIEW = 4096  # bytes of a quarantined entry kept for the operator to look at
 ADDED_COLUMNS = (  # (table, column, declaration) added since the first release
     ("log", "client", "TEXT"),
     ("log", "meta", "BLOB"),
@@ -132,6 +140,16 @@ CREATE TABLE IF NOT EXISTS cursors (
     sub_id TEXT PRIMARY KEY,
     pub INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS quarantine (  -- log entries the pipeline could not process, set aside
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    offset INTEGER NOT NULL UNIQUE,  -- of the entry (of the subscription version, for a subscription)
+    kind INTEGER NOT NULL,
+    sub_id TEXT,
+    owner TEXT,  -- the publisher of a publication, the owner of a subscription
+    error TEXT NOT NULL,
+    body BLOB,  -- the entry's first bytes, for the operator
+    time REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS status (
     name TEXT PRIMARY KEY,
     value INTEGER NOT NULL,
@@ -141,9 +159,17 @@ CREATE TABLE IF NOT EXISTS status (
 
 
 class SqliteStore(EventStore):
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, create: bool = True) -> None:
         self.path = os.path.abspath(path)
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        if create:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        elif not os.path.isfile(self.path):
+            # An executor on another machine would otherwise create an empty store of its own and
+            # match nothing, silently: the file must be the one the gateway writes.
+            raise StoreMissing(
+                f"no store at {self.path} on host {socket.gethostname()}: the SQLite store is a file of the "
+                "gateway's machine, and every pipeline process and executor must see the same file"
+            )
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
@@ -350,14 +376,16 @@ class SqliteStore(EventStore):
             if live is None:
                 return [], watermark
             number, floor = live[0], max(after_pub, live[1])
-            rows = db.execute(
-                "SELECT d.pub, COALESCE(c.body, l.body), "
-                "CASE WHEN c.body IS NULL THEN COALESCE(l.meta, x'') ELSE ? END "
-                "FROM deliveries d JOIN log l ON l.offset = d.pub "
-                "LEFT JOIN copies c ON c.sub_no = d.sub_no AND c.pub = d.pub "
-                "WHERE d.sub_no = ? AND d.pub > ? ORDER BY d.pub LIMIT ?",
-                (CROPPED_META, number, floor, limit),
-            ).fetchall()
+            rows = [
+                (pub, body, cropped_fields(meta) if cropped else meta)
+                for pub, body, meta, cropped in db.execute(
+                    "SELECT d.pub, COALESCE(c.body, l.body), COALESCE(l.meta, x''), c.body IS NOT NULL "
+                    "FROM deliveries d JOIN log l ON l.offset = d.pub "
+                    "LEFT JOIN copies c ON c.sub_no = d.sub_no AND c.pub = d.pub "
+                    "WHERE d.sub_no = ? AND d.pub > ? ORDER BY d.pub LIMIT ?",
+                    (number, floor, limit),
+                )
+            ]
             if len(rows) < limit:
                 floor = rows[-1][0] if rows else floor
                 pubs = self._unspilled(db, number, floor, watermark, limit - len(rows))
@@ -366,7 +394,8 @@ class SqliteStore(EventStore):
                     copies = self._copies(db, np.full(len(pubs), number, np.int64), pubs)
                     for pub in pubs.tolist():
                         copy = copies.get((number, pub))
-                        rows.append((pub, *bodies[pub]) if copy is None else (pub, copy, CROPPED_META))
+                        body, meta = bodies[pub]
+                        rows.append((pub, body, meta) if copy is None else (pub, copy, cropped_fields(meta)))
         return rows, watermark
 
     def _unspilled(self, db: sqlite3.Connection, number: int, floor: int, upto_seq: int, limit: int) -> np.ndarray:
@@ -427,7 +456,7 @@ class SqliteStore(EventStore):
             .execute(
                 "SELECT s.sub_id, n.no, s.owner, s.body FROM subscriptions s "
                 "JOIN subscription_numbers n USING (sub_id) "
-                "WHERE s.created <= ?1 AND (s.deleted IS NULL OR s.deleted > ?1)",
+                f"WHERE s.created <= ?1 AND (s.deleted IS NULL OR s.deleted > ?1) AND {NOT_QUARANTINED}",
                 (offset,),
             )
             .fetchall()
@@ -445,7 +474,7 @@ class SqliteStore(EventStore):
                 "SELECT s.sub_id, n.no, s.owner, s.body FROM subscriptions s "
                 "JOIN subscription_numbers n USING (sub_id) "
                 "WHERE s.created > ?1 AND s.created <= ?2 AND (s.deleted IS NULL OR s.deleted > ?2) "
-                "ORDER BY s.created",
+                f"AND {NOT_QUARANTINED} ORDER BY s.created",
                 (after, upto),
             ).fetchall()
         return dropped, added
@@ -458,6 +487,7 @@ class SqliteStore(EventStore):
         processed: int,
         copies: Sequence[tuple[int, int, bytes]] = (),
         stateful: StatefulBatch | None = None,
+        quarantined: Sequence[Quarantined] = (),
     ) -> None:
         sub_nos = np.asarray(sub_nos, np.int64)
         pubs = np.asarray(pubs, np.int64)
@@ -481,6 +511,8 @@ class SqliteStore(EventStore):
                     (sub_nos[order].tobytes() + pubs[order].tobytes(), int(pubs.min()), now, bool(copies)),
                 )
                 db.executemany("INSERT OR REPLACE INTO copies(sub_no, pub, body) VALUES (?, ?, ?)", copies)
+            if processed > done:
+                self._quarantine(db, quarantined, processed, now)
             db.executemany(
                 "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) "
                 "ON CONFLICT(name) DO UPDATE SET value = MAX(value, excluded.value), updated = excluded.updated",
@@ -511,7 +543,7 @@ class SqliteStore(EventStore):
                 continue
             body, client, meta = originals[pub]
             if cropped is not None:
-                body, meta = cropped, CROPPED_META
+                body, meta = cropped, cropped_fields(meta)
             meta = b'"id":"%d"%s%s' % (pub, b"," if meta else b"", meta)
             offset = db.execute(
                 "INSERT INTO log(kind, body, client, meta, time) VALUES (?, ?, ?, ?, ?)",
@@ -533,6 +565,61 @@ class SqliteStore(EventStore):
                     "INSERT OR REPLACE INTO status(name, value, updated) VALUES (?, ?, ?)", (name, value, now / 1000)
                 )
         return logged
+
+    @staticmethod
+    def _quarantine(db: sqlite3.Connection, entries: Sequence[Quarantined], processed: int, now: float) -> None:
+        """Set entries aside; a subscription named without its offset is the version in force at
+        `processed` (the one a matcher held when it failed)."""
+        for entry in entries:
+            offset, owner, body = entry.offset, entry.owner, None
+            if entry.kind == KIND_SUBSCRIBE:
+                row = db.execute(
+                    "SELECT created, owner, substr(body, 1, ?) FROM subscriptions WHERE sub_id = ? AND created <= ? "
+                    "AND (deleted IS NULL OR deleted > ?) ORDER BY created DESC LIMIT 1",
+                    (QUARANTINE_PREVIEW, entry.sub_id, processed, processed),
+                ).fetchone()
+                if row is None:
+                    continue  # replaced or removed in the same batch: nothing is left to set aside
+                offset, owner, body = row
+            else:
+                row = db.execute(
+                    "SELECT client, substr(body, 1, ?) FROM log WHERE offset = ?", (QUARANTINE_PREVIEW, offset)
+                ).fetchone()
+                if row is not None:
+                    owner, body = owner or row[0], row[1]
+            db.execute(
+                "INSERT OR IGNORE INTO quarantine(offset, kind, sub_id, owner, error, body, time) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (offset, entry.kind, entry.sub_id, owner, entry.error, body, now),
+            )
+
+    def quarantine(self, after: int = 0, limit: int = 1000) -> list[QuarantineRecord]:
+        rows = self._db().execute(
+            "SELECT seq, offset, kind, sub_id, owner, error, body, time FROM quarantine WHERE seq > ? "
+            "ORDER BY seq LIMIT ?",
+            (after, limit),
+        )
+        return [QuarantineRecord(*row) for row in rows]
+
+    def quarantine_count(self) -> int:
+        return self._db().execute("SELECT COUNT(*) FROM quarantine").fetchone()[0]
+
+    def release_quarantined(self, offset: int) -> QuarantineRecord | None:
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT seq, offset, kind, sub_id, owner, error, body, time FROM quarantine WHERE offset = ?",
+                (offset,),
+            ).fetchone()
+            db.execute("DELETE FROM quarantine WHERE offset = ?", (offset,))
+        return None if row is None else QuarantineRecord(*row)
+
+    def subscription_refusal(self, sub_id: str) -> str | None:
+        row = self._db().execute(
+            "SELECT q.error FROM subscriptions s JOIN quarantine q ON q.offset = s.created "
+            "WHERE s.sub_id = ? AND s.deleted IS NULL",
+            (sub_id,),
+        ).fetchone()
+        return row[0] if row else None
 
     def topk_bands(self, numbers: Sequence[int]) -> dict[int, bytes]:
         rows = self._db().execute(
@@ -704,8 +791,21 @@ class _Transaction:
         self.write = write
 
     def __enter__(self) -> sqlite3.Connection:
-        self.db.execute("BEGIN IMMEDIATE" if self.write else "BEGIN")
+        try:
+            self.db.execute("BEGIN IMMEDIATE" if self.write else "BEGIN")
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(str(exc)) from exc
         return self.db
 
-    def __exit__(self, exc_type: object, *_: object) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, *_: object) -> None:
+        """A full disk, an I/O error or a lock held too long is the store's condition, not the caller's
+        mistake: it surfaces as StoreUnavailable (the gateway answers 503), with nothing half-written."""
+        try:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        except sqlite3.OperationalError as failure:
+            if exc_type is None:
+                with contextlib.suppress(sqlite3.Error):
+                    self.db.execute("ROLLBACK")
+                raise StoreUnavailable(str(failure)) from failure
+        if isinstance(exc, sqlite3.OperationalError):
+            raise StoreUnavailable(str(exc)) from exc
