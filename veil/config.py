@@ -125,7 +125,8 @@ class Config:
         ("VEIL_READ_TIMEOUT",),
     )  # fmt: skip
     max_unauthenticated: int = _opt(
-        1000, "connections that have not yet sent a request or handshake; beyond it the oldest go",
+        2000, "connections that have not yet sent a request or handshake, or idle between requests; beyond "
+        "it the oldest go",
         ("VEIL_MAX_UNAUTHENTICATED",),
     )  # fmt: skip
     entry_timeout: float = _opt(

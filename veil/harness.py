@@ -27,8 +27,11 @@ def free_ports(n: int) -> list[int]:
 
 
 class BrokerProcess:
-    def __init__(self, data_dir: str, *extra: str, ca_file: str | None = None) -> None:
+    def __init__(
+        self, data_dir: str, *extra: str, ca_file: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.data_dir = data_dir
+        self.env = env
         self.port, self.tcp_port, self.ws_port = free_ports(3)
         self.extra = list(extra)
         self.ca_file = ca_file
@@ -48,7 +51,8 @@ class BrokerProcess:
             *self._development_defaults(), *self.extra,
         ]  # fmt: skip
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        environment = None if self.env is None else {**os.environ, **self.env}
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
         log.close()
         if wait_ready:
             self.wait_ready()
@@ -106,6 +110,23 @@ class BrokerProcess:
         code = self.process.wait(timeout)
         self._wait_pipeline_gone()
         return code
+
+    def pipeline_pid(self) -> int | None:
+        """The pipeline process the broker supervises (its child running `veil.pipeline`)."""
+        assert self.process is not None
+        try:
+            with open(f"/proc/{self.process.pid}/task/{self.process.pid}/children") as handle:
+                children = [int(pid) for pid in handle.read().split()]
+        except OSError:
+            return None
+        for pid in children:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    if b"veil.pipeline" in handle.read():
+                        return pid
+            except OSError:
+                continue
+        return None
 
     def kill(self) -> None:
         assert self.process is not None

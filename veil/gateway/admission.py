@@ -1,11 +1,11 @@
-"""A cap on connections that have not yet sent a request or a delivery handshake.
+"""A bound on connections that are not doing anything yet: those that have not sent a request or a
+delivery handshake, and HTTP keep-alive connections between requests.
 
 Such connections cost a descriptor and a buffer each and prove nothing, so a client that opens
 thousands and sends half a request on each could otherwise take every descriptor the gateway has.
-Each listener times out its own silent connections (the HTTP keep-alive timer, the handshake
-timeout); this keeps their number bounded in between: past the limit, the connection that has
-waited longest is closed, since an honest client sends its request within milliseconds of
-connecting and is never the oldest.
+A new connection must complete its first request (or handshake) within the read timeout; and past
+the limit, the connection that has waited longest is closed, since an honest client sends its
+request within milliseconds of connecting and is never the oldest.
 """
 
 from __future__ import annotations
@@ -16,29 +16,42 @@ from collections.abc import Callable
 
 
 class Admission:
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, timeout: float) -> None:
         self.limit = limit
-        self._waiting: OrderedDict[object, Callable[[], object]] = OrderedDict()
+        self.timeout = timeout
+        self._waiting: OrderedDict[object, tuple[Callable[[], object], asyncio.TimerHandle | None]] = OrderedDict()
         self.evicted = 0
 
     def __len__(self) -> int:
         return len(self._waiting)
 
-    def admit(self, key: object, close: Callable[[], object]) -> None:
-        """A connection that has yet to prove itself; `close` ends it if it has to make room."""
-        self._waiting[key] = close
+    def admit(self, key: object, close: Callable[[], object], timed: bool = True) -> None:
+        """A connection that has yet to prove itself (`timed`: closed unless it settles within the read
+        timeout), or one idle between requests; `close` ends it if it has to make room."""
+        self.settle(key)
+        timer = asyncio.get_running_loop().call_later(self.timeout, self._expire, key) if timed else None
+        self._waiting[key] = (close, timer)
         while len(self._waiting) > self.limit:
-            _, oldest = self._waiting.popitem(last=False)
+            _, (oldest, handle) = self._waiting.popitem(last=False)
+            if handle is not None:
+                handle.cancel()
             self.evicted += 1
             oldest()
 
     def settle(self, key: object) -> None:
         """The connection sent a request or a handshake (or went away)."""
-        self._waiting.pop(key, None)
+        entry = self._waiting.pop(key, None)
+        if entry is not None and entry[1] is not None:
+            entry[1].cancel()
+
+    def _expire(self, key: object) -> None:
+        entry = self._waiting.pop(key, None)
+        if entry is not None:
+            entry[0]()
 
     def tracking(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         """A protocol factory whose connections are admitted when made and settled when lost; the
-        server settles them earlier, when their first request arrives."""
+        HTTP server settles them while a request is being handled."""
 
         def make() -> asyncio.Protocol:
             return _Tracked(factory(), self)

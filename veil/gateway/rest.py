@@ -152,8 +152,15 @@ def create_app(broker: Broker) -> web.Application:
 
     @web.middleware
     async def settle(request: web.Request, handler):  # type: ignore[no-untyped-def]
-        broker.admission.settle(request.protocol)  # a whole request arrived: no longer a silent connection
-        return await handler(request)
+        """Between requests a keep-alive connection counts as waiting again (untimed: the keep-alive
+        timer closes it), so that the bound also covers connections that send one request and idle."""
+        connection = request.protocol
+        broker.admission.settle(connection)
+        try:
+            return await handler(request)
+        finally:
+            if request.transport is not None and not request.transport.is_closing():
+                broker.admission.admit(connection, request.transport.close, timed=False)
 
     app = web.Application(client_max_size=config.max_body, middlewares=[settle, errors])
 

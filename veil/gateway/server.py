@@ -32,7 +32,8 @@ log = logging.getLogger("veil.gateway")
 PROGRESS_INTERVAL = 0.1
 QUARANTINE_INTERVAL = 1.0  # seconds between looks for newly quarantined entries
 HEARTBEAT_STALE = 10.0  # seconds without a pipeline heartbeat after which it counts as stuck
-STORE_FAILURE_SHOWN = 30.0  # seconds a failed store write keeps /health degraded
+STORE_FAILURE_SHOWN = 10.0  # seconds a failed store write keeps /health degraded
+KEEPALIVE = 75.0  # seconds an HTTP connection may idle between requests (or sit on half a request)
 COMPACT_INTERVAL = 2.0
 COMPACT_CHUNK = 20000  # rows per transaction, so that compaction never holds the write lock for long
 SPILL_AFTER = 2.0  # seconds a match may wait in the feed before it gets its own queue row
@@ -43,7 +44,7 @@ class Broker:
         self.config = config
         self.threads = StoreThreads(open_store(config.store_url))
         self.limits = config.limits
-        self.admission = Admission(config.max_unauthenticated)
+        self.admission = Admission(config.max_unauthenticated, config.read_timeout)
         self.parsing = ThreadPoolExecutor(1, thread_name_prefix="parse")  # large bodies, off the event loop
         self.ingest = Ingest(self.threads, config.max_pending, config.max_lag)
         self.hub = DeliveryHub(self.threads)
@@ -53,7 +54,7 @@ class Broker:
         self.auth = Authenticator(config.auth_methods, config.anonymous, tokens, lambda: self.registry)
         self.connections = 0
         self.pipeline_state = "starting"
-        self.problems: list[str] = []  # why the broker is degraded, as /health says
+        self.problems: list[str] = []  # why the pipeline side is degraded (store failures are added live)
         self.quarantined = 0
         self._quarantine_seq = 0  # the last quarantined entry whose subscriber was told
         self._quarantine_checked = 0.0
@@ -65,9 +66,11 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
 
     def health(self) -> dict[str, object]:
+        failing = self._store_failing()
+        problems = self.problems if failing is None else [*self.problems, failing]
         return {
-            "status": "degraded" if self.problems else "ok",
-            "problems": self.problems,
+            "status": "degraded" if problems else "ok",
+            "problems": problems,
             "pipeline": self.pipeline_state,
             "head": self.ingest.head,
             "processed": self.ingest.processed,
@@ -107,8 +110,7 @@ class Broker:
             )
         loop = asyncio.get_running_loop()
         for app, port in ((create_app(self), config.port), (create_ws_app(self), config.ws)):
-            # The keep-alive timer also closes a connection that has not completed a request in time.
-            runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=config.read_timeout)
+            runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE)
             await runner.setup()
             assert runner.server is not None
             server = await loop.create_server(
@@ -163,9 +165,6 @@ class Broker:
                     await self._follow_quarantine()
                 if self.quarantined:
                     problems.append(f"{self.quarantined} log entries quarantined (see GET /admin/quarantine)")
-                failing = self._store_failing()
-                if failing is not None:
-                    problems.append(failing)
                 self.problems = problems
                 await self._tick_when_due()
             except Exception as exc:

@@ -88,9 +88,9 @@ def isolate(
 
 
 class Faults:
-    """Fault injection for the tests of this guard: a publication whose bytes contain the marker in
-    VEIL_FAULT_RAISE makes the match task raise, one with the marker in VEIL_FAULT_HANG makes it hang.
-    Unset (always, in production), checking costs nothing."""
+    """Fault injection for the tests of this guard: a publication (or subscription) whose bytes contain
+    the marker in VEIL_FAULT_RAISE makes the match task raise, one with the marker in VEIL_FAULT_HANG
+    makes it hang. Unset (always, in production), checking costs nothing."""
 
     def __init__(self) -> None:
         self.raise_on = os.environ.get("VEIL_FAULT_RAISE", "").encode() or None

@@ -222,6 +222,7 @@ class MatchPartition:
             if kind == KIND_REGISTRY:
                 state.set_registry(body)
             elif kind == KIND_SUBSCRIBE:
+                FAULTS.check(body)
                 number = store.subscription_number(sub_id)  # type: ignore[arg-type]
                 state.add(sub_id, number, client, body)  # type: ignore[arg-type]
                 if not state.is_topk[number]:
