@@ -106,6 +106,7 @@ async def test_border_agencies_see_only_their_country_and_auditors_get_cropped_c
     assert {d.publication["country"] for d in got_fr} == {"FR"} and not any(d.cropped for d in got_fr)
     assert got_gb[0].publication == {"_type": "sale_statistics", "country": "GB", "run": rid}  # amount cropped
     assert got_gb[0].cropped and got_fr[0].publisher == "company"
+    assert got_gb[0].publisher == "company"  # a cropped copy drops the signature, not its origin
 
 
 async def test_truck_bcd_reaches_only_group_a(setting):

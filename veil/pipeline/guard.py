@@ -12,13 +12,12 @@ between bytecodes (a loop that never ends, a sleep), which is how a hang becomes
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
 log = logging.getLogger("veil.pipeline")
@@ -31,24 +30,13 @@ class EntryTimeout(BaseException):
     interrupts can swallow it."""
 
 
-@contextlib.contextmanager
-def deadline(seconds: float) -> Iterator[None]:
-    """Raise EntryTimeout in this thread if the block runs longer than `seconds`. Only the main thread
-    of a process receives signals: elsewhere (in-process tests) the block runs unbounded."""
-    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
-        yield
-        return
+_bound = 0.0  # the bound of the deadline running now, for the message
+_armed = False
+_MAIN = threading.main_thread().ident
 
-    def expired(signum: int, frame: object) -> None:
-        raise EntryTimeout(f"took longer than {seconds:g} s")
 
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+def _expired(signum: int, frame: object) -> None:
+    raise EntryTimeout(f"took longer than {_bound:g} s")
 
 
 def describe(error: BaseException) -> str:
@@ -57,14 +45,34 @@ def describe(error: BaseException) -> str:
 
 
 def attempt(seconds: float, work: Callable[[], T]) -> tuple[T | None, str | None]:
-    """(result, None), or (None, what went wrong) when `work` raised or ran past the bound."""
+    """(result, None), or (None, what went wrong) when `work` raised or ran past `seconds`. Only the
+    main thread of a process receives signals: elsewhere (in-process tests) `work` runs unbounded.
+    The handler stays installed (the worker process runs nothing else that uses SIGALRM), so a bound
+    costs two timer calls: it is set for every subscription ranked, thousands of times a batch."""
+    global _bound, _armed
+    timed = seconds > 0 and threading.get_ident() == _MAIN
+    if timed:
+        if signal.getsignal(signal.SIGALRM) is not _expired:
+            signal.signal(signal.SIGALRM, _expired)
+        _bound, _armed = seconds, True
+        signal.setitimer(signal.ITIMER_REAL, seconds)
     started = time.monotonic()
     try:
-        with deadline(seconds):
-            return work(), None
+        return work(), None
     except (Exception, EntryTimeout) as exc:
         log.warning("isolating a failure after %.1f s: %s", time.monotonic() - started, describe(exc))
         return None, describe(exc)
+    finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            _armed = False
+
+
+def rearm() -> None:
+    """Restart the running bound: for work that is many entries in a row, each with a bound of its own,
+    under one `attempt` (one timer call per entry instead of an attempt each)."""
+    if _armed:
+        signal.setitimer(signal.ITIMER_REAL, _bound)
 
 
 def isolate(

@@ -31,7 +31,7 @@ from veil.matching import SubscriptionIndex, matches
 from veil.matching.stored import decode_subscription
 from veil.matching.topkw import NumericColumns, Skyband, TopKWSet, score, score_many
 from veil.pipeline.authorize import Authorizer, user_number
-from veil.pipeline.guard import FAULTS, attempt, isolate
+from veil.pipeline.guard import FAULTS, attempt, isolate, rearm
 from veil.pipeline.partition import partition_of
 from veil.pipeline.source import KIND_MARK
 from veil.pipeline.stores import store_for
@@ -200,11 +200,14 @@ class MatchPartition:
         if state is not None and key is not None:
             run.match(state, out, self.entry_timeout)
             out.expired(state, clock)
-            if replaying or state.suspect:  # what it computed is dropped: rebuild from the store next time
+            if replaying:  # what it computed is dropped: rebuild from the store next time
                 _states.pop(key, None)
             else:
                 out.stateful_row(state)
-                _states[key] = (state, end)
+                if state.suspect:  # a change failed half-way: the next batch rebuilds from the store
+                    _states.pop(key, None)
+                else:
+                    _states[key] = (state, end)
             if changed:
                 _settle()
             out.mark(end)
@@ -374,15 +377,25 @@ class _Run:
                 for delivery in state.topk.arrive_many(number, offsets, times, scores)
             ]
 
-        for mine in np.split(pairs, bounds) if len(pairs) else ():
-            decided, error = attempt(seconds, lambda mine=mine: rank(mine))
-            if error is None:
-                out.logged.extend(decided)  # type: ignore[arg-type]
-                continue
-            number = int(sub_nos[mine[0]])
+        groups = np.split(pairs, bounds) if len(pairs) else []
+        done = 0
+
+        def rest() -> None:
+            nonlocal done
+            for mine in groups[done:]:
+                rearm()  # each subscription has the bound to itself
+                out.logged.extend(rank(mine))
+                done += 1
+
+        while done < len(groups):
+            _, error = attempt(seconds, rest)
+            if error is None or done >= len(groups):
+                break
+            number = int(sub_nos[groups[done][0]])  # the subscription that failed: set aside, the rest go on
             sub_id = next(sub_id for sub_id, n in state.topk_numbers.items() if n == number)
             state.remove(sub_id)
             out.quarantine(Quarantined(0, KIND_SUBSCRIBE, sub_id, None, error))
+            done += 1
 
 
 class _Output:
