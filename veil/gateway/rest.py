@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 import orjson
 from aiohttp import web
 
+from veil.gateway.admission import Admission
 from veil.gateway.ingest import Overloaded
 from veil.matching import Predicate, Unsatisfiable, check_satisfiable
 from veil.matching.stored import encode_subscription
@@ -74,8 +75,18 @@ def error_response(error: ProtocolError, headers: dict[str, str] | None = None) 
     return web.Response(body=error.to_json(), status=error.status, content_type="application/json", headers=headers)
 
 
+ADMISSION = web.AppKey("admission", Admission)
+
+
 @web.middleware
-async def errors(request: web.Request, handler):
+async def errors(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    """Every exception becomes a status (never a 500 for a client's mistake). While a request is being
+    handled its connection is not a waiting one; between requests a keep-alive connection counts as
+    waiting again (untimed: the keep-alive timer closes it), so that the bound on waiting connections
+    also covers those that send one request and idle."""
+    admission = request.app[ADMISSION]
+    connection = request.protocol
+    admission.settle(connection)
     try:
         return await handler(request)
     except ProtocolError as exc:
@@ -97,6 +108,10 @@ async def errors(request: web.Request, handler):
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
         return error_response(ProtocolError("", "internal error", 500))
+    finally:
+        transport = request.transport
+        if transport is not None and not transport.is_closing():
+            admission.admit(connection, transport.close, timed=False)
 
 
 def identity_of(request: web.Request) -> str | None:
@@ -122,6 +137,8 @@ def client_of(broker: Broker, request: web.Request, claimed: str | None) -> str:
 async def body_of(broker: Broker, request: web.Request) -> bytes:
     """The request's body, within the read timeout: a client that stops sending mid-body holds a
     connection, not the broker."""
+    if request.content.is_eof():  # all of it arrived with the headers, as nearly always: no timer needed
+        return await request.read()
     try:
         async with asyncio.timeout(broker.config.read_timeout):
             return await request.read()
@@ -150,19 +167,8 @@ def create_app(broker: Broker) -> web.Application:
     config = broker.config
     limits = broker.limits
 
-    @web.middleware
-    async def settle(request: web.Request, handler):  # type: ignore[no-untyped-def]
-        """Between requests a keep-alive connection counts as waiting again (untimed: the keep-alive
-        timer closes it), so that the bound also covers connections that send one request and idle."""
-        connection = request.protocol
-        broker.admission.settle(connection)
-        try:
-            return await handler(request)
-        finally:
-            if request.transport is not None and not request.transport.is_closing():
-                broker.admission.admit(connection, request.transport.close, timed=False)
-
-    app = web.Application(client_max_size=config.max_body, middlewares=[settle, errors])
+    app = web.Application(client_max_size=config.max_body, middlewares=[errors])
+    app[ADMISSION] = broker.admission
 
     async def publish(request: web.Request) -> web.Response:
         publisher = client_of(broker, request, request.headers.get("X-Auth-Hash"))

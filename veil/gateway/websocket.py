@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from aiohttp import WSMsgType, web
 
 from veil.gateway.delivery import MAX_LINE, run_session
-from veil.gateway.rest import errors, identity_of
+from veil.gateway.rest import ADMISSION, errors, identity_of
 from veil.protocol import ProtocolError
 
 if TYPE_CHECKING:
@@ -31,12 +31,8 @@ def create_ws_app(broker: Broker) -> web.Application:
             await ws.close()
         return ws
 
-    @web.middleware
-    async def settle(request: web.Request, handler):  # type: ignore[no-untyped-def]
-        broker.admission.settle(request.protocol)
-        return await handler(request)
-
-    app = web.Application(middlewares=[settle, errors])
+    app = web.Application(middlewares=[errors])
+    app[ADMISSION] = broker.admission
     app.router.add_get("/{tail:.*}", handle)
     return app
 
