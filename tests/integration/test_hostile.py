@@ -124,6 +124,7 @@ async def test_huge_subscriptions_are_refused_quickly_and_nobody_waits(broker):
 
 
 async def test_half_sent_requests_cannot_take_the_gateway(broker):
+    logged = os.path.getsize(broker.log_path)
     async with canary(broker) as check:
         loop = asyncio.get_running_loop()
         sockets = []
@@ -153,7 +154,16 @@ async def test_half_sent_requests_cannot_take_the_gateway(broker):
             s.close()
         health = broker.health()
         assert health["status"] == "ok", health
+        for port in (broker.port, broker.ws_port):  # malformed HTTP: a line in the log each, no traceback
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nno colon here\r\n\r\n")
+            assert b" 400 " in await reader.readline()
+            writer.close()
         await check()
+    with open(broker.log_path, errors="replace") as handle:
+        handle.seek(logged)
+        log = handle.read()
+    assert "Traceback" not in log and log.count("malformed request from") == 2, log[-3000:]
 
 
 async def test_a_batch_larger_than_the_commit_queue_gets_413(broker):

@@ -261,7 +261,8 @@ class _OneLine(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
         if isinstance(error, HttpProcessingError):
-            record.msg, record.args, record.exc_info = "malformed request: %s", (error.message,), None
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.msg, record.args, record.exc_info = "malformed request from %s: %s", (remote, error.message), None
         return True
 
 

@@ -40,7 +40,7 @@ async def _serve(broker: Broker, reader: asyncio.StreamReader, writer: asyncio.S
         await writer.drain()
 
     async def close(error: bytes | None) -> None:
-        if error is not None:
+        if error is not None and not writer.is_closing():  # closed already when evicted while silent
             writer.write(error + b"\n")
         writer.close()
 
