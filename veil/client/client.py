@@ -20,12 +20,12 @@ import aiohttp
 import orjson
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from veil.protocol.envelope import published_bytes
 from veil.security import signatures
 from veil.security.tls import client_context
 
 ERROR_KEYS = frozenset({"error", "field", "status"})
 FATAL_STATUSES = frozenset({400, 401, 403, 404, 409, 410})  # 409: another connection took over
-PUBLICATION_MEMBER = b'"publication":'
 MAX_LINE = 16 * 1024 * 1024
 MAX_FAILURES = 60
 ACK_EVERY = 256
@@ -295,9 +295,7 @@ class DeliveryStream:
         keys = self.client.trusted_keys.get(publisher) if publisher is not None else None
         if keys is not None and "signature" in doc:
             key = keys.get(doc.get("keyId"))
-            start = line.index(PUBLICATION_MEMBER) + len(PUBLICATION_MEMBER)
-            body = line[start : line.rstrip().rindex(b"}")]
-            if key is None or not signatures.verifies(key, body, doc["signature"]):
+            if key is None or not signatures.verifies(key, published_bytes(line), doc["signature"]):
                 self.last_seq = self.client.positions[self.subscription_id] = seq
                 raise TamperedPublication(
                     0, "signature", f"publication {doc.get('id')} from {publisher!r} does not verify"

@@ -33,6 +33,7 @@ from veil.protocol import (
     parse_unsubscribe,
     parse_valid_for,
 )
+from veil.protocol.envelope import origin_fields
 from veil.protocol.limits import Limits, load_json
 from veil.security import signatures
 from veil.security.identity import Credentials
@@ -178,7 +179,7 @@ def create_app(broker: Broker) -> web.Application:
         if request.content_type in BATCH_TYPES:
             if signature is not None:
                 raise ProtocolError("X-Signature", "sign publications one per request, not a batch")
-            meta = signatures.envelope_fields(publisher)
+            meta = origin_fields(publisher)
             bodies = await parsed(broker, raw, parse_publication_batch, limits, config.max_pending)
             offsets = await broker.ingest.append([Publication(body, publisher, meta, valid_for) for body in bodies])
             return json_response({"ids": [str(o) for o in offsets]})
@@ -190,7 +191,7 @@ def create_app(broker: Broker) -> web.Application:
                     "X-Signature", "sign a raw JSON object sent byte for byte (other forms are converted)"
                 )
             signatures.check(broker.registry.keys.get(publisher, {}), key_id, signature, raw)
-        meta = signatures.envelope_fields(publisher, key_id, signature)
+        meta = origin_fields(publisher, key_id, signature)
         offsets = await broker.ingest.append([Publication(body, publisher, meta, valid_for)])
         return json_response({"id": str(offsets[0])})
 

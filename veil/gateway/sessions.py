@@ -20,7 +20,7 @@ import numpy as np
 
 from veil.gateway.storage import StoreThreads
 from veil.protocol import Handshake, ProtocolError
-from veil.protocol.envelope import cropped_fields
+from veil.protocol.envelope import cropped_fields, wrap
 from veil.store.base import FeedEntry
 
 log = logging.getLogger("veil.gateway")
@@ -40,14 +40,6 @@ class Chunk(NamedTuple):
     pubs: np.ndarray
     bodies: list[bytes]
     metas: list[bytes]
-
-
-def enveloped(pub: int, body: bytes, meta: bytes) -> bytes:
-    if meta.startswith(b'"id"'):  # a top-k/w delivery: a copy queued under its own offset
-        return b'{"seq":%d,%s,"publication":%s}' % (pub, meta, body)
-    if meta:
-        return b'{"seq":%d,"id":"%d",%s,"publication":%s}' % (pub, pub, meta, body)
-    return b'{"seq":%d,"id":"%d","publication":%s}' % (pub, pub, body)
 
 
 class Session:
@@ -116,7 +108,7 @@ class Session:
             chunk = self.pending.popleft()
             self.queued -= len(chunk.pubs)
             if self.envelope:
-                frames.extend(map(enveloped, chunk.pubs.tolist(), chunk.bodies, chunk.metas))
+                frames.extend(map(wrap, chunk.pubs.tolist(), chunk.bodies, chunk.metas))
             else:
                 frames.extend(chunk.bodies)
             last = int(chunk.pubs[-1])

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import binascii
 
-import orjson
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -40,16 +39,6 @@ def verifies(public_key: bytes, body: bytes, signature: str) -> bool:
     except (InvalidSignature, binascii.Error, ValueError):
         return False
     return True
-
-
-def envelope_fields(publisher: str, key_id: str | None = None, signature: str | None = None) -> bytes:
-    """The JSON members (without braces) an envelope carries about a publication's origin."""
-    fields: dict[str, str] = {}
-    if publisher:
-        fields["publisher"] = publisher
-    if signature is not None:
-        fields.update(keyId=key_id or "", signature=signature)
-    return orjson.dumps(fields)[1:-1] if fields else b""
 
 
 def check(keys: dict[str, bytes], key_id: str | None, signature: str, body: bytes) -> None:

@@ -20,8 +20,27 @@ from veil.store.base import (
     UnknownAnnouncement,
     UnknownPublication,
     UnknownSubscription,
-    open_store,
 )
+
+
+def _sqlite(url: str, create: bool) -> EventStore:
+    from veil.store.sqlite import SqliteStore
+
+    return SqliteStore(url.removeprefix("sqlite://"), create)
+
+
+STORES = {"sqlite": _sqlite}  # URL scheme -> how to open it; a path without a scheme is a SQLite file
+
+
+def open_store(url: str, create: bool = True) -> EventStore:
+    """The store a URL names. `create=False` for processes that must find the gateway's store (the
+    pipeline, executors): StoreMissing instead of a new, empty one."""
+    scheme = url.partition("://")[0] if "://" in url else "sqlite"
+    opener = STORES.get(scheme)
+    if opener is None:
+        raise ValueError(f"unsupported store URL {url!r}: use {' or '.join(f'{s}:///...' for s in STORES)}")
+    return opener(url, create)
+
 
 __all__ = [
     "KIND_CANCEL",

@@ -1,6 +1,6 @@
 """The store interface shared by the gateway (appends, queues, cursors) and the pipeline (log reads,
-subscription snapshots, delivery writes). Implementations are chosen by URL: `sqlite:///path` (the
-embedded default); a networked implementation fills the same interface for multi-machine runs.
+subscription snapshots, delivery writes). It imports no implementation: `veil.store.open_store`
+chooses one by URL.
 
 Offsets are positions in one ordered log holding publications and subscription changes alike, so a
 publication is matched against exactly the subscriptions whose changes precede it.
@@ -278,12 +278,3 @@ class EventStore(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
-
-def open_store(url: str, create: bool = True) -> EventStore:
-    """`create=False` for processes that must find the gateway's store (the pipeline, executors):
-    StoreMissing instead of a new, empty one."""
-    if url.startswith("sqlite:///") or "://" not in url:
-        from veil.store.sqlite import SqliteStore
-
-        return SqliteStore(url.removeprefix("sqlite://"), create)
-    raise ValueError(f"unsupported store URL {url!r}: use sqlite:///path/to/veil.db")

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 import orjson
 
-from veil.protocol.envelope import cropped_fields
+from veil.protocol.envelope import copy_fields, cropped_fields
 from veil.store.base import (
     KIND_CANCEL,
     KIND_COPY,
@@ -544,7 +544,7 @@ class SqliteStore(EventStore):
             body, client, meta = originals[pub]
             if cropped is not None:
                 body, meta = cropped, cropped_fields(meta)
-            meta = b'"id":"%d"%s%s' % (pub, b"," if meta else b"", meta)
+            meta = copy_fields(pub, meta)
             offset = db.execute(
                 "INSERT INTO log(kind, body, client, meta, time) VALUES (?, ?, ?, ?, ?)",
                 (KIND_COPY, body, client, meta, now),
