@@ -6,7 +6,12 @@ import time
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from veil.matching import Predicate, Unsatisfiable, check_satisfiable
+from veil.matching.predicates import evaluate
+from veil.matching.satisfiable import _any_satisfies, _interval
 from veil.pipeline.guard import isolate
 from veil.protocol import ProtocolError, flatten, parse_handshake, parse_publication, parse_subscribe, parse_valid_for
 from veil.protocol.limits import Limits, load_json
@@ -108,3 +113,44 @@ def test_isolate_bounds_time_in_the_main_thread():
     done, failed = isolate(0, 8, 0.2, work)
     assert [position for position, _ in failed] == [3] and "EntryTimeout" in failed[0][1]
     assert sum(result for _, _, result in done) == 7 and time.monotonic() - started < 5
+
+
+NUMBER_OPS = ["eq", "ne", "gt", "ge", "lt", "le", "between", "in"]
+STRING_OPS = [*NUMBER_OPS, "contains", "starts_with", "ends_with"]
+
+
+@st.composite
+def one_class_constraints(draw: st.DrawFn) -> tuple[list[Predicate], list]:
+    """Constraints on one key sharing a class of values, and candidate values of that class."""
+    numbers = draw(st.booleans())
+    value = st.integers(-3, 3) | st.sampled_from([-0.5, 0.5, 1.0, 2.5]) if numbers else st.text("ab", max_size=3)
+    predicates = []
+    for op in draw(st.lists(st.sampled_from(NUMBER_OPS if numbers else STRING_OPS), min_size=1, max_size=6)):
+        if op == "between":
+            target: object = sorted(draw(st.lists(value, min_size=2, max_size=2)))
+        elif op == "in":
+            target = draw(st.lists(value, min_size=1, max_size=4))
+        else:
+            target = draw(value)
+        predicates.append(Predicate("x", op, target))
+    return predicates, draw(st.lists(value, max_size=8))
+
+
+@given(one_class_constraints())
+def test_set_and_interval_checks_agree_with_testing_every_candidate(case):
+    predicates, candidates = case
+    expected = any(all(evaluate(p.op, p.value, v) for p in predicates) for v in candidates)
+    assert _any_satisfies(predicates, candidates, *_interval(predicates)) == expected
+
+
+def test_hostile_satisfiability_checks_take_linear_time():
+    """Up to the limits at the door: 10,000 `in` values against 1,023 ordering or inequality
+    constraints that every value passes but the last (before, 4.6 s each)."""
+    values = [{"key": "x", "op": "in", "val": list(range(10_000))}]
+    for op in ("gt", "ne"):
+        data = values + [{"key": "x", "op": op, "val": -i - 1} for i in range(1022)] + [{"key": "x", "op": "lt", "val": 0}]
+        predicates = [Predicate(*p) for p in parse_subscribe(orjson.dumps({"data": data})).predicates]
+        started = time.monotonic()
+        with pytest.raises(Unsatisfiable):
+            check_satisfiable(predicates)
+        assert time.monotonic() - started < 0.5
