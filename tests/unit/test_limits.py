@@ -35,6 +35,9 @@ def test_duplicate_keys_are_refused_even_next_to_colons_in_strings():
     assert refused(parse_publication, b'{"type": "y", "type": "x"}').problem == "key 'type' given twice in one object"
     assert refused(parse_publication, b'{"t": "12:30", "a": {"b": 1, "b": 2}}').field == "body"
     assert parse_publication(b'{"t": "12:30:00", "a": {"b": 1, "c": "x:y"}}')
+    assert parse_publication(b'{"a:b": "c:d", "e": ["f:g", {"h:": 1}]}')  # colons in keys and in arrays
+    assert refused(parse_publication, b'{"t": "a\\u003ab", "a": 1, "a": 2}').field == "body"  # an escaped colon
+    assert parse_publication(b'{"t\\u003a": 1, "x": 2}')
 
 
 def test_publication_size_limits_name_the_bound():

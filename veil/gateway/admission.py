@@ -20,10 +20,6 @@ class Admission:
         self.limit = limit
         self.timeout = timeout
         self._waiting: OrderedDict[object, tuple[Callable[[], object], asyncio.TimerHandle | None]] = OrderedDict()
-        self.evicted = 0
-
-    def __len__(self) -> int:
-        return len(self._waiting)
 
     def admit(self, key: object, close: Callable[[], object], timed: bool = True) -> None:
         """A connection that has yet to prove itself (`timed`: closed unless it settles within the read
@@ -35,7 +31,6 @@ class Admission:
             _, (oldest, handle) = self._waiting.popitem(last=False)
             if handle is not None:
                 handle.cancel()
-            self.evicted += 1
             oldest()
 
     def settle(self, key: object) -> None:

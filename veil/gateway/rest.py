@@ -310,19 +310,16 @@ def create_app(broker: Broker) -> web.Application:
         if not (text.isascii() and text.isdigit() and len(text) < 19):
             raise ProtocolError("offset", "the offset of a quarantined entry")
         store = broker.threads.store
-        records = await broker.threads.read(store.quarantine)
-        found = next((r for r in records if r.offset == int(text)), None)
+        record = await broker.threads.read(store.quarantined_at, int(text))
         # the subscription goes only if the quarantined version is still the live one (not replaced)
-        live = found is not None and found.sub_id is not None and await broker.threads.read(
-            store.subscription_refusal, found.sub_id
-        ) is not None  # fmt: skip
-        record = await broker.threads.write(store.release_quarantined, int(text))
-        if record is None:
+        live = record is not None and record.kind == KIND_SUBSCRIBE and record.sub_id is not None and (
+            await broker.threads.read(store.subscription_refusal, record.sub_id) is not None
+        )  # fmt: skip
+        if record is None or not await broker.threads.write(store.release_quarantined, record.offset):
             raise ProtocolError("offset", "no quarantined entry at this offset", 404)
-        if live and record.kind == KIND_SUBSCRIBE and record.owner is not None:
+        if live and record.owner is not None:
             with contextlib.suppress(UnknownSubscription, NotOwner):  # removed by its owner meanwhile
                 await broker.threads.write(store.remove_subscription, record.sub_id, record.owner)
-        broker.quarantined = max(0, broker.quarantined - 1)
         return json_response({"offset": record.offset, "dropped": KIND_NAMES.get(record.kind, str(record.kind))})
 
     async def health(request: web.Request) -> web.Response:

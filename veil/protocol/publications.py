@@ -12,7 +12,7 @@ import orjson
 
 from veil.protocol.errors import ProtocolError
 from veil.protocol.limits import DEFAULT, INT64_MAX, Limits, load_json
-from veil.protocol.subscriptions import auth_hash_of
+from veil.protocol.subscriptions import auth_hash_of, load_object
 from veil.protocol.values import canonical_type, convert, type_of
 
 
@@ -38,9 +38,7 @@ def parse_valid_for(header: str | None, limits: Limits = DEFAULT) -> int | None:
 
 def parse_unpublish(raw: bytes) -> UnpublishRequest:
     """`{"authHash": H, "id": "123"}`: the id that /publish returned."""
-    doc = load_json(raw)
-    if not isinstance(doc, dict):
-        raise ProtocolError("body", "expected a JSON object")
+    doc = load_object(raw)
     pub = doc.get("id")
     if isinstance(pub, str) and pub.isascii() and pub.isdigit() and len(pub) < 19:
         pub = int(pub)
@@ -56,14 +54,13 @@ def parse_publication(raw: bytes, limits: Limits = DEFAULT) -> bytes:
 def parse_publication_batch(raw: bytes, limits: Limits = DEFAULT, max_lines: int | None = None) -> list[bytes]:
     """NDJSON: one publication per non-empty line; all are refused if any line is invalid, and a batch
     of more than `max_lines` publications (what the broker could ever take in one commit) with 413."""
-    lines = [line for line in raw.splitlines() if line.strip()]
+    lines = [(number, line) for number, line in enumerate(raw.splitlines(), start=1) if line.strip()]
     if max_lines is not None and len(lines) > max_lines:
         raise ProtocolError("body", f"{len(lines)} publications in one batch; at most {max_lines}", 413)
-    bodies = []
-    for number, line in enumerate(raw.splitlines(), start=1):
-        if line.strip():
-            prefix = f"line {number}: "
-            bodies.append(_normalise(load_json(line, f"{prefix}body", limits, publication=True), line, prefix))
+    bodies = [
+        _normalise(load_json(line, f"line {number}: body", limits, publication=True), line, f"line {number}: ")
+        for number, line in lines
+    ]
     if not bodies:
         raise ProtocolError("body", "empty batch: send one publication per line")
     return bodies

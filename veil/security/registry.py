@@ -127,8 +127,8 @@ def parse_registry(doc: object) -> Registry:
         }
         for publisher, listed in _mapping(doc.get("keys", {}), "keys").items()
     }
-    hashes = {
-        _secret(secret, f"hashes.{secret[:8]}..."): _id(user, f"hashes.{secret[:8]}...")
+    hashes = {  # a field names a secret by its first characters only
+        _secret(secret, f"hashes.{str(secret)[:4]}..."): _id(user, f"hashes.{str(secret)[:4]}...")
         for secret, user in _mapping(doc.get("hashes", {}), "hashes").items()
     }
     users = set(users_doc) | {u for group in members.values() for u in group} | admins | set(hashes.values())

@@ -246,8 +246,11 @@ class EventStore(ABC):
     def quarantine_count(self) -> int: ...
 
     @abstractmethod
-    def release_quarantined(self, offset: int) -> QuarantineRecord | None:
-        """Drop a quarantined entry from the quarantine (the operator looked at it); what it was."""
+    def quarantined_at(self, offset: int) -> QuarantineRecord | None: ...
+
+    @abstractmethod
+    def release_quarantined(self, offset: int) -> bool:
+        """Drop a quarantined entry from the quarantine (the operator looked at it); False if none was."""
 
     @abstractmethod
     def subscription_refusal(self, sub_id: str) -> str | None:

@@ -604,14 +604,15 @@ class SqliteStore(EventStore):
     def quarantine_count(self) -> int:
         return self._db().execute("SELECT COUNT(*) FROM quarantine").fetchone()[0]
 
-    def release_quarantined(self, offset: int) -> QuarantineRecord | None:
-        with self._tx() as db:
-            row = db.execute(
-                "SELECT seq, offset, kind, sub_id, owner, error, body, time FROM quarantine WHERE offset = ?",
-                (offset,),
-            ).fetchone()
-            db.execute("DELETE FROM quarantine WHERE offset = ?", (offset,))
+    def quarantined_at(self, offset: int) -> QuarantineRecord | None:
+        row = self._db().execute(
+            "SELECT seq, offset, kind, sub_id, owner, error, body, time FROM quarantine WHERE offset = ?", (offset,)
+        ).fetchone()
         return None if row is None else QuarantineRecord(*row)
+
+    def release_quarantined(self, offset: int) -> bool:
+        with self._tx() as db:
+            return db.execute("DELETE FROM quarantine WHERE offset = ?", (offset,)).rowcount > 0
 
     def subscription_refusal(self, sub_id: str) -> str | None:
         row = self._db().execute(
