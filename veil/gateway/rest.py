@@ -281,7 +281,7 @@ def create_app(broker: Broker) -> web.Application:
         admin(request)
         if request.method == "PUT":
             raw = await body_of(broker, request)
-            document = await parsed(broker, raw, load_json, "body", limits._replace(keys=config.max_body))
+            document = await parsed(broker, raw, load_json, "body", limits)
             await broker.replace_registry(parse_registry(document))
         return web.Response(body=broker.registry.to_json(), content_type="application/json")
 
