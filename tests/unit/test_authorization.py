@@ -11,7 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from veil.matching import Predicate, matches
-from veil.pipeline.match import MARK, _Output, _Run, _State
+from veil.pipeline.match import _Output, _Run
+from veil.pipeline.rows import MARK
+from veil.pipeline.worker_state import State
 from veil.protocol import ProtocolError, flatten
 from veil.security.authorization import crop, decide
 from veil.security.registry import ANONYMOUS, parse_registry
@@ -80,7 +82,7 @@ def publications(draw: st.DrawFn) -> tuple[str, dict]:
 )
 def test_pipeline_delivers_exactly_what_the_oracle_allows(registry_doc, with_authorization, subscriptions, published):
     registry = parse_registry(registry_doc)
-    state = _State(orjson.dumps(registry_doc), with_authorization)
+    state = State(orjson.dumps(registry_doc), with_authorization)
     for number, (owner, data) in enumerate(subscriptions):
         state.add(f"s{number}", number, owner, orjson.dumps([[c["key"], c["op"], c["val"]] for c in data]))
     run, out = _Run(), _Output()
@@ -158,7 +160,7 @@ def test_a_late_rule_of_many_still_allows():
     """Rules are checked chunk by chunk; the one that allows may be in any chunk."""
     rules = [[{"key": "n", "val": i, "op": "eq"}] for i in range(45)]
     doc = {"rules": {"u0": rules, "u1": rules[:3]}}
-    state = _State(orjson.dumps(doc), True)
+    state = State(orjson.dumps(doc), True)
     state.add("s0", 0, "u0", b"[]")
     state.add("s1", 1, "u1", b"[]")
     run, out = _Run(), _Output()

@@ -6,7 +6,7 @@ import pytest
 
 from tests.unit.helpers import published
 from veil.gateway.ingest import Ingest, Overloaded
-from veil.gateway.storage import StoreThreads
+from veil.gateway.store_threads import StoreThreads
 from veil.store import open_store
 
 

@@ -1,9 +1,11 @@
+import sqlite3
 import time
 
 import numpy as np
 import pytest
 
 from tests.unit.helpers import published
+from veil.protocol.envelope import Origin
 from veil.store import (
     KIND_PUBLICATION,
     KIND_SUBSCRIBE,
@@ -58,11 +60,11 @@ def test_replayed_batches_deliver_once(store):
     store.record_deliveries(0, [s], [pub], pub)
     store.record_deliveries(0, [s], [pub], pub)
     rows, watermark = store.backlog("s", 0, 10)
-    assert rows == [(pub, b'{"a":1}', b"")]
+    assert rows == [(pub, b'{"a":1}', Origin())]
     assert watermark == store.last_feed_seq() == 1 and store.processed_offset() == pub
     feed = store.feed_since(0, 10)
     assert [(e.sub_nos.tolist(), e.pubs.tolist()) for e in feed] == [([s], [pub])]
-    assert store.bodies(feed[0].pubs) == {pub: (b'{"a":1}', b"")}
+    assert store.bodies(feed[0].pubs) == {pub: (b'{"a":1}', Origin())}
 
 
 def test_feed_entries_are_sorted_by_subscription(store):
@@ -96,9 +98,9 @@ def test_backlog_reads_spilled_rows_then_the_feed(store):
     spill_everything(store)
     store.record_deliveries(1, [s, s], pubs[1:], pubs[2])
     assert store.backlog("s", 0, 10)[0] == [
-        (pubs[0], b'{"n":1}', b""),
-        (pubs[1], b'{"n":2}', b""),
-        (pubs[2], b'{"n":3}', b""),
+        (pubs[0], b'{"n":1}', Origin()),
+        (pubs[1], b'{"n":2}', Origin()),
+        (pubs[2], b'{"n":3}', Origin()),
     ]
     assert [pub for pub, *_ in store.backlog("s", pubs[0], 1)[0]] == [pubs[1]]
     assert [pub for pub, *_ in store.backlog("s", pubs[1], 10)[0]] == [pubs[2]]
@@ -185,18 +187,18 @@ def test_a_large_feed_entry_is_spilled_in_steps_of_whole_subscriptions(store):
 def test_top_k_deliveries_are_logged_copies_recorded_once_with_their_skybands(store):
     store.put_subscription("s", "alice", b"[]")
     s = store.subscription_number("s")
-    old, new = store.append_publications([Publication(b'{"v":1}', "bob", b'"publisher":"bob"'), Publication(b"{}")])
+    old, new = store.append_publications([Publication(b'{"v":1}', "bob", "k1", "c2ln"), Publication(b"{}")])
     batch = StatefulBatch([(s, old, None), (s, new, b'{"cut":1}')], [], [(s, b"band")], old, 123)
     store.record_deliveries(0, [], [], new, stateful=batch)
     store.record_deliveries(0, [], [], new, stateful=batch)  # the same batch replayed
     rows, _ = store.backlog("s", 0, 10)
-    assert [(body, meta) for _, body, meta in rows] == [
-        (b'{"v":1}', b'"id":"%d","publisher":"bob"' % old),
-        (b'{"cut":1}', b'"id":"%d","cropped":true' % new),
+    assert [(body, origin) for _, body, origin in rows] == [
+        (b'{"v":1}', Origin("bob", "k1", "c2ln", copy_of=old)),
+        (b'{"cut":1}', Origin("", None, None, copy_of=new, cropped=True)),
     ]
     assert all(pub > new for pub, _, _ in rows)  # queued under their own offsets, in decision order
     assert store.topk_bands([s, 999]) == {s: b"band"}
-    assert store.status("topk_held")[0] == old and store.status("topk_due")[0] == 123
+    assert store.topk_due() == 123
     store.save_cursors({"s": rows[-1][0]})
     store.compact(1000, store.last_feed_seq(), time.time() + 10)
     assert store.bodies(np.array([old]))  # a skyband still holds it
@@ -225,3 +227,54 @@ def test_valid_publications_are_kept_for_the_subscriptions_to_come(store):
     store.record_deliveries(0, [], [], cancel)
     store.compact(1000, store.last_feed_seq(), time.time() + 10)
     assert set(store.bodies(np.array([kept, plain, withdrawn]))) == {kept}
+
+
+def test_subscribe_entries_carry_the_number_their_matches_use(store):
+    store.put_subscription("s", "alice", b"[]")
+    store.put_subscription("t", "alice", b"[]")
+    store.put_subscription("s", "alice", b"[1]")
+    entries = store.log_range(0, store.head_offset())
+    assert [e.number for e in entries] == [store.subscription_number(x) for x in "sts"]
+
+
+def test_the_pipeline_status_is_what_it_registered_and_beat(store):
+    assert store.pipeline_status() is None
+    store.register_pipeline(4242)
+    store.heartbeat(1234)
+    status = store.pipeline_status()
+    assert (status.pid, status.batch_since) == (4242, 1234) and abs(status.heartbeat - time.time()) < 5
+    store.expect_pipeline()
+    assert store.pipeline_status().pid == 0
+    assert store.registry_file_digest() is None
+    store.put_registry(b"{}", file_digest=77)
+    assert store.registry_file_digest() == 77 and store.registry_at() == b"{}"
+
+
+def test_a_store_that_kept_envelope_fragments_is_migrated(tmp_path):
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE log (offset INTEGER PRIMARY KEY AUTOINCREMENT, kind INTEGER NOT NULL, sub_id TEXT,
+            body BLOB, client TEXT, meta BLOB, time INTEGER);
+        CREATE TABLE subscription_numbers (no INTEGER PRIMARY KEY, sub_id TEXT NOT NULL UNIQUE,
+            reset INTEGER NOT NULL DEFAULT 0);
+        INSERT INTO subscription_numbers(no, sub_id) VALUES (7, 's');
+        """
+    )
+    db.executemany(
+        "INSERT INTO log(kind, sub_id, body, client, meta) VALUES (?, ?, ?, ?, ?)",
+        [(0, None, b"{}", "bob", b'"publisher":"bob","keyId":"k","signature":"x"'),
+         (5, None, b'{"a":1}', "bob", b'"id":"1","publisher":"bob","cropped":true'),
+         (1, "s", b"[]", "alice", None)],
+    )  # fmt: skip
+    db.commit()
+    db.close()
+    store = open_store(f"sqlite:///{path}")
+    try:
+        bodies = store.bodies(np.array([1, 2]))
+        assert bodies[1] == (b"{}", Origin("bob", "k", "x"))
+        assert bodies[2] == (b'{"a":1}', Origin("bob", None, None, copy_of=1, cropped=True))
+        assert store.log_range(2, 3)[0].number == 7
+    finally:
+        store.close()

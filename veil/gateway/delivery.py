@@ -1,87 +1,256 @@
-"""What the TCP and WebSocket channels share: checking a handshake and starting a session."""
+"""Delivery sessions: per-subscription queues pushed to connected clients, in order, once.
+
+The hub polls the store for new deliveries (in the order the pipeline queued them) and offers them to
+the sessions of connected subscriptions. A session that falls behind, or has just connected, stops
+taking offers and reads its backlog from the store instead, so memory per session stays bounded and
+a disconnected subscription loses nothing. Cursors (the last publication delivered, or acknowledged
+when the client asked for acks) are saved in batches; a reconnect resumes after the cursor.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+import logging
+from collections import deque
+from typing import NamedTuple
 
-from veil.gateway.edge import run_edge
-from veil.gateway.sessions import Close, Send, Session
-from veil.protocol import Handshake, ProtocolError, parse_ack, parse_handshake
-from veil.security.identity import Credentials
+import numpy as np
 
-if TYPE_CHECKING:
-    from veil.gateway.server import Broker
+from veil.gateway.channel import Close, Send
+from veil.gateway.store_threads import StoreThreads
+from veil.protocol import Handshake, ProtocolError
+from veil.protocol.envelope import fields, wrap
+from veil.store.base import FeedEntry
 
-Receive = Callable[[], Awaitable[bytes | str | None]]
-MAX_LINE = 64 * 1024
+log = logging.getLogger("veil.gateway")
 
-
-async def open_session(broker: Broker, handshake: Handshake, identity: str | None, send: Send, close: Close) -> Session:
-    """Check the handshake; ProtocolError (with the reason to send back) when refused."""
-    client = broker.auth.identify(Credentials(identity, handshake.token, handshake.auth_hash))
-    store = broker.threads.store
-    owner = await broker.threads.read(store.subscription_owner, handshake.subscription_id)
-    number = await broker.threads.read(store.subscription_number, handshake.subscription_id)
-    if owner is None or number is None:
-        raise ProtocolError("subscriptionId", "unknown subscription", 404)
-    if owner != client:
-        raise ProtocolError("authHash", "not the owner of this subscription", 403)
-    refusal = await broker.threads.read(store.subscription_refusal, handshake.subscription_id)
-    if refusal is not None:
-        raise ProtocolError("subscriptionId", f"quarantined by the broker: {refusal}", 422)
-    start = handshake.resume_after
-    if start is None:
-        saved = await broker.threads.read(store.cursor, handshake.subscription_id)
-        start = max(saved, broker.hub.unsaved_cursor(handshake.subscription_id))
-    session = Session(broker.hub, handshake, number, start, send, close)
-    await broker.hub.attach(session)
-    # An unsubscription that ran between the check above and the attach found no session to close.
-    if await broker.threads.read(store.subscription_owner, handshake.subscription_id) is None:
-        broker.hub.detach(session)
-        raise ProtocolError("subscriptionId", "unknown subscription", 404)
-    return session
+QUEUE_LIMIT = 2048
+SEND_BATCH = 512
 
 
-def handle_client_line(session: Session, raw: bytes | str) -> None:
-    """After the handshake a client may only acknowledge; anything else is ignored."""
-    if raw.strip():
-        with contextlib.suppress(ProtocolError):
-            session.acknowledge(parse_ack(raw))
+class Chunk(NamedTuple):
+    """Deliveries for one session in publication order: offsets, the bytes delivered and their
+    envelope fields (`envelope.fields`). A session queues chunks rather than single deliveries so that the work per
+    delivery stays in numpy and in bytes.join, not in Python statements."""
+
+    pubs: np.ndarray
+    bodies: list[bytes]
+    envelopes: list[bytes]
 
 
-async def run_session(
-    broker: Broker, handshake: bytes | str, identity: str | None, send: Send, close: Close, receive: Receive
-) -> None:
-    """Serve one delivery connection: push deliveries while reading acknowledgements, until either
-    side ends it. `receive` returns the client's next message, or None when the client is done."""
-    try:
-        parsed = parse_handshake(handshake)
-        if parsed.announcement_id:
-            await run_edge(broker, parsed, identity, send, close, receive)
-            await close(None)
+class Session:
+    def __init__(
+        self, hub: DeliveryHub, handshake: Handshake, number: int, start_after: int, send: Send, close: Close
+    ) -> None:
+        self.hub = hub
+        self.sub_id = handshake.subscription_id
+        self.number = number
+        self.envelope = handshake.envelope
+        self.acks = handshake.ack
+        self._send = send
+        self._close = close
+        self.last_queued = start_after
+        self.sent = start_after
+        self.pending: deque[Chunk] = deque()
+        self.queued = 0
+        self.caught_up = False
+        self.closed = False
+        self._wake = asyncio.Event()
+
+    def offer(self, chunk: Chunk) -> None:
+        if not self.caught_up or self.closed:
             return
-        session = await open_session(broker, parsed, identity, send, close)
-    except ProtocolError as exc:
-        await close(exc.to_json())
-        return
-    pusher = asyncio.create_task(session.run())
-    try:
-        while not pusher.done():
-            reading = asyncio.create_task(receive())
-            done, _ = await asyncio.wait({reading, pusher}, return_when=asyncio.FIRST_COMPLETED)
-            if reading not in done:
-                reading.cancel()
-                break
-            message = reading.result()
-            if message is None:
-                break
-            handle_client_line(session, message)
-    finally:
-        await session.close()
-        pusher.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
-            await pusher
+        skip = int(np.searchsorted(chunk.pubs, self.last_queued, side="right"))
+        room = QUEUE_LIMIT - self.queued
+        if len(chunk.pubs) - skip > room:
+            self.caught_up = False  # the rest waits in the store; the session refills from there
+        take = slice(skip, skip + min(room, len(chunk.pubs) - skip))
+        if take.stop > take.start:
+            self._queue(Chunk(chunk.pubs[take], chunk.bodies[take], chunk.envelopes[take]))
+        self._wake.set()
+
+    def resync(self) -> None:
+        """Take the next deliveries from the store rather than from offers."""
+        self.caught_up = False
+        self._wake.set()
+
+    def _queue(self, chunk: Chunk) -> None:
+        self.pending.append(chunk)
+        self.queued += len(chunk.pubs)
+        self.last_queued = int(chunk.pubs[-1])
+
+    def acknowledge(self, seq: int) -> None:
+        if self.acks and seq <= self.sent:
+            self.hub.save_cursor(self.sub_id, seq)
+
+    async def run(self) -> None:
+        """Push until the connection fails or the session is closed."""
+        try:
+            while not self.closed:
+                if self.pending:
+                    await self._send_some()
+                elif not self.caught_up:
+                    await self._refill()
+                else:
+                    self._wake.clear()
+                    await self._wake.wait()
+        finally:
+            self.closed = True
+            self.hub.detach(self)
+
+    async def _send_some(self) -> None:
+        frames: list[bytes] = []
+        while self.pending and len(frames) < SEND_BATCH:
+            chunk = self.pending.popleft()
+            self.queued -= len(chunk.pubs)
+            if self.envelope:
+                frames.extend(map(wrap, chunk.pubs.tolist(), chunk.bodies, chunk.envelopes))
+            else:
+                frames.extend(chunk.bodies)
+            last = int(chunk.pubs[-1])
+        await self._send(frames)
+        self.sent = last
+        if not self.acks:
+            self.hub.save_cursor(self.sub_id, self.sent)
+
+    async def _refill(self) -> None:
+        threads = self.hub.threads
+        rows, watermark = await threads.read(threads.store.backlog, self.sub_id, self.last_queued, QUEUE_LIMIT)
+        if rows:
+            pubs, bodies, origins = zip(*rows, strict=True)
+            self._queue(Chunk(np.array(pubs, np.int64), list(bodies), list(map(fields, origins))))
+        # Rows the hub handled after our snapshot were not offered to us: read again before going live.
+        if len(rows) < QUEUE_LIMIT and self.hub.last_seq <= watermark:
+            self.caught_up = True
+
+    async def close(self, error: bytes | None = None) -> None:
+        self.closed = True
+        self._wake.set()
+        with contextlib.suppress(Exception):
+            await self._close(error)
+
+
+class DeliveryHub:
+    def __init__(self, threads: StoreThreads, poll_interval: float = 0.005) -> None:
+        self.threads = threads
+        self.poll_interval = poll_interval
+        self.sessions: dict[str, Session] = {}
+        self._by_number: dict[int, Session] = {}
+        self._connected = np.zeros(1024, bool)  # indexed by subscription number
+        self.last_seq = 0
+        self._cursors: dict[str, int] = {}
+        self._stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        self.last_seq = await self.threads.read(self.threads.store.last_feed_seq)
+
+    async def attach(self, session: Session) -> None:
+        previous = self.sessions.get(session.sub_id)
+        self.sessions[session.sub_id] = session
+        self._by_number[session.number] = session
+        self._grow(session.number + 1)
+        self._connected[session.number] = True
+        if previous is not None:
+            await previous.close(ProtocolError("subscriptionId", "replaced by a newer connection", 409).to_json())
+
+    def detach(self, session: Session) -> None:
+        if self.sessions.get(session.sub_id) is session:
+            del self.sessions[session.sub_id]
+            del self._by_number[session.number]
+            self._connected[session.number] = False
+
+    def behind(self) -> int:
+        """Connected sessions that are reading their backlog from the store instead of taking offers."""
+        return sum(not session.caught_up for session in self.sessions.values())
+
+    def _grow(self, size: int) -> None:
+        if size > len(self._connected):
+            grown = np.zeros(max(size, 2 * len(self._connected)), bool)
+            grown[: len(self._connected)] = self._connected
+            self._connected = grown
+
+    async def kick(self, sub_id: str, reason: bytes) -> None:
+        session = self.sessions.get(sub_id)
+        self._cursors.pop(sub_id, None)
+        if session is not None:
+            self.detach(session)
+            await session.close(reason)
+
+    def save_cursor(self, sub_id: str, pub: int) -> None:
+        if pub > self._cursors.get(sub_id, 0):
+            self._cursors[sub_id] = pub
+
+    def unsaved_cursor(self, sub_id: str) -> int:
+        return self._cursors.get(sub_id, 0)
+
+    async def poll(self) -> None:
+        """Fan the pipeline's feed out to the connected sessions, batch by batch."""
+        store = self.threads.store
+        while not self._stopping.is_set():
+            entries = await self.threads.read(store.feed_since, self.last_seq, 64)
+            if not entries:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), self.poll_interval)
+                continue
+            for entry in entries:
+                if self._by_number:
+                    try:
+                        await self._fan_out(entry)
+                    except Exception:
+                        log.exception("fanning out feed entry %d failed; sessions re-read the store", entry.seq)
+                        for session in self.sessions.values():
+                            session.resync()
+                self.last_seq = entry.seq
+
+    async def _fan_out(self, entry: FeedEntry) -> None:
+        self._grow(int(entry.sub_nos.max(initial=0)) + 1)
+        mine = self._connected[entry.sub_nos]
+        if not mine.any():
+            return
+        sub_nos, pubs = entry.sub_nos[mine], entry.pubs[mine]  # grouped by subscription already
+        wanted = np.unique(pubs)
+        store = self.threads.store
+        found = await self.threads.read(store.bodies, wanted)
+        rows = np.searchsorted(wanted, pubs)
+        looked_up = [found.get(pub, (None, None)) for pub in wanted.tolist()]
+        bodies = np.array([body for body, _ in looked_up], object)[rows]
+        envelopes = np.array([b"" if origin is None else fields(origin) for _, origin in looked_up], object)[rows]
+        if len(found) < len(wanted):  # publications compacted away meanwhile: nobody is owed them
+            kept = bodies != None  # noqa: E711 (elementwise on an object array)
+            sub_nos, pubs, bodies, envelopes = sub_nos[kept], pubs[kept], bodies[kept], envelopes[kept]
+            if not len(pubs):
+                return
+        if entry.cropped:
+            copies = await self.threads.read(store.copies, sub_nos, pubs)
+            for (sub_no, pub), copy in copies.items():  # pairs are sorted by (subscription, publication)
+                low, high = np.searchsorted(sub_nos, [sub_no, sub_no + 1])
+                at = low + int(np.searchsorted(pubs[low:high], pub))
+                bodies[at], envelopes[at] = copy, fields(found[pub][1]._replace(cropped=True))
+        cuts = np.flatnonzero(np.diff(sub_nos)) + 1
+        for low, high in zip([0, *cuts.tolist()], [*cuts.tolist(), len(sub_nos)], strict=True):
+            session = self._by_number.get(int(sub_nos[low]))
+            if session is not None:
+                session.offer(Chunk(pubs[low:high], bodies[low:high].tolist(), envelopes[low:high].tolist()))
+
+    async def save_cursors_periodically(self, interval: float = 0.1) -> None:
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), interval)
+            await self.flush_cursors()
+
+    async def flush_cursors(self) -> None:
+        if self._cursors:
+            cursors, self._cursors = self._cursors, {}
+            try:
+                await self.threads.write(self.threads.store.save_cursors, cursors)
+            except Exception:
+                log.exception("saving cursors failed; they are retried")
+                for sub_id, pub in cursors.items():
+                    self.save_cursor(sub_id, pub)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        for session in list(self.sessions.values()):
+            await session.close(None)
+        await self.flush_cursors()

@@ -13,24 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import orjson
 
+from veil.gateway.channel import Close, Receive, Send, read_while
+from veil.gateway.context import Gateway
 from veil.matching import Predicate, Unsatisfiable, check_satisfiable
 from veil.matching.stored import decode_subscription
 from veil.protocol import Handshake, ProtocolError
 from veil.security.identity import Credentials
 
-if TYPE_CHECKING:
-    from veil.gateway.server import Broker
-
 POLL = 0.2  # seconds between looks at the log for subscription changes
-
-Send = Callable[[list[bytes]], Awaitable[None]]
-Close = Callable[[bytes | None], Awaitable[None]]
-Receive = Callable[[], Awaitable[bytes | str | None]]
 
 
 def could_serve(announced: Sequence[Predicate], wanted: Sequence[Predicate], rules: Sequence[Sequence] | None) -> bool:
@@ -46,8 +40,8 @@ def could_serve(announced: Sequence[Predicate], wanted: Sequence[Predicate], rul
 
 
 class EdgeChannel:
-    def __init__(self, broker: Broker, announcement_id: str, announced: list[Predicate], send: Send) -> None:
-        self.broker = broker
+    def __init__(self, gateway: Gateway, announcement_id: str, announced: list[Predicate], send: Send) -> None:
+        self.gateway = gateway
         self.announcement_id = announcement_id
         self.announced = announced
         self.send = send
@@ -55,7 +49,8 @@ class EdgeChannel:
         self.offset = 0
 
     def _rules(self, owner: str) -> Sequence[Sequence] | None:
-        return self.broker.registry.rules_of(owner) if self.broker.config.with_authorization else None
+        gateway = self.gateway
+        return gateway.registry.current.rules_of(owner) if gateway.config.with_authorization else None
 
     def _changes(self, dropped: list[str], added: list[tuple[str, int, str, bytes]]) -> list[bytes]:
         lines = [
@@ -69,7 +64,7 @@ class EdgeChannel:
         return lines
 
     async def follow(self) -> None:
-        threads = self.broker.threads
+        threads = self.gateway.threads
         store = threads.store
         self.offset = await threads.read(store.head_offset)
         lines = self._changes([], await threads.read(store.subscriptions_at, self.offset))
@@ -86,30 +81,25 @@ class EdgeChannel:
 
 
 async def run_edge(
-    broker: Broker, handshake: Handshake, identity: str | None, send: Send, close: Close, receive: Receive
+    gateway: Gateway, handshake: Handshake, identity: str | None, send: Send, close: Close, receive: Receive
 ) -> None:
-    client = broker.auth.identify(Credentials(identity, handshake.token, handshake.auth_hash))
-    found = await broker.threads.read(broker.threads.store.announcement, handshake.announcement_id)
+    """Follow the subscriptions the announcement could serve until the edge closes its side or the
+    announcement is revoked (anything the edge sends is ignored)."""
+    client = gateway.auth.identify(Credentials(identity, handshake.token, handshake.auth_hash))
+    ann_id = handshake.announcement_id
+    found = await gateway.threads.read(gateway.threads.store.announcement, ann_id)
     if found is None:
         raise ProtocolError("announcementId", "unknown announcement", 404)
     owner, body = found
     if owner != client:
         raise ProtocolError("authHash", "not the owner of this announcement", 403)
-    channel = EdgeChannel(broker, handshake.announcement_id, [Predicate(*p) for p in orjson.loads(body)], send)
+    channel = EdgeChannel(gateway, ann_id, [Predicate(*p) for p in orjson.loads(body)], send)
     follower = asyncio.create_task(channel.follow())
-    closing = broker.edges.setdefault(handshake.announcement_id, {})
-    closing[id(channel)] = close
+    gateway.edges.add(ann_id, id(channel), close)
     try:
-        while not follower.done():  # the edge only ever closes its side; anything it sends is ignored
-            reading = asyncio.create_task(receive())
-            done, _ = await asyncio.wait({reading, follower}, return_when=asyncio.FIRST_COMPLETED)
-            if reading not in done:
-                reading.cancel()
-                break
-            if reading.result() is None:
-                break
+        await read_while(follower, receive, lambda message: None)
     finally:
-        closing.pop(id(channel), None)
+        gateway.edges.discard(ann_id, id(channel))
         follower.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionError):
             await follower

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from veil.gateway.storage import StoreThreads
+from veil.gateway.store_threads import StoreThreads
 from veil.store import Publication
 
 MIN_SESSIONS = 8  # fewer connected subscriptions never count as delivery overload

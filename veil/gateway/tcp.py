@@ -6,27 +6,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from typing import TYPE_CHECKING
 
-from veil.gateway.delivery import MAX_LINE, run_session
+from veil.gateway.connection import MAX_LINE, serve_connection
+from veil.gateway.context import Gateway
 from veil.protocol import ProtocolError
 from veil.security.tls import peer_identity
 
-if TYPE_CHECKING:
-    from veil.gateway.server import Broker
 
-
-async def start_tcp(broker: Broker, host: str, port: int, context: ssl.SSLContext | None) -> asyncio.Server:
+async def start_tcp(gateway: Gateway, host: str, port: int, context: ssl.SSLContext | None) -> asyncio.Server:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        broker.connections += 1
-        broker.admission.admit(writer, writer.close)
+        gateway.admission.admit(writer, writer.close)
         try:
-            await _serve(broker, reader, writer)
+            with gateway.health.connection():
+                await _serve(gateway, reader, writer)
         except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
             pass
         finally:
-            broker.admission.settle(writer)
-            broker.connections -= 1
+            gateway.admission.settle(writer)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -34,7 +30,7 @@ async def start_tcp(broker: Broker, host: str, port: int, context: ssl.SSLContex
     return await asyncio.start_server(handle, host, port, ssl=context, limit=MAX_LINE)
 
 
-async def _serve(broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _serve(gateway: Gateway, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     async def send(frames: list[bytes]) -> None:
         writer.write(b"\n".join(frames) + b"\n")
         await writer.drain()
@@ -44,7 +40,7 @@ async def _serve(broker: Broker, reader: asyncio.StreamReader, writer: asyncio.S
             writer.write(error + b"\n")
         writer.close()
 
-    timeout = broker.config.read_timeout
+    timeout = gateway.config.read_timeout
     try:
         line = await asyncio.wait_for(reader.readline(), timeout)
     except TimeoutError:
@@ -53,7 +49,7 @@ async def _serve(broker: Broker, reader: asyncio.StreamReader, writer: asyncio.S
     except ValueError:
         await close(ProtocolError("handshake", f"handshake line longer than {MAX_LINE} bytes").to_json())
         return
-    broker.admission.settle(writer)
+    gateway.admission.settle(writer)
     if not line.strip():
         await close(ProtocolError("handshake", "empty handshake line").to_json())
         return
@@ -64,4 +60,4 @@ async def _serve(broker: Broker, reader: asyncio.StreamReader, writer: asyncio.S
         except ValueError:
             return None  # an over-long client line: the client is not speaking the protocol
 
-    await run_session(broker, line, peer_identity(writer.get_extra_info("ssl_object")), send, close, receive)
+    await serve_connection(gateway, line, peer_identity(writer.get_extra_info("ssl_object")), send, close, receive)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from pyspark.sql import DataFrame
 
-from veil.pipeline.match import MARK, QUARANTINE, STATEFUL, decode_quarantined, decode_stateful
-from veil.pipeline.stores import store_for
+from veil.pipeline.rows import MARK, QUARANTINE, STATEFUL, decode_quarantined, decode_stateful
+from veil.pipeline.store_handle import store_for
 from veil.store import KIND_PUBLICATION, Quarantined, StatefulBatch
 
 

@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 from veil.config import Config
-from veil.store import EventStore, StoreUnavailable
+from veil.store import PipelineStore, StoreUnavailable
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
@@ -57,7 +57,8 @@ def build_session(config: Config):
 
 def start_query(spark, config: Config):
     from veil.pipeline.exit_point import DeliveryWriter
-    from veil.pipeline.match import MATCH_SCHEMA, MatchPartition
+    from veil.pipeline.match import MatchPartition
+    from veil.pipeline.rows import MATCH_SCHEMA
     from veil.pipeline.source import EventLogSource
 
     spark.dataSource.register(EventLogSource)
@@ -110,7 +111,7 @@ class Heartbeat:
     """What the gateway's health check reads: that this process is alive, and since when the current
     micro-batch runs (0 when none does), written every HEARTBEAT seconds."""
 
-    def __init__(self, store: EventStore) -> None:
+    def __init__(self, store: PipelineStore) -> None:
         self.store = store
         self.batch_since = 0
         self._failing = False
@@ -122,7 +123,7 @@ class Heartbeat:
         elif not self.batch_since:
             self.batch_since = time.time_ns() // 1_000_000
         try:
-            self.store.set_status("heartbeat", self.batch_since)
+            self.store.heartbeat(self.batch_since)
         except StoreUnavailable as exc:  # the gateway sees the silence; the query goes on
             if not self._failing:
                 log.error("cannot write the pipeline's heartbeat: %s", exc)
@@ -149,7 +150,7 @@ def run(config: Config, watch_parent: bool = True) -> int:
     spark = build_session(config)
     query = start_query(spark, config)
     heartbeat = Heartbeat(store)
-    store.set_status("pipeline", os.getpid())
+    store.register_pipeline(os.getpid())
     log.info(
         "pipeline running (%s, %d partitions by %s) after %.1f s",
         config.master, config.partitions, config.partition_mode, time.monotonic() - started,
@@ -165,7 +166,7 @@ def run(config: Config, watch_parent: bool = True) -> int:
         return 0
     finally:
         with contextlib.suppress(StoreUnavailable):
-            store.set_status("pipeline", 0)
+            store.register_pipeline(0)
         query.stop()
         spark.stop()
         os.close(lock)

@@ -1,152 +1,40 @@
 """The match and authorize stages, inside executor tasks (mapInArrow over one matcher partition).
 
-Each Python worker keeps the state of the partitions it served between micro-batches (the index,
-who owns each subscription, the registry version compiled for authorization) and applies only the
-log's changes. The state is taken out of the cache while a task uses it and put back tagged with the
-offset it reflects; a task that finds no state at its start offset (another worker had the
-partition, a retried or replayed batch) catches up from the store's subscription and registry
-versions instead. Publications are matched and authorized under exactly the subscriptions and the
-registry that preceded them in the log.
+Each task takes its partition's state from the worker's cache as of its batch's start and applies
+only the log's changes (the contract is `worker_state`'s), so publications are matched and
+authorized under exactly the subscriptions and the registry that preceded them in the log.
 
 Top-k/w subscriptions (SPEC §5) are matched by the same index (their Boolean filter); the pairs it
 finds for them, once authorized, go through their skybands in log order instead of being delivered,
 and the log's times drive the windows (tick entries move the clock when nothing is published).
 Their deliveries, the skybands that changed, the oldest publication still held and the next expiry
-leave the task as one STATEFUL row, which the exit point records with the batch, atomically; a task
-that had to rebuild its state reads the skybands back as of the processed offset.
+leave the task as one STATEFUL row (`rows`), which the exit point records with the batch,
+atomically; a task that had to rebuild its state reads the skybands back as of the processed offset.
 """
 
 from __future__ import annotations
 
-import gc
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-import msgspec
 import numpy as np
 import orjson
 import pyarrow as pa
 
-from veil.matching import SubscriptionIndex, matches
+from veil.matching import matches
 from veil.matching.stored import decode_subscription
-from veil.matching.topkw import NumericColumns, Skyband, TopKWSet, score, score_many
-from veil.pipeline.authorize import Authorizer, user_number
+from veil.matching.topkw import NumericColumns, score, score_many
+from veil.pipeline import worker_state
 from veil.pipeline.guard import FAULTS, attempt, isolate, rearm
 from veil.pipeline.partition import partition_of
-from veil.pipeline.source import KIND_MARK
-from veil.pipeline.stores import store_for
+from veil.pipeline.rows import MARK, MATCH_ARROW, QUARANTINE, STATEFUL, encode_quarantined, encode_stateful, marker
+from veil.pipeline.store_handle import store_for
+from veil.pipeline.worker_state import State
 from veil.protocol import flatten
-from veil.security.registry import registry_from_json
-from veil.store import KIND_PUBLICATION, KIND_REGISTRY, KIND_SUBSCRIBE, KIND_TICK, Quarantined, StatefulBatch
+from veil.store import KIND_PUBLICATION, KIND_REGISTRY, KIND_SUBSCRIBE, KIND_TICK, LogEntry, Quarantined
 
-MATCH_SCHEMA = "offset LONG, sub_no LONG, copy BINARY"
-_OUT_SCHEMA = pa.schema([("offset", pa.int64()), ("sub_no", pa.int64()), ("copy", pa.binary())])
-MARK = -1  # the sub_no of a row that only carries how far the log was processed
-STATEFUL = -2  # the sub_no of a row whose copy is the task's top-k/w output (see `encode_stateful`)
-QUARANTINE = -3  # the sub_no of a row whose copy is an entry the task set aside (see `encode_quarantined`)
-LATEST_DUE = 2**62  # ms: later expiries are reported as this one (msgpack and SQLite hold int64)
 _FLUSH_ROWS = 65536
 RUN_LIMIT = 4096  # publications matched per index call
-
-_states: dict[tuple[str, int, int], tuple[_State, int]] = {}
-
-
-def encode_stateful(batch: StatefulBatch) -> bytes:
-    return msgspec.msgpack.encode(batch)
-
-
-def encode_quarantined(entry: Quarantined) -> bytes:
-    return msgspec.msgpack.encode(entry)
-
-
-def decode_quarantined(blob: bytes) -> Quarantined:
-    return Quarantined(*msgspec.msgpack.decode(blob))
-
-
-def decode_stateful(blob: bytes) -> StatefulBatch:
-    deliveries, initials, bands, held, due = msgspec.msgpack.decode(blob)
-    return StatefulBatch(
-        [tuple(d) for d in deliveries],
-        [tuple(i) for i in initials],
-        [tuple(b) for b in bands],
-        held,
-        due,  # type: ignore[misc]
-    )
-
-
-class _State:
-    """What a matcher partition holds: its subscriptions, their owners, the registry in force."""
-
-    def __init__(self, registry_body: bytes | None, with_authorization: bool) -> None:
-        self.index = SubscriptionIndex()
-        self.owners = np.full(1024, -1, np.int64)  # subscription number -> owner's user number
-        self.with_authorization = with_authorization
-        self.registry_body = registry_body
-        self.authorizer = Authorizer(registry_from_json(registry_body), with_authorization)
-        self.topk = TopKWSet()
-        self.topk_numbers: dict[str, int] = {}  # id -> number of the top-k/w subscriptions
-        self.is_topk = np.zeros(1024, bool)  # by subscription number
-        self.crops: dict[int, dict[int, bytes]] = {}  # number -> publication -> cropped copy a skyband holds
-        # set when applying a change failed half-way: the next batch rebuilds from the store instead
-        self.suspect = False
-
-    def add(self, sub_id: str, number: int, owner: str, body: bytes) -> None:
-        predicates, topk = decode_subscription(body)  # before anything changes: a bad body changes nothing
-        if number >= len(self.owners):
-            size = max(number + 1, 2 * len(self.owners))
-            self.owners = np.concatenate([self.owners, np.full(size - len(self.owners), -1, np.int64)])
-            self.is_topk = np.concatenate([self.is_topk, np.zeros(size - len(self.is_topk), bool)])
-        self.owners[number] = user_number(owner)
-        self.remove(sub_id)
-        self.index.add(sub_id, predicates, number)
-        if topk is not None:
-            self.topk.add(number, topk)
-            self.topk_numbers[sub_id] = number
-            self.is_topk[number] = True
-
-    def remove(self, sub_id: str) -> None:
-        self.index.remove(sub_id)
-        number = self.topk_numbers.pop(sub_id, None)
-        if number is not None:
-            self.topk.remove(number)
-            self.is_topk[number] = False
-            self.crops.pop(number, None)
-
-    def load_bands(self, store) -> None:  # type: ignore[no-untyped-def]
-        """Put back the skybands saved with the last recorded batch."""
-        for number, blob in store.topk_bands(list(self.topk_numbers.values())).items():
-            band, crops = msgspec.msgpack.decode(blob)
-            self.topk.restore(number, Skyband.restore(band))
-            if crops:
-                self.crops[number] = {int(pub): copy for pub, copy in crops.items()}
-        self.topk.touched.clear()
-
-    def stateful_output(
-        self, deliveries: list[tuple[int, int, bytes | None]], initials: list[tuple[int, int, bytes | None]]
-    ) -> StatefulBatch | None:
-        """The batch's stateful output; the touched skybands are saved with their cropped copies."""
-        if not deliveries and not initials and not self.topk_numbers and not self.topk.touched:
-            return None
-        bands: list[tuple[int, bytes | None]] = []
-        for number in sorted(self.topk.touched):
-            band = self.topk.bands.get(number)
-            if band is None:
-                bands.append((number, None))
-                continue
-            crops = self.crops.get(number, {})
-            held = {pub: crops[pub] for pub in band.seqs if pub in crops}
-            if len(held) < len(crops):
-                self.crops[number] = held
-            bands.append((number, msgspec.msgpack.encode([band.state(), held])))
-        self.topk.touched.clear()
-        due = self.topk.next_expiry()
-        due = None if due is None else min(math.ceil(due), LATEST_DUE)
-        return StatefulBatch(deliveries, initials, bands, self.topk.oldest_held(), due)
-
-    def set_registry(self, body: bytes | None) -> None:
-        if body != self.registry_body:  # compiling a large registry costs: only when it changed
-            self.authorizer = Authorizer(registry_from_json(body), self.with_authorization)
-            self.registry_body = body
 
 
 class MatchPartition:
@@ -164,22 +52,27 @@ class MatchPartition:
         self.entry_timeout = entry_timeout  # seconds one log entry may take before it is set aside
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        state: _State | None = None
-        key: tuple[str, int, int] | None = None
+        state: State | None = None
+        key: worker_state.Key | None = None
         end = clock = 0
         changed = replaying = False
         run = _Run()
         out = _Output()
         for batch in batches:
             columns = batch.to_pydict()
-            for part, offset, kind, sub_id, body, client, time, until in zip(
-                columns["part"], columns["offset"], columns["kind"], columns["sub_id"], columns["body"],
-                columns["client"], columns["time"], columns["until"], strict=True,
+            for part, offset, kind, sub_id, number, body, client, time, until in zip(
+                columns["part"], columns["offset"], columns["kind"], columns["sub_id"], columns["number"],
+                columns["body"], columns["client"], columns["time"], columns["until"], strict=True,
             ):  # fmt: skip
                 clock = max(clock, time or 0)
-                if kind == KIND_MARK:
+                if kind == MARK:
                     key = (self.url, self.partitions, -1 if self.by_publication else part)
-                    state, fresh = self._state_at(key, part, offset, out)
+                    state, fresh, failed = worker_state.checkout(
+                        key, offset, store_for(self.url), self._routed_here(part), self.with_authorization,
+                        self.entry_timeout,
+                    )  # fmt: skip
+                    for entry in failed:
+                        out.quarantine(entry)
                     changed, end = changed or fresh, until
                     # a batch the exit point already recorded, replayed: its skybands were saved past it
                     replaying = fresh and store_for(self.url).processed_offset() != offset
@@ -194,42 +87,43 @@ class MatchPartition:
                         out.expired(state, clock)  # type: ignore[arg-type]
                         continue
                     changed = True
-                    self._apply(state, out, offset, kind, sub_id, client or "", body, clock)  # type: ignore[arg-type]
+                    self._apply(state, out, LogEntry(offset, kind, sub_id, body, client or "", clock, number))
             if len(out) >= _FLUSH_ROWS:
                 yield from out.take()
         if state is not None and key is not None:
             run.match(state, out, self.entry_timeout)
             out.expired(state, clock)
             if replaying:  # what it computed is dropped: rebuild from the store next time
-                _states.pop(key, None)
+                worker_state.discard(key)
             else:
                 out.stateful_row(state)
                 if state.suspect:  # a change failed half-way: the next batch rebuilds from the store
-                    _states.pop(key, None)
+                    worker_state.discard(key)
                 else:
-                    _states[key] = (state, end)
+                    worker_state.checkin(key, state, end)
             if changed:
-                _settle()
+                worker_state.settle()
             out.mark(end)
         yield from out.take()
 
-    def _apply(
-        self, state: _State, out: _Output, offset: int, kind: int, sub_id: str | None, client: str, body: bytes,
-        clock: int,
-    ) -> None:  # fmt: skip
-        """A subscription or registry change; one that fails (or runs past the bound) is set aside and
-        leaves the subscription out (the registry as it was)."""
-        store = store_for(self.url)
+    def _routed_here(self, part: int) -> Callable[[str], bool]:
+        """Whether a subscription id is held by partition `part`."""
+        return lambda sub_id: self.by_publication or partition_of(sub_id, self.partitions) == part
+
+    def _apply(self, state: State, out: _Output, entry: LogEntry) -> None:
+        """A subscription or registry change (`entry.time`: the clock of the log at it); one that fails
+        (or runs past the bound) is set aside and leaves the subscription out (the registry as it was)."""
+        kind, sub_id, body = entry.kind, entry.sub_id, entry.body
 
         def change() -> None:
             if kind == KIND_REGISTRY:
                 state.set_registry(body)
             elif kind == KIND_SUBSCRIBE:
                 FAULTS.check(body)
-                number = store.subscription_number(sub_id)  # type: ignore[arg-type]
-                state.add(sub_id, number, client, body)  # type: ignore[arg-type]
+                number: int = entry.number  # type: ignore[assignment]
+                state.add(sub_id, number, entry.client, body)  # type: ignore[arg-type]
                 if not state.is_topk[number]:
-                    out.initial(state, number, body, store.valid_at(offset, clock))
+                    out.initial(state, number, body, store_for(self.url).valid_at(entry.offset, entry.time))  # type: ignore[arg-type]
             else:
                 state.remove(sub_id)  # type: ignore[arg-type]
 
@@ -238,43 +132,7 @@ class MatchPartition:
             state.suspect = True
             if kind == KIND_SUBSCRIBE:
                 state.remove(sub_id)  # type: ignore[arg-type]
-            out.quarantine(Quarantined(offset, kind, sub_id, client, error))
-
-    def _state_at(self, key: tuple[str, int, int], part: int, start: int, out: _Output) -> tuple[_State, bool]:
-        """The partition's state as of `start`, and whether it had to be built or caught up."""
-        cached = _states.pop(key, None)
-        if cached is not None and cached[1] == start:
-            return cached[0], False
-        store = store_for(self.url)
-
-        def mine(sub_id: str) -> bool:
-            return self.by_publication or partition_of(sub_id, self.partitions) == part
-
-        if cached is not None and cached[1] < start:
-            state = cached[0]
-            dropped, added = store.subscription_changes(cached[1], start)
-            for sub_id in dropped:
-                state.remove(sub_id)
-            state.set_registry(store.registry_at(start))
-        else:
-            state = _State(store.registry_at(start), self.with_authorization)
-            added = store.subscriptions_at(start)
-        for sub_id, number, owner, body in added:
-            if mine(sub_id):
-                _, error = attempt(self.entry_timeout, lambda: state.add(sub_id, number, owner, body))  # noqa: B023
-                if error is not None:
-                    state.remove(sub_id)
-                    out.quarantine(Quarantined(0, KIND_SUBSCRIBE, sub_id, owner, error))
-        state.load_bands(store)
-        return state, True
-
-
-def _settle() -> None:
-    """PySpark's worker daemon runs a full `gc.collect()` after every task, and over an index of many
-    thousands of Python objects that collection was most of a worker's CPU. Collect once when the
-    index changed and move what survives (the index) out of the collector's sight."""
-    gc.collect()
-    gc.freeze()
+            out.quarantine(Quarantined(entry.offset, kind, sub_id, entry.client, error))
 
 
 class _Run:
@@ -298,7 +156,7 @@ class _Run:
         self.publishers.append(publisher)
         self.times.append(time)
 
-    def _matched(self, state: _State, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+    def _matched(self, state: State, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
         """Match and authorize publications [lo, hi): (publication positions, subscription numbers, which
         pairs are kept, cropped copies by pair position). Nothing outside the return value changes
         but the parsed documents, so a failed attempt can be retried on a part of the range."""
@@ -315,7 +173,7 @@ class _Run:
         )
         return pubs + lo, sub_nos, keep, copies
 
-    def match(self, state: _State, out: _Output, seconds: float = 0) -> None:
+    def match(self, state: State, out: _Output, seconds: float = 0) -> None:
         if not self.offsets:
             return
         pieces, failed = isolate(0, len(self.offsets), seconds, lambda lo, hi: self._matched(state, lo, hi))
@@ -346,7 +204,7 @@ class _Run:
         self.offsets, self.documents, self.bodies, self.publishers, self.times = [], [], [], [], []
 
     def _rank(
-        self, state: _State, out: _Output, pubs: np.ndarray, sub_nos: np.ndarray, pairs: np.ndarray,
+        self, state: State, out: _Output, pubs: np.ndarray, sub_nos: np.ndarray, pairs: np.ndarray,
         crops: dict[int, bytes], seconds: float,
     ) -> None:  # fmt: skip
         """Authorized matches of top-k/w subscriptions through their skybands, each subscription's
@@ -409,7 +267,7 @@ class _Output:
         self.logged: list[tuple[int, int, bytes | None]] = []  # (number, publication, cropped copy)
         self.initials: list[tuple[int, int, bytes | None]] = []  # (number, publication, cropped copy)
 
-    def initial(self, state: _State, number: int, body: bytes, valid: list[tuple[int, bytes, str]]) -> None:
+    def initial(self, state: State, number: int, body: bytes, valid: list[tuple[int, bytes, str]]) -> None:
         """A new subscription's initial matches: the still-valid publications it matches and may see.
         They are older than the subscription and than all its other matches, so they queue as
         plain matches ahead of those."""
@@ -430,38 +288,20 @@ class _Output:
         for pair in np.flatnonzero(keep).tolist():
             self.initials.append((number, valid[int(positions[pair])][0], crops.get(pair)))
 
-    def expired(self, state: _State, now: int) -> None:
+    def expired(self, state: State, now: int) -> None:
         """What the expiries up to `now` promote into the top k of their subscriptions."""
         for number, delivery in state.topk.advance(now):
             self.logged.append((number, delivery.seq, state.crops.get(number, {}).get(delivery.seq)))
 
-    def stateful_row(self, state: _State) -> None:
+    def stateful_row(self, state: State) -> None:
         batch = state.stateful_output(self.logged, self.initials)
         if batch is not None:
-            self._copies.append(
-                pa.RecordBatch.from_arrays(
-                    [
-                        pa.array([0], pa.int64()),
-                        pa.array([STATEFUL], pa.int64()),
-                        pa.array([encode_stateful(batch)], pa.binary()),
-                    ],
-                    schema=_OUT_SCHEMA,
-                )
-            )
+            self._copies.append(marker(STATEFUL, 0, encode_stateful(batch)))
         self.logged = []
 
     def quarantine(self, entry: Quarantined) -> None:
         """An entry set aside: it leaves in a row of its own, for the exit point to record."""
-        self._copies.append(
-            pa.RecordBatch.from_arrays(
-                [
-                    pa.array([entry.offset], pa.int64()),
-                    pa.array([QUARANTINE], pa.int64()),
-                    pa.array([encode_quarantined(entry)], pa.binary()),
-                ],
-                schema=_OUT_SCHEMA,
-            )
-        )
+        self._copies.append(marker(QUARANTINE, entry.offset, encode_quarantined(entry)))
 
     def __len__(self) -> int:
         return sum(len(chunk) for chunk in self.sub_nos)
@@ -473,7 +313,7 @@ class _Output:
     def copies(self, offsets: np.ndarray, sub_nos: np.ndarray, bodies: list[bytes]) -> None:
         """Matches that deliver a cropped copy: they travel with it."""
         self._copies.append(
-            pa.RecordBatch.from_arrays([offsets, sub_nos, pa.array(bodies, pa.binary())], schema=_OUT_SCHEMA)
+            pa.RecordBatch.from_arrays([offsets, sub_nos, pa.array(bodies, pa.binary())], schema=MATCH_ARROW)
         )
 
     def take(self) -> list[pa.RecordBatch]:
@@ -482,7 +322,7 @@ class _Output:
 
         sub_nos = joined(self.sub_nos)
         plain = pa.RecordBatch.from_arrays(
-            [joined(self.offsets), sub_nos, pa.nulls(len(sub_nos), pa.binary())], schema=_OUT_SCHEMA
+            [joined(self.offsets), sub_nos, pa.nulls(len(sub_nos), pa.binary())], schema=MATCH_ARROW
         )
         batches, self._copies = [plain, *self._copies], []
         self.offsets, self.sub_nos = [], []

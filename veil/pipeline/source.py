@@ -3,8 +3,8 @@
 Offsets are log positions, so Spark's checkpoint records exactly which entries a micro-batch
 covered and a restarted query replays from there. `partitions(start, end)` is the partition stage:
 each matcher partition gets every publication and registry change of the range and only the
-subscription changes routed to it, preceded by a mark row carrying the range, which lets the matcher
-check that its in-memory state is at `start` before applying the batch.
+subscription changes routed to it, preceded by a mark row carrying the range (see `rows`), which
+lets the matcher check that its in-memory state is at `start` before applying the batch.
 """
 
 from __future__ import annotations
@@ -16,23 +16,9 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
 from veil.pipeline.partition import partition_of
-from veil.pipeline.stores import store_for
+from veil.pipeline.rows import LOG_ARROW, LOG_SCHEMA, MARK
+from veil.pipeline.store_handle import store_for
 from veil.store import KIND_CANCEL, KIND_COPY, KIND_PUBLICATION, KIND_REGISTRY, KIND_TICK
-
-KIND_MARK = -1
-LOG_SCHEMA = "part INT, offset LONG, kind INT, sub_id STRING, body BINARY, client STRING, time LONG, until LONG"
-_ARROW_SCHEMA = pa.schema(
-    [
-        ("part", pa.int32()),
-        ("offset", pa.int64()),
-        ("kind", pa.int32()),
-        ("sub_id", pa.string()),
-        ("body", pa.binary()),
-        ("client", pa.string()),
-        ("time", pa.int64()),
-        ("until", pa.int64()),
-    ]
-)
 
 
 class LogRange(InputPartition):
@@ -85,9 +71,9 @@ class EventLogReader(DataSourceStreamReader):
         store = store_for(self.url)
         head = store.head_offset()
         rows = limit.max_rows if isinstance(limit, ReadMaxRows) else head - start["offset"]
-        seen = store.status("matches_per_entry")
-        if seen is not None and seen[0] > 0:
-            rows = min(rows, max(1, self.max_matches // seen[0]))
+        seen = store.matches_per_entry()
+        if seen > 0:
+            rows = min(rows, max(1, self.max_matches // seen))
         return {"offset": max(min(head, start["offset"] + rows), start["offset"])}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
@@ -104,7 +90,8 @@ class EventLogReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, LogRange)
         part, n = partition.part, partition.partitions
-        offsets, kinds, sub_ids, bodies, clients, times = [partition.start], [KIND_MARK], [None], [None], [None], [None]
+        offsets, kinds, sub_ids, numbers = [partition.start], [MARK], [None], [None]
+        bodies, clients, times = [None], [None], [None]
         # the pipeline's own output (copies) and withdrawals are not its input
         for entry in store_for(self.url).log_range(partition.start, partition.end, (KIND_COPY, KIND_CANCEL)):
             if entry.kind == KIND_PUBLICATION:
@@ -117,6 +104,7 @@ class EventLogReader(DataSourceStreamReader):
                 offsets.append(entry.offset)
                 kinds.append(entry.kind)
                 sub_ids.append(entry.sub_id)
+                numbers.append(entry.number)
                 bodies.append(entry.body)
                 clients.append(entry.client)
                 times.append(entry.time)
@@ -124,8 +112,8 @@ class EventLogReader(DataSourceStreamReader):
         until[0] = partition.end
         yield pa.RecordBatch.from_arrays(
             [pa.array([part] * len(offsets), pa.int32()), pa.array(offsets, pa.int64()),
-             pa.array(kinds, pa.int32()), pa.array(sub_ids, pa.string()),
+             pa.array(kinds, pa.int32()), pa.array(sub_ids, pa.string()), pa.array(numbers, pa.int64()),
              pa.array(bodies, pa.binary()), pa.array(clients, pa.string()), pa.array(times, pa.int64()),
              pa.array(until, pa.int64())],
-            schema=_ARROW_SCHEMA,
+            schema=LOG_ARROW,
         )  # fmt: skip

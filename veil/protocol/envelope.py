@@ -7,51 +7,53 @@ where the publication came from (`publisher`, `keyId`, `signature`) or what was 
 (`cropped`). The publication comes last and byte for byte as published, so that a subscriber can
 verify the publisher's signature over exactly those bytes.
 
-Envelope fields are kept beside each publication as JSON members without braces (`"publisher":
-"fleet","keyId":"k1","signature":"..."`), so that wrapping a delivery is a byte join.
+The store keeps these facts as columns (`Origin`); `fields` writes them out once per publication.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+from typing import NamedTuple
+
 import orjson
 
-SIGNATURE_FIELDS = ("keyId", "signature")
 _COPY = b'"id"'  # envelope fields that start with an id belong to a copy: its id is the original's
 _PUBLICATION = b'"publication":'
 
 
-def origin_fields(publisher: str, key_id: str | None = None, signature: str | None = None) -> bytes:
-    """The envelope fields of a publication as published: who published it, and its signature."""
-    fields: dict[str, str] = {}
-    if publisher:
-        fields["publisher"] = publisher
-    if signature is not None:
-        fields.update(keyId=key_id or "", signature=signature)
-    return orjson.dumps(fields)[1:-1] if fields else b""
+class Origin(NamedTuple):
+    """Where a delivered publication came from and what was done to it, as the store keeps it."""
+
+    publisher: str = ""
+    key_id: str | None = None
+    signature: str | None = None
+    copy_of: int | None = None  # a copy queued under an offset of its own (top-k/w): the original
+    cropped: bool = False  # fields were removed for the subscriber
 
 
-def copy_fields(original: int, meta: bytes) -> bytes:
-    """The envelope fields of a copy of publication `original` queued under an offset of its own."""
-    return b'"id":"%d"%s%s' % (original, b"," if meta else b"", meta)
+@lru_cache(maxsize=4096)
+def fields(origin: Origin) -> bytes:
+    """The envelope fields of a delivery, as JSON members without braces, so that wrapping a delivery
+    is a byte join. A cropped copy carries no signature, which covers bytes the subscriber does not
+    get. Made once per publication, not per delivery (and cached: most publications share theirs)."""
+    members: dict[str, object] = {}
+    if origin.copy_of is not None:
+        members["id"] = str(origin.copy_of)
+    if origin.publisher:
+        members["publisher"] = origin.publisher
+    if origin.signature is not None and not origin.cropped:
+        members.update(keyId=origin.key_id or "", signature=origin.signature)
+    if origin.cropped:
+        members["cropped"] = True
+    return orjson.dumps(members)[1:-1] if members else b""
 
 
-def cropped_fields(meta: bytes) -> bytes:
-    """The envelope fields of a cropped copy: everything the original's say (its publisher, the id of
-    the original), without the signature, which covers bytes the subscriber does not get, and with
-    `"cropped": true`."""
-    fields = orjson.loads(b"{%s}" % meta) if meta else {}
-    for name in SIGNATURE_FIELDS:
-        fields.pop(name, None)
-    fields["cropped"] = True
-    return orjson.dumps(fields)[1:-1]
-
-
-def wrap(seq: int, body: bytes, meta: bytes) -> bytes:
-    """One enveloped delivery line (without the newline)."""
-    if meta.startswith(_COPY):
-        return b'{"seq":%d,%s,"publication":%s}' % (seq, meta, body)
-    if meta:
-        return b'{"seq":%d,"id":"%d",%s,"publication":%s}' % (seq, seq, meta, body)
+def wrap(seq: int, body: bytes, members: bytes) -> bytes:
+    """One enveloped delivery line (without the newline); `members` as `fields` wrote them."""
+    if members.startswith(_COPY):
+        return b'{"seq":%d,%s,"publication":%s}' % (seq, members, body)
+    if members:
+        return b'{"seq":%d,"id":"%d",%s,"publication":%s}' % (seq, seq, members, body)
     return b'{"seq":%d,"id":"%d","publication":%s}' % (seq, seq, body)
 
 

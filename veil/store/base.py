@@ -1,6 +1,8 @@
-"""The store interface shared by the gateway (appends, queues, cursors) and the pipeline (log reads,
-subscription snapshots, delivery writes). It imports no implementation: `veil.store.open_store`
-chooses one by URL.
+"""The store's contract, in the two parts its two clients use: `GatewayStore` (appends, queues,
+cursors, the pipeline's health as the gateway sees it) and `PipelineStore` (log reads, subscription
+snapshots, delivery writes); both read the log's shared facts (`LogReader`). It imports no
+implementation: `veil.store.open_store` chooses one by URL, and `veil.store.queues` holds what every
+implementation decides alike.
 
 Offsets are positions in one ordered log holding publications and subscription changes alike, so a
 publication is matched against exactly the subscriptions whose changes precede it.
@@ -14,6 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from veil.protocol.envelope import Origin
+
 KIND_PUBLICATION = 0
 KIND_SUBSCRIBE = 1
 KIND_UNSUBSCRIBE = 2
@@ -24,12 +28,13 @@ KIND_CANCEL = 6  # a publisher withdrew a valid publication: later subscriptions
 
 
 class Publication(NamedTuple):
-    """What the gateway logs per publication: the bytes delivered, who published them, and the
-    envelope fields that travel with them (publisher, key id, signature) as a JSON fragment."""
+    """What the gateway logs per publication: the bytes delivered, who published them and their
+    signature, kept as columns (the envelope is written from them at delivery)."""
 
     body: bytes
     publisher: str = ""
-    meta: bytes = b""
+    key_id: str | None = None
+    signature: str | None = None
     valid_for: int | None = None  # milliseconds it stays valid: kept, and matched by new subscriptions
 
 
@@ -40,11 +45,12 @@ class LogEntry(NamedTuple):
     body: bytes | None
     client: str | None = None  # the publisher of a publication, the owner of a subscription
     time: int = 0  # milliseconds since the epoch when it was logged
+    number: int | None = None  # a subscription's compact number (the one its queue and matches use)
 
 
-Delivery = tuple[int, bytes, bytes]
-"""(publication offset, bytes delivered, envelope fields): plain tuples, since one is made per
-delivery. The bytes are the subscriber's cropped copy where cropping applied."""
+Delivery = tuple[int, bytes, Origin]
+"""(publication offset, bytes delivered, where they came from): plain tuples, since one is made per
+delivery. The bytes are the subscriber's cropped copy where cropping applied (and the origin says so)."""
 
 
 class FeedEntry(NamedTuple):
@@ -93,6 +99,17 @@ class QuarantineRecord(NamedTuple):
     time: float
 
 
+class PipelineStatus(NamedTuple):
+    """What the pipeline last said of itself: the process id it registered (0: none runs, or one is
+    expected to start) and when, and the start of the micro-batch it was in at its last heartbeat
+    (0: between batches; milliseconds) and when (unix seconds)."""
+
+    pid: int
+    registered: float
+    batch_since: int
+    heartbeat: float | None
+
+
 class StoreUnavailable(Exception):
     """The store cannot take writes now (disk full, I/O error, lock timeout): retry later."""
 
@@ -114,32 +131,60 @@ class UnknownPublication(LookupError):
 
 
 class NotOwner(PermissionError):
-    pass
+    """The id belongs to another client; `what` it names: "subscription", "announcement" or "publication"."""
+
+    def __init__(self, what: str, key: object) -> None:
+        super().__init__(f"{what} {key}")
+        self.what = what
 
 
-class EventStore(ABC):
-    # --- gateway side -------------------------------------------------------------------------
+class LogReader(ABC):
+    """What both clients read: the log's extent and the subscriptions and registry in force."""
+
     @abstractmethod
-    def append_publications(self, publications: list[Publication]) -> list[int]:
-        """Durably append publications (one commit for all); returns their offsets."""
+    def head_offset(self) -> int: ...
 
     @abstractmethod
-    def put_registry(self, body: bytes) -> int:
-        """Log a new registry version (a JSON document) and make it the current one."""
+    def processed_offset(self) -> int:
+        """The log offset up to which the pipeline has recorded its deliveries."""
 
     @abstractmethod
     def registry_at(self, offset: int | None = None) -> bytes | None:
         """The registry version in force just after `offset` (the newest one with offset=None)."""
 
     @abstractmethod
+    def subscriptions_at(self, offset: int) -> list[tuple[str, int, str, bytes]]:
+        """The subscriptions in force just after `offset`, as (id, number, owner, body): what a
+        matcher must hold there (the quarantined ones left out)."""
+
+    @abstractmethod
+    def subscription_changes(self, after: int, upto: int) -> tuple[list[str], list[tuple[str, int, str, bytes]]]:
+        """What changed between two offsets: ids to drop, then (id, number, owner, body) to add."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class GatewayStore(LogReader):
+    """The gateway's part: it appends to the log, serves the queues and keeps the cursors."""
+
+    @abstractmethod
+    def append_publications(self, publications: list[Publication]) -> list[int]:
+        """Durably append publications (one commit for all); returns their offsets."""
+
+    @abstractmethod
+    def put_registry(self, body: bytes, file_digest: int | None = None) -> int:
+        """Log a new registry version (a JSON document) and make it the current one; `file_digest`
+        records, in the same transaction, that it came from the registry file with that digest."""
+
+    @abstractmethod
+    def registry_file_digest(self) -> int | None:
+        """The digest of the registry file last applied, if one was."""
+
+    @abstractmethod
     def cancel_publication(self, pub: int, publisher: str) -> int:
         """Withdraw a still-valid publication of this publisher (UnknownPublication, NotOwner); later
         subscriptions no longer receive it as an initial match."""
-
-    @abstractmethod
-    def valid_at(self, offset: int, time: int) -> list[tuple[int, bytes, str]]:
-        """The publications logged before `offset`, valid at `time` (ms) and not withdrawn before
-        `offset`, as (offset, body, publisher): a subscription logged there receives the ones it matches."""
 
     @abstractmethod
     def put_announcement(self, ann_id: str, owner: str, body: bytes) -> None:
@@ -158,6 +203,10 @@ class EventStore(ABC):
         """Log the current time, so that the pipeline applies the top-k/w expiries due by then."""
 
     @abstractmethod
+    def topk_due(self) -> int | None:
+        """When (ms) the next top-k/w expiry is due, as of the processed offset; None if none is."""
+
+    @abstractmethod
     def put_subscription(self, sub_id: str, owner: str, body: bytes) -> int:
         """Register or replace a subscription; NotOwner if the id belongs to someone else."""
 
@@ -173,12 +222,19 @@ class EventStore(ABC):
         """The compact number a subscription id goes by in queues and feeds."""
 
     @abstractmethod
+    def subscription_refusal(self, sub_id: str) -> str | None:
+        """Why the live version of a subscription was quarantined, if it was."""
+
+    @abstractmethod
     def feed_since(self, seq: int, limit: int) -> list[FeedEntry]:
         """The matches of the micro-batches queued after `seq`, in the order the pipeline wrote them."""
 
     @abstractmethod
-    def bodies(self, pubs: np.ndarray) -> dict[int, tuple[bytes, bytes]]:
-        """The published bytes and envelope fields of these publications."""
+    def last_feed_seq(self) -> int: ...
+
+    @abstractmethod
+    def bodies(self, pubs: np.ndarray) -> dict[int, tuple[bytes, Origin]]:
+        """The published bytes of these publications and where they came from."""
 
     @abstractmethod
     def copies(self, sub_nos: np.ndarray, pubs: np.ndarray) -> dict[tuple[int, int], bytes]:
@@ -196,47 +252,13 @@ class EventStore(ABC):
     def save_cursors(self, cursors: dict[str, int]) -> None: ...
 
     @abstractmethod
-    def head_offset(self) -> int: ...
-
-    @abstractmethod
-    def last_feed_seq(self) -> int: ...
-
-    # --- pipeline side ------------------------------------------------------------------------
-    @abstractmethod
-    def log_range(self, start: int, end: int, without: tuple[int, ...] = ()) -> list[LogEntry]:
-        """Entries with start < offset <= end, in offset order, leaving out the kinds `without`
-        (where the pipeline's own copies are most of the log, not reading them is most of the work)."""
-
-    @abstractmethod
-    def subscriptions_at(self, offset: int) -> list[tuple[str, int, str, bytes]]:
-        """The subscriptions in force just after `offset`, as (id, number, owner, body): what a
-        matcher must hold there."""
-
-    @abstractmethod
-    def subscription_changes(self, after: int, upto: int) -> tuple[list[str], list[tuple[str, int, str, bytes]]]:
-        """What changed between two offsets: ids to drop, then (id, number, owner, body) to add."""
-
-    @abstractmethod
-    def record_deliveries(
-        self,
-        batch_id: int,
-        sub_nos: np.ndarray,
-        pubs: np.ndarray,
-        processed: int,
-        copies: Sequence[tuple[int, int, bytes]] = (),
-        stateful: StatefulBatch | None = None,
-        quarantined: Sequence[Quarantined] = (),
-    ) -> None:
-        """Queue the (subscription number, publication) matches of a micro-batch as one feed entry,
-        with the cropped copies some of them deliver, and record the processed offset, in one
-        transaction; matches of publications at or below the offset already recorded are dropped,
-        so a replayed batch delivers nothing twice. A batch with matches also records its matches
-        per log entry (status `matches_per_entry`), by which the source sizes the next batches.
-        Top-k/w deliveries are logged as copies (KIND_COPY) of their publications, so that each
-        subscription's queue stays in the order they were decided; initial matches queue as plain
-        matches (they precede the subscription's others); the skybands' new states are kept with
-        them: all of it only when the batch is new, since a replay recomputes them. Entries the
-        batch could not process are set aside in the quarantine."""
+    def compact(self, limit: int, fanned_out: int, spill_before: float) -> int:
+        """One bounded step of housekeeping (the policy is `veil.store.queues`'s). Feed entries that
+        the hub has fanned out (seq <= `fanned_out`) and that were created before `spill_before` get
+        their unconsumed matches spilled into per-subscription queues, then go; up to `limit` queued
+        deliveries that their subscriptions consumed go, and so do publications that neither the
+        pipeline nor any queue still needs. Returns the rows handled; below `limit` means nothing is
+        left for now."""
 
     @abstractmethod
     def quarantine(self, after: int = 0, limit: int = 1000) -> list[QuarantineRecord]:
@@ -253,31 +275,65 @@ class EventStore(ABC):
         """Drop a quarantined entry from the quarantine (the operator looked at it); False if none was."""
 
     @abstractmethod
-    def subscription_refusal(self, sub_id: str) -> str | None:
-        """Why the live version of a subscription was quarantined, if it was."""
+    def expect_pipeline(self) -> None:
+        """Forget the registered pipeline: until a new one registers, none counts as running."""
+
+    @abstractmethod
+    def pipeline_status(self) -> PipelineStatus | None:
+        """What the pipeline last registered and beat; None if no pipeline ever registered."""
+
+
+class PipelineStore(LogReader):
+    """The pipeline's part: it reads the log by offset and records what each micro-batch decided."""
+
+    @abstractmethod
+    def log_range(self, start: int, end: int, without: tuple[int, ...] = ()) -> list[LogEntry]:
+        """Entries with start < offset <= end, in offset order, leaving out the kinds `without`
+        (where the pipeline's own copies are most of the log, not reading them is most of the work)."""
+
+    @abstractmethod
+    def valid_at(self, offset: int, time: int) -> list[tuple[int, bytes, str]]:
+        """The publications logged before `offset`, valid at `time` (ms) and not withdrawn before
+        `offset`, as (offset, body, publisher): a subscription logged there receives the ones it matches."""
+
+    @abstractmethod
+    def record_deliveries(
+        self,
+        batch_id: int,
+        sub_nos: np.ndarray,
+        pubs: np.ndarray,
+        processed: int,
+        copies: Sequence[tuple[int, int, bytes]] = (),
+        stateful: StatefulBatch | None = None,
+        quarantined: Sequence[Quarantined] = (),
+    ) -> None:
+        """Queue the (subscription number, publication) matches of a micro-batch as one feed entry,
+        with the cropped copies some of them deliver, and record the processed offset, in one
+        transaction; matches of publications at or below the offset already recorded are dropped,
+        so a replayed batch delivers nothing twice. A batch with matches also records its matches
+        per log entry (`matches_per_entry`), by which the source sizes the next batches.
+        Top-k/w deliveries are logged as copies (KIND_COPY) of their publications, so that each
+        subscription's queue stays in the order they were decided; initial matches queue as plain
+        matches (they precede the subscription's others); the skybands' new states are kept with
+        them: all of it only when the batch is new, since a replay recomputes them. Entries the
+        batch could not process are set aside in the quarantine."""
+
+    @abstractmethod
+    def matches_per_entry(self) -> int:
+        """Matches per log entry in the last batch that had any (0 before the first)."""
 
     @abstractmethod
     def topk_bands(self, numbers: Sequence[int]) -> dict[int, bytes]:
         """The saved skyband states of these top-k/w subscriptions, as of the processed offset."""
 
     @abstractmethod
-    def processed_offset(self) -> int: ...
+    def register_pipeline(self, pid: int) -> None:
+        """A pipeline process (`pid`) is running the query; 0 when it stops."""
 
     @abstractmethod
-    def set_status(self, name: str, value: int) -> None: ...
+    def heartbeat(self, batch_since: int) -> None:
+        """The pipeline is alive, in a micro-batch since `batch_since` (ms), or between them (0)."""
 
-    @abstractmethod
-    def status(self, name: str) -> tuple[int, float] | None:
-        """(value, unix time of the update) of a named status entry."""
 
-    @abstractmethod
-    def compact(self, limit: int, fanned_out: int, spill_before: float) -> int:
-        """One bounded step of housekeeping. Feed entries that the hub has fanned out (seq <=
-        `fanned_out`) and that were created before `spill_before` get their unconsumed matches
-        spilled into per-subscription queues, then go; up to `limit` queued deliveries that their
-        subscriptions consumed go, and so do publications that neither the pipeline nor any queue
-        still needs. Returns the rows handled; below `limit` means nothing is left for now."""
-
-    @abstractmethod
-    def close(self) -> None: ...
-
+class EventStore(GatewayStore, PipelineStore):
+    """One implementation serves both parts; each client is typed by the part it uses."""

@@ -3,13 +3,9 @@ before the gateway acknowledges it. Each thread gets its own connection (SQLite 
 shareable across threads); the gateway funnels its writes through a single thread so that one
 commit covers many concurrent publishes.
 
-Matches are queued in two tiers. The pipeline writes each micro-batch's matches as one packed feed
-row (16 bytes a match, one insert a batch); a feed row is the durable queue for every match in it.
-Once a row is a few seconds old, compaction spills the matches its subscriptions have not yet
-consumed into the `deliveries` table (one row each, indexed by subscription) and the row can go. A
-subscriber that keeps up therefore costs no per-match row at all; one that lags or is away gets a
-per-subscription queue. Publications are monotonic across feed rows (a replayed batch is not
-written twice), so a backlog is the spilled rows followed by the unspilled feed.
+What is queued where, and when it goes, is `veil.store.queues`'s policy: here is its SQL. The feed
+table holds the packed feed rows, `deliveries` the spilled per-subscription rows; the `status` table
+keeps the positions and figures the named methods read and write (it is no part of the interface).
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import orjson
 
-from veil.protocol.envelope import copy_fields, cropped_fields
+from veil.protocol.envelope import Origin
 from veil.store.base import (
     KIND_CANCEL,
     KIND_COPY,
@@ -39,6 +35,7 @@ from veil.store.base import (
     FeedEntry,
     LogEntry,
     NotOwner,
+    PipelineStatus,
     Publication,
     Quarantined,
     QuarantineRecord,
@@ -49,8 +46,8 @@ from veil.store.base import (
     UnknownPublication,
     UnknownSubscription,
 )
+from veil.store.queues import NEVER, consumed_floor, horizon, matches_of, pack, spill_end, unconsumed, unpack
 
-NEVER = np.iinfo(np.int64).max
 SPILLED = "(SELECT COALESCE(MAX(value), 0) FROM status WHERE name = 'spilled')"  # last feed seq spilled
 # the highest feed seq ever given (AUTOINCREMENT never reuses one), even once compaction emptied the feed
 LAST_FEED_SEQ = "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'feed'), 0)"
@@ -67,10 +64,22 @@ NOT_QUARANTINED = "NOT EXISTS (SELECT 1 FROM quarantine q WHERE q.offset = s.cre
 QUARANTINE_PREVIEW = 4096  # bytes of a quarantined entry kept for the operator to look at
 ADDED_COLUMNS = (  # (table, column, declaration) added since the first release
     ("log", "client", "TEXT"),
-    ("log", "meta", "BLOB"),
     ("feed", "cropped", "INTEGER NOT NULL DEFAULT 0"),
     ("log", "time", "INTEGER"),
+    ("log", "key_id", "TEXT"),
+    ("log", "signature", "TEXT"),
+    ("log", "copy_of", "INTEGER"),
+    ("log", "cropped", "INTEGER NOT NULL DEFAULT 0"),
+    ("log", "number", "INTEGER"),
 )
+# Stores written before the envelope's facts were columns kept them as a JSON fragment (`meta`).
+FROM_META = """
+UPDATE log SET key_id = json_extract(m, '$.keyId'), signature = json_extract(m, '$.signature'),
+    copy_of = CAST(json_extract(m, '$.id') AS INTEGER), cropped = COALESCE(json_extract(m, '$.cropped'), 0)
+FROM (SELECT offset AS o, '{' || CAST(meta AS TEXT) || '}' AS m FROM log WHERE length(meta) > 0) WHERE offset = o
+"""
+NUMBERED = "UPDATE log SET number = (SELECT no FROM subscription_numbers n WHERE n.sub_id = log.sub_id) WHERE kind = ?"
+ORIGIN = "COALESCE(client, ''), key_id, signature, copy_of, cropped"  # the columns of an Origin
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS log (
@@ -79,8 +88,12 @@ CREATE TABLE IF NOT EXISTS log (
     sub_id TEXT,
     body BLOB,
     client TEXT,  -- who logged it: the publisher of a publication, the owner of a subscription
-    meta BLOB,
-    time INTEGER  -- milliseconds since the epoch
+    time INTEGER,  -- milliseconds since the epoch
+    key_id TEXT,  -- the publisher's signing key and signature over the body
+    signature TEXT,
+    copy_of INTEGER,  -- a copy's original publication
+    cropped INTEGER NOT NULL DEFAULT 0,  -- a copy whose body was cropped for its subscriber
+    number INTEGER  -- a subscription's number
 );
 CREATE TABLE IF NOT EXISTS subscriptions (
     sub_id TEXT NOT NULL,
@@ -181,9 +194,7 @@ class SqliteStore(EventStore):
         self._consumed_clean = -1  # `_changes` when compaction last found no consumed rows left
         db = self._db()
         db.executescript(SCHEMA)
-        for table, column, declaration in ADDED_COLUMNS:  # stores written before the column existed
-            if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
-                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        _migrate(db)
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -205,8 +216,9 @@ class SqliteStore(EventStore):
         now = _now_ms()
         with self._tx() as db:
             db.executemany(
-                f"INSERT INTO log(kind, body, client, meta, time) VALUES ({KIND_PUBLICATION}, ?, ?, ?, {now})",
-                [(p.body, p.publisher, p.meta) for p in publications],
+                "INSERT INTO log(kind, body, client, key_id, signature, time) "
+                f"VALUES ({KIND_PUBLICATION}, ?, ?, ?, ?, {now})",
+                [(p.body, p.publisher, p.key_id, p.signature) for p in publications],
             )
             last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
             # One writer holds the lock for the whole transaction, so the rows got consecutive offsets.
@@ -221,7 +233,7 @@ class SqliteStore(EventStore):
         with self._tx() as db:
             row = db.execute("SELECT owner FROM announcements WHERE ann_id = ?", (ann_id,)).fetchone()
             if row is not None and row[0] != owner:
-                raise NotOwner(ann_id)
+                raise NotOwner("announcement", ann_id)
             db.execute(
                 "INSERT OR REPLACE INTO announcements(ann_id, owner, body) VALUES (?, ?, ?)", (ann_id, owner, body)
             )
@@ -232,7 +244,7 @@ class SqliteStore(EventStore):
             if row is None:
                 raise UnknownAnnouncement(ann_id)
             if row[0] != owner:
-                raise NotOwner(ann_id)
+                raise NotOwner("announcement", ann_id)
             db.execute("DELETE FROM announcements WHERE ann_id = ?", (ann_id,))
 
     def announcement(self, ann_id: str) -> tuple[str, bytes] | None:
@@ -248,7 +260,7 @@ class SqliteStore(EventStore):
             if row is None:
                 raise UnknownPublication(pub)
             if row[0] != publisher:
-                raise NotOwner(str(pub))
+                raise NotOwner("publication", pub)
             offset = db.execute("INSERT INTO log(kind, time) VALUES (?, ?)", (KIND_CANCEL, _now_ms())).lastrowid
             db.execute("UPDATE validity SET cancelled = ? WHERE pub = ?", (offset, pub))
         return offset  # type: ignore[return-value]
@@ -264,13 +276,18 @@ class SqliteStore(EventStore):
             .fetchall()
         )
 
-    def put_registry(self, body: bytes) -> int:
+    def put_registry(self, body: bytes, file_digest: int | None = None) -> int:
         with self._tx() as db:
             offset = db.execute(
                 "INSERT INTO log(kind, body, time) VALUES (?, ?, ?)", (KIND_REGISTRY, body, _now_ms())
             ).lastrowid
             db.execute("INSERT INTO registry(offset, body) VALUES (?, ?)", (offset, body))
+            if file_digest is not None:
+                _set(db, "registry_file", file_digest)
         return offset  # type: ignore[return-value]
+
+    def registry_file_digest(self) -> int | None:
+        return _get(self._db(), "registry_file")
 
     def append_tick(self) -> int:
         with self._tx() as db:
@@ -291,17 +308,18 @@ class SqliteStore(EventStore):
         with self._tx() as db:
             current = _live_owner(db, sub_id)
             if current is not None and current != owner:
-                raise NotOwner(sub_id)
+                raise NotOwner("subscription", sub_id)
+            db.execute("INSERT OR IGNORE INTO subscription_numbers(sub_id) VALUES (?)", (sub_id,))
             offset = db.execute(
-                "INSERT INTO log(kind, sub_id, body, client, time) VALUES (?, ?, ?, ?, ?)",
-                (KIND_SUBSCRIBE, sub_id, body, owner, _now_ms()),
+                "INSERT INTO log(kind, sub_id, body, client, time, number) "
+                "SELECT ?, ?, ?, ?, ?, no FROM subscription_numbers WHERE sub_id = ?",
+                (KIND_SUBSCRIBE, sub_id, body, owner, _now_ms(), sub_id),
             ).lastrowid
             db.execute("UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id))
             db.execute(
                 "INSERT INTO subscriptions(sub_id, created, owner, body) VALUES (?, ?, ?, ?)",
                 (sub_id, offset, owner, body),
             )
-            db.execute("INSERT OR IGNORE INTO subscription_numbers(sub_id) VALUES (?)", (sub_id,))
         self._changed()
         return offset  # type: ignore[return-value]
 
@@ -311,7 +329,7 @@ class SqliteStore(EventStore):
             if current is None:
                 raise UnknownSubscription(sub_id)
             if current != owner:
-                raise NotOwner(sub_id)
+                raise NotOwner("subscription", sub_id)
             offset = db.execute(
                 "INSERT INTO log(kind, sub_id, time) VALUES (?, ?, ?)", (KIND_UNSUBSCRIBE, sub_id, _now_ms())
             ).lastrowid
@@ -338,18 +356,18 @@ class SqliteStore(EventStore):
         rows = self._db().execute(
             "SELECT seq, pairs, cropped FROM feed WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)
         )
-        return [_unpack(entry_seq, pairs, bool(cropped)) for entry_seq, pairs, cropped in rows]
+        return [unpack(entry_seq, pairs, bool(cropped)) for entry_seq, pairs, cropped in rows]
 
-    def bodies(self, pubs: np.ndarray) -> dict[int, tuple[bytes, bytes]]:
+    def bodies(self, pubs: np.ndarray) -> dict[int, tuple[bytes, Origin]]:
         return self._bodies(self._db(), pubs)
 
     @staticmethod
-    def _bodies(db: sqlite3.Connection, pubs: np.ndarray) -> dict[int, tuple[bytes, bytes]]:
+    def _bodies(db: sqlite3.Connection, pubs: np.ndarray) -> dict[int, tuple[bytes, Origin]]:
         rows = db.execute(
-            "SELECT offset, body, COALESCE(meta, x'') FROM log WHERE offset IN (SELECT value FROM json_each(?))",
+            f"SELECT offset, body, {ORIGIN} FROM log WHERE offset IN (SELECT value FROM json_each(?))",
             (orjson.dumps(pubs, option=orjson.OPT_SERIALIZE_NUMPY),),
         )
-        return {offset: (body, meta) for offset, body, meta in rows}
+        return {row[0]: (row[1], _origin(row[2:])) for row in rows}
 
     def copies(self, sub_nos: np.ndarray, pubs: np.ndarray) -> dict[tuple[int, int], bytes]:
         return self._copies(self._db(), sub_nos, pubs)
@@ -376,10 +394,11 @@ class SqliteStore(EventStore):
             if live is None:
                 return [], watermark
             number, floor = live[0], max(after_pub, live[1])
-            rows = [
-                (pub, body, cropped_fields(meta) if cropped else meta)
-                for pub, body, meta, cropped in db.execute(
-                    "SELECT d.pub, COALESCE(c.body, l.body), COALESCE(l.meta, x''), c.body IS NOT NULL "
+            rows: list[Delivery] = [
+                (row[0], row[1], _origin(row[3:], row[2]))
+                for row in db.execute(
+                    "SELECT d.pub, COALESCE(c.body, l.body), c.body IS NOT NULL, "
+                    "COALESCE(l.client, ''), l.key_id, l.signature, l.copy_of, l.cropped "
                     "FROM deliveries d JOIN log l ON l.offset = d.pub "
                     "LEFT JOIN copies c ON c.sub_no = d.sub_no AND c.pub = d.pub "
                     "WHERE d.sub_no = ? AND d.pub > ? ORDER BY d.pub LIMIT ?",
@@ -394,8 +413,8 @@ class SqliteStore(EventStore):
                     copies = self._copies(db, np.full(len(pubs), number, np.int64), pubs)
                     for pub in pubs.tolist():
                         copy = copies.get((number, pub))
-                        body, meta = bodies[pub]
-                        rows.append((pub, body, meta) if copy is None else (pub, copy, cropped_fields(meta)))
+                        body, origin = bodies[pub]
+                        rows.append((pub, body, origin) if copy is None else (pub, copy, origin._replace(cropped=True)))
         return rows, watermark
 
     def _unspilled(self, db: sqlite3.Connection, number: int, floor: int, upto_seq: int, limit: int) -> np.ndarray:
@@ -408,10 +427,7 @@ class SqliteStore(EventStore):
             (upto_seq,),
         )
         for (pairs,) in rows:
-            entry = _unpack(0, pairs)
-            low, high = np.searchsorted(entry.sub_nos, [number, number + 1])
-            mine = entry.pubs[low:high]
-            found.append(mine[mine > floor])
+            found.append(matches_of(unpack(0, pairs), number, floor))
             count += len(found[-1])
             if count >= limit:
                 break
@@ -444,7 +460,7 @@ class SqliteStore(EventStore):
     # --- pipeline side ------------------------------------------------------------------------
     def log_range(self, start: int, end: int, without: tuple[int, ...] = ()) -> list[LogEntry]:
         rows = self._db().execute(
-            "SELECT offset, kind, sub_id, body, client, COALESCE(time, 0) FROM log "
+            "SELECT offset, kind, sub_id, body, client, COALESCE(time, 0), number FROM log "
             f"WHERE offset > ? AND offset <= ? AND kind NOT IN ({', '.join('?' * len(without))}) ORDER BY offset",
             (start, end, *without),
         )
@@ -505,10 +521,10 @@ class SqliteStore(EventStore):
                 pubs = np.concatenate([pubs, np.array([p for _, p in logged], np.int64)])
                 copies += [(n, p, copy) for n, p, copy in stateful.initials if copy is not None]
             if len(pubs):
-                order = np.lexsort((pubs, sub_nos))
+                pairs, first = pack(sub_nos, pubs)
                 db.execute(
                     "INSERT INTO feed(pairs, first, created, cropped) VALUES (?, ?, ?, ?)",
-                    (sub_nos[order].tobytes() + pubs[order].tobytes(), int(pubs.min()), now, bool(copies)),
+                    (pairs, first, now, bool(copies)),
                 )
                 db.executemany("INSERT OR REPLACE INTO copies(sub_no, pub, body) VALUES (?, ?, ?)", copies)
             if processed > done:
@@ -529,9 +545,9 @@ class SqliteStore(EventStore):
         """Log each delivery as a copy of its publication (the envelope keeps the original's id) and
         keep the skybands; returns the (subscription number, copy offset) matches."""
         originals = {
-            offset: (body, client, meta)
-            for offset, body, client, meta in db.execute(
-                "SELECT offset, body, client, COALESCE(meta, x'') FROM log "
+            row[0]: row[1:]
+            for row in db.execute(
+                "SELECT offset, body, client, key_id, signature FROM log "
                 "WHERE offset IN (SELECT value FROM json_each(?))",
                 (orjson.dumps([pub for _, pub, _ in batch.deliveries]),),
             )
@@ -541,13 +557,11 @@ class SqliteStore(EventStore):
         for number, pub, cropped in batch.deliveries:
             if pub not in originals:  # kept while any skyband holds it: gone means nobody does
                 continue
-            body, client, meta = originals[pub]
-            if cropped is not None:
-                body, meta = cropped, cropped_fields(meta)
-            meta = copy_fields(pub, meta)
+            body, client, key_id, signature = originals[pub]
             offset = db.execute(
-                "INSERT INTO log(kind, body, client, meta, time) VALUES (?, ?, ?, ?, ?)",
-                (KIND_COPY, body, client, meta, now),
+                "INSERT INTO log(kind, body, client, key_id, signature, copy_of, cropped, time) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (KIND_COPY, cropped or body, client, key_id, signature, pub, cropped is not None, now),
             ).lastrowid
             logged.append((number, offset))
         db.executemany(
@@ -561,9 +575,7 @@ class SqliteStore(EventStore):
             if value is None:
                 db.execute("DELETE FROM status WHERE name = ?", (name,))
             else:
-                db.execute(
-                    "INSERT OR REPLACE INTO status(name, value, updated) VALUES (?, ?, ?)", (name, value, now / 1000)
-                )
+                _set(db, name, value)
         return logged
 
     @staticmethod
@@ -630,19 +642,36 @@ class SqliteStore(EventStore):
         return dict(rows.fetchall())
 
     def processed_offset(self) -> int:
-        found = self.status("processed")
-        return found[0] if found else 0
+        return _get(self._db(), "processed") or 0
 
-    def set_status(self, name: str, value: int) -> None:
+    def matches_per_entry(self) -> int:
+        return _get(self._db(), "matches_per_entry") or 0
+
+    def topk_due(self) -> int | None:
+        return _get(self._db(), "topk_due")
+
+    def register_pipeline(self, pid: int) -> None:
         with self._tx() as db:
-            db.execute(
-                "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) "
-                "ON CONFLICT(name) DO UPDATE SET value = excluded.value, updated = excluded.updated",
-                (name, value, time.time()),
-            )
+            _set(db, "pipeline", pid)
 
-    def status(self, name: str) -> tuple[int, float] | None:
-        return self._db().execute("SELECT value, updated FROM status WHERE name = ?", (name,)).fetchone()
+    def expect_pipeline(self) -> None:
+        self.register_pipeline(0)
+
+    def heartbeat(self, batch_since: int) -> None:
+        with self._tx() as db:
+            _set(db, "heartbeat", batch_since)
+
+    def pipeline_status(self) -> PipelineStatus | None:
+        rows = dict(
+            (name, (value, updated))
+            for name, value, updated in self._db().execute(
+                "SELECT name, value, updated FROM status WHERE name IN ('pipeline', 'heartbeat')"
+            )
+        )
+        if "pipeline" not in rows:
+            return None
+        (pid, registered), beat = rows["pipeline"], rows.get("heartbeat")
+        return PipelineStatus(pid, registered, beat[0] if beat else 0, beat[1] if beat else None)
 
     def compact(self, limit: int, fanned_out: int, spill_before: float) -> int:
         with self._tx() as db:
@@ -676,9 +705,7 @@ class SqliteStore(EventStore):
                 f"SELECT {PROCESSED}, {OLDEST_QUEUED}, (SELECT MIN(first) FROM feed), "
                 "(SELECT value FROM status WHERE name = 'topk_held')"
             ).fetchone()
-            horizon = min(
-                [processed] + [oldest - 1 for oldest in (oldest_spilled, oldest_fed, held) if oldest is not None]
-            )
+            below = horizon(processed, oldest_spilled, oldest_fed, held)
             # Valid publications stay for the subscriptions to come, until the pipeline has passed the
             # moment they expire or their withdrawal.
             clock = db.execute(
@@ -691,9 +718,9 @@ class SqliteStore(EventStore):
             published += db.execute(
                 "DELETE FROM log WHERE offset IN (SELECT offset FROM log WHERE kind IN (?, ?, ?, ?) AND offset <= ? "
                 "AND offset NOT IN (SELECT pub FROM validity) ORDER BY offset LIMIT ?)",
-                (KIND_PUBLICATION, KIND_COPY, KIND_TICK, KIND_CANCEL, horizon, limit),
+                (KIND_PUBLICATION, KIND_COPY, KIND_TICK, KIND_CANCEL, below, limit),
             ).rowcount
-            published += db.execute("DELETE FROM copies WHERE pub <= ?", (horizon,)).rowcount
+            published += db.execute("DELETE FROM copies WHERE pub <= ?", (below,)).rowcount
         return spilled + consumed + fed + published
 
     def _spill(self, db: sqlite3.Connection, upto: int, before: float, limit: int) -> int:
@@ -709,15 +736,11 @@ class SqliteStore(EventStore):
         looked = 0
         floor: np.ndarray | None = None
         for row in rows:
-            entry = _unpack(*row)
-            end = len(entry.pubs)
-            if end - position > limit - looked:  # cut after the subscription that the budget ends in
-                last = entry.sub_nos[position + max(1, limit - looked) - 1]
-                end = int(np.searchsorted(entry.sub_nos, last, side="right"))
+            entry = unpack(*row)
+            end = spill_end(entry, position, limit - looked)
             sub_nos, pubs = entry.sub_nos[position:end], entry.pubs[position:end]
             floor = self._consumed_floor(db) if floor is None else floor
-            keep = sub_nos < len(floor)
-            keep[keep] = pubs[keep] > floor[sub_nos[keep]]
+            keep = unconsumed(sub_nos, pubs, floor)
             if keep.any():  # pairs are sorted by (subscription, publication): the B-tree fills in order
                 db.execute(
                     "INSERT OR IGNORE INTO deliveries(sub_no, pub) SELECT value ->> 0, value ->> 1 FROM json_each(?)",
@@ -740,22 +763,17 @@ class SqliteStore(EventStore):
         return looked
 
     def _consumed_floor(self, db: sqlite3.Connection) -> np.ndarray:
-        """Per subscription number, the publication up to which nothing needs queueing: the consumed
-        cursor, or the last unsubscription of the id (earlier matches belong to a removed version);
-        NEVER for numbers with no live subscription."""
+        """`consumed_floor`, derived again only when subscriptions or cursors changed."""
         changes = self._changes
         if self._floor is not None and self._floor[0] == changes:
             return self._floor[1]
-        rows = np.array(
+        floor = consumed_floor(
             db.execute(
                 "SELECT n.no, MAX(n.reset, COALESCE(c.pub, 0)) FROM subscriptions s "
                 "JOIN subscription_numbers n USING (sub_id) LEFT JOIN cursors c USING (sub_id) "
                 "WHERE s.deleted IS NULL"
-            ).fetchall(),
-            np.int64,
-        ).reshape(-1, 2)
-        floor = np.full(int(rows[:, 0].max(initial=0)) + 1, NEVER, np.int64)
-        floor[rows[:, 0]] = rows[:, 1]
+            ).fetchall()
+        )
         self._floor = (changes, floor)
         return floor
 
@@ -771,10 +789,35 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _unpack(seq: int, pairs: bytes, cropped: bool = False) -> FeedEntry:
-    both = np.frombuffer(pairs, np.int64)
-    half = len(both) // 2
-    return FeedEntry(seq, both[:half], both[half:], cropped)
+def _origin(row: Sequence, cropped: bool = False) -> Origin:
+    """An Origin from the ORIGIN columns; `cropped`: the subscriber gets a cropped copy."""
+    publisher, key_id, signature, copy_of, was_cropped = row
+    return Origin(publisher, key_id, signature, copy_of, bool(was_cropped or cropped))
+
+
+def _get(db: sqlite3.Connection, name: str) -> int | None:
+    row = db.execute("SELECT value FROM status WHERE name = ?", (name,)).fetchone()
+    return row[0] if row else None
+
+
+def _set(db: sqlite3.Connection, name: str, value: int) -> None:
+    db.execute(
+        "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) "
+        "ON CONFLICT(name) DO UPDATE SET value = excluded.value, updated = excluded.updated",
+        (name, value, time.time()),
+    )
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring a store written by an earlier release up to this schema."""
+    for table, column, declaration in ADDED_COLUMNS:
+        if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+    if "meta" in {row[1] for row in db.execute("PRAGMA table_info(log)")}:
+        with _Transaction(db, True):
+            db.execute(FROM_META)
+            db.execute(NUMBERED, (KIND_SUBSCRIBE,))
+            db.execute("ALTER TABLE log DROP COLUMN meta")
 
 
 def _live_owner(db: sqlite3.Connection, sub_id: str) -> str | None:

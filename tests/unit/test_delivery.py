@@ -7,8 +7,8 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from tests.unit.helpers import published
-from veil.gateway.sessions import DeliveryHub, Session
-from veil.gateway.storage import StoreThreads
+from veil.gateway.delivery import DeliveryHub, Session
+from veil.gateway.store_threads import StoreThreads
 from veil.protocol import Handshake
 from veil.store import open_store
 

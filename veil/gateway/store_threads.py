@@ -10,13 +10,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from veil.store import EventStore, StoreUnavailable
+from veil.store import GatewayStore, StoreUnavailable
 
 T = TypeVar("T")
 
 
 class StoreThreads:
-    def __init__(self, store: EventStore) -> None:
+    def __init__(self, store: GatewayStore) -> None:
         self.store = store
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="store-write")
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="store-read")

@@ -1,0 +1,131 @@
+"""The gateway's loops besides serving requests, started and stopped as one: fanning out the
+pipeline's feed, saving cursors, following the pipeline's progress and health, logging clock ticks
+for top-k/w windows, compacting the store, and supervising the pipeline process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Coroutine
+
+from veil.gateway.context import Gateway
+from veil.gateway.pipeline_process import PipelineProcess
+from veil.protocol import ProtocolError
+from veil.store import KIND_SUBSCRIBE
+from veil.store.queues import COMPACT_CHUNK, COMPACT_INTERVAL, SPILL_AFTER
+
+log = logging.getLogger("veil.gateway")
+PROGRESS_INTERVAL = 0.1
+QUARANTINE_INTERVAL = 1.0  # seconds between looks for newly quarantined entries
+HEARTBEAT_STALE = 10.0  # seconds without a pipeline heartbeat after which it counts as stuck
+
+
+class Background:
+    def __init__(self, gateway: Gateway, pipeline: PipelineProcess | None) -> None:
+        self.gateway = gateway
+        self.pipeline = pipeline
+        self._quarantine_seq = 0  # the last quarantined entry whose subscriber was told
+        self._quarantine_checked = 0.0
+        self._tick = 0  # the offset of the last clock tick logged
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        hub = self.gateway.hub
+        loops: list[Coroutine[None, None, None]] = [
+            hub.poll(), hub.save_cursors_periodically(), self._track_progress(), self._compact()
+        ]
+        if self.pipeline is not None:
+            loops.append(self.pipeline.supervise())
+        self._tasks = [asyncio.create_task(loop) for loop in loops]
+
+    async def stop(self) -> None:
+        """Stop the pipeline gracefully, then the loops."""
+        if self.pipeline is not None:
+            await self.pipeline.stop()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _track_progress(self) -> None:
+        """Keep the figures that back-pressure and /health use fresh (the pipeline writes them)."""
+        gateway = self.gateway
+        health = gateway.health
+        while True:
+            try:
+                gateway.ingest.processed = await gateway.threads.read(gateway.threads.store.processed_offset)
+                gateway.ingest.behind = (gateway.hub.behind(), len(gateway.hub.sessions))
+                problems = await self._pipeline_problems()
+                if time.monotonic() - self._quarantine_checked >= QUARANTINE_INTERVAL:
+                    await self._follow_quarantine()
+                if health.quarantined:
+                    problems.append(f"{health.quarantined} log entries quarantined (see GET /admin/quarantine)")
+                health.problems = problems
+                await self._tick_when_due()
+            except Exception as exc:
+                log.exception("reading pipeline progress failed")
+                health.problems = [f"cannot read the store: {exc}"]
+            await asyncio.sleep(PROGRESS_INTERVAL)
+
+    async def _pipeline_problems(self) -> list[str]:
+        """The pipeline's state from what can be seen of it: its process (when this gateway runs it),
+        the process id it registered, and its heartbeat (written every half second, with the start
+        of the micro-batch it is in)."""
+        gateway, pipeline = self.gateway, self.pipeline
+        health = gateway.health
+        if pipeline is not None and not pipeline.alive:
+            health.pipeline_state = "restarting"
+            exited = "" if pipeline.exited is None else f" (exit code {pipeline.exited})"
+            last = f": {pipeline.last_error}" if pipeline.last_error else ""
+            return [f"the pipeline process is not running{exited}; restarting{last}"]
+        status = await gateway.threads.read(gateway.threads.store.pipeline_status)
+        own = pipeline.process.pid if pipeline is not None and pipeline.process is not None else None
+        if status is None or not status.pid or (own is not None and status.pid != own):
+            health.pipeline_state = "starting"
+            return ["the pipeline is starting"]
+        now = time.time()
+        if status.heartbeat is None or now - status.heartbeat > HEARTBEAT_STALE:
+            silent = now - (status.heartbeat or status.registered)
+            health.pipeline_state = "stuck"
+            return [f"no heartbeat from the pipeline for {silent:.0f} s"]
+        if status.batch_since and now - status.batch_since / 1000 > gateway.config.batch_timeout:
+            health.pipeline_state = "stuck"
+            return [f"a micro-batch has been running for {now - status.batch_since / 1000:.0f} s"]
+        health.pipeline_state = "running"
+        return []
+
+    async def _follow_quarantine(self) -> None:
+        """Count what is quarantined, and tell the connected owner of a quarantined subscription."""
+        threads = self.gateway.threads
+        self._quarantine_checked = time.monotonic()
+        self.gateway.health.quarantined = await threads.read(threads.store.quarantine_count)
+        for record in await threads.read(threads.store.quarantine, self._quarantine_seq):
+            self._quarantine_seq = record.seq
+            if record.kind == KIND_SUBSCRIBE and record.sub_id is not None:
+                reason = ProtocolError("subscriptionId", f"quarantined by the broker: {record.error}", 422)
+                await self.gateway.hub.kick(record.sub_id, reason.to_json())
+
+    async def _tick_when_due(self) -> None:
+        """A top-k/w window whose best publication expires promotes the next one at that moment,
+        even if nothing is published: log the time once it is due, one tick per pipeline step."""
+        threads = self.gateway.threads
+        due = await threads.read(threads.store.topk_due)
+        if due is not None and due <= time.time() * 1000 and self._tick <= self.gateway.ingest.processed:
+            self._tick = await threads.write(threads.store.append_tick)
+
+    async def _compact(self) -> None:
+        """Keep the store's size proportional to what is still queued, not to everything ever sent."""
+        threads, hub = self.gateway.threads, self.gateway.hub
+        while True:
+            try:
+                while (
+                    await threads.write(threads.store.compact, COMPACT_CHUNK, hub.last_seq, time.time() - SPILL_AFTER)
+                    >= COMPACT_CHUNK
+                ):
+                    pass
+            except Exception:
+                log.exception("compacting the store failed")
+            await asyncio.sleep(COMPACT_INTERVAL)

@@ -1,0 +1,51 @@
+"""What a delivery connection looks like to the code that serves it, whatever carries it (TCP lines,
+WebSocket messages): how to send, close and receive, and the loop that reads the client while the
+broker pushes to it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+Send = Callable[[list[bytes]], Awaitable[None]]
+"""Send frames (delivery lines or messages) in order, waiting while the client is slow to take them."""
+Close = Callable[[bytes | None], Awaitable[None]]
+"""Close the connection, after sending an error document when one is given."""
+Receive = Callable[[], Awaitable[bytes | str | None]]
+"""The client's next message, or None when the client is done."""
+
+
+async def read_while(work: asyncio.Task[None], receive: Receive, on_message: Callable[[bytes | str], None]) -> None:
+    """Hand the client's messages to `on_message` while `work` runs; return when `work` ends or the
+    client is done."""
+    while not work.done():
+        reading = asyncio.create_task(receive())
+        done, _ = await asyncio.wait({reading, work}, return_when=asyncio.FIRST_COMPLETED)
+        if reading not in done:
+            reading.cancel()
+            return
+        message = reading.result()
+        if message is None:
+            return
+        on_message(message)
+
+
+class EdgeChannels:
+    """The open channels of each announcement, so that revoking it closes them all."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, dict[int, Close]] = {}
+
+    def add(self, announcement_id: str, key: int, close: Close) -> None:
+        self._open.setdefault(announcement_id, {})[key] = close
+
+    def discard(self, announcement_id: str, key: int) -> None:
+        channels = self._open.get(announcement_id)
+        if channels is not None:
+            channels.pop(key, None)
+            if not channels:
+                del self._open[announcement_id]
+
+    async def close_all(self, announcement_id: str, reason: bytes) -> None:
+        for close in list(self._open.pop(announcement_id, {}).values()):
+            await close(reason)

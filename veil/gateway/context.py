@@ -1,0 +1,38 @@
+"""The parts of the gateway that request and connection handlers use, in one typed object that the
+server puts in each application (`GATEWAY`): handlers read what they need from it and nothing else."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from veil.config import Config
+from veil.gateway.admission import Admission
+from veil.gateway.channel import EdgeChannels
+from veil.gateway.delivery import DeliveryHub
+from veil.gateway.health import Health
+from veil.gateway.ingest import Ingest
+from veil.gateway.registry import CurrentRegistry
+from veil.gateway.store_threads import StoreThreads
+from veil.protocol.limits import Limits
+from veil.security.identity import Authenticator
+
+
+@dataclass(frozen=True)
+class Gateway:
+    config: Config
+    limits: Limits
+    threads: StoreThreads  # the store, from the event loop
+    ingest: Ingest  # appends publications, group-committed
+    hub: DeliveryHub  # connected subscriptions and their queues
+    auth: Authenticator
+    registry: CurrentRegistry
+    admission: Admission  # connections that have yet to send anything
+    parsing: ThreadPoolExecutor  # large bodies are parsed here, off the event loop
+    edges: EdgeChannels
+    health: Health
+
+
+GATEWAY = web.AppKey("gateway", Gateway)

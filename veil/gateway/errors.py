@@ -1,0 +1,93 @@
+"""Every exception a handler raises becomes one answer, chosen from one table (the nearest class in
+the exception's MRO wins): a client's mistake is never a 500, overload and an unavailable store are
+503 with Retry-After, and the store's refusals name the request field they concern. REST and
+WebSocket applications both run this middleware."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from veil.gateway.context import GATEWAY
+from veil.gateway.ingest import Overloaded
+from veil.protocol import ProtocolError
+from veil.store import NotOwner, StoreUnavailable, UnknownAnnouncement, UnknownPublication, UnknownSubscription
+
+log = logging.getLogger("veil.gateway")
+STORE_RETRY_AFTER = 5  # seconds, when the store cannot take writes
+# the request field that carries the id a store refusal is about (NotOwner.what)
+ID_FIELDS = {"subscription": "subscriptionId", "announcement": "announcementId", "publication": "id"}
+
+Answer = tuple[ProtocolError, dict[str, str] | None]
+
+
+def _overloaded(exc: Overloaded) -> Answer:
+    return ProtocolError("", str(exc), 503), {"Retry-After": str(exc.retry_after)}
+
+
+def _unavailable(exc: StoreUnavailable) -> Answer:
+    message = f"the broker's store cannot take writes now ({exc}); nothing was stored"
+    return ProtocolError("", message, 503), {"Retry-After": str(STORE_RETRY_AFTER)}
+
+
+def _not_owner(exc: NotOwner) -> Answer:
+    return ProtocolError(ID_FIELDS[exc.what], "belongs to another client", 403), None
+
+
+ANSWERS: dict[type[Exception], Callable[[Exception], Answer]] = {
+    ProtocolError: lambda exc: (exc, None),  # type: ignore[dict-item]
+    Overloaded: _overloaded,  # type: ignore[dict-item]
+    StoreUnavailable: _unavailable,  # type: ignore[dict-item]
+    NotOwner: _not_owner,  # type: ignore[dict-item]
+    UnknownSubscription: lambda exc: (ProtocolError("subscriptionId", "unknown subscription", 404), None),
+    UnknownAnnouncement: lambda exc: (ProtocolError("announcementId", "unknown announcement", 404), None),
+    UnknownPublication: lambda exc: (ProtocolError("id", "no publication with this id is still valid", 404), None),
+}
+
+
+def json_response(body: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def error_response(error: ProtocolError, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=error.to_json(), status=error.status, content_type="application/json", headers=headers)
+
+
+def _answer(request: web.Request, exc: Exception) -> web.Response:
+    for cls in type(exc).__mro__:
+        answer = ANSWERS.get(cls)
+        if answer is not None:
+            if isinstance(exc, StoreUnavailable):
+                log.error("store unavailable on %s %s: %s", request.method, request.path, exc)
+            return error_response(*answer(exc))
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return error_response(ProtocolError("body", f"request body larger than {request.client_max_size} bytes", 413))
+    if isinstance(exc, web.HTTPException) and exc.status >= 400:
+        return error_response(ProtocolError("path" if exc.status == 404 else "method", exc.reason, exc.status))
+    log.error("internal error on %s %s", request.method, request.path, exc_info=exc)
+    return error_response(ProtocolError("", "internal error", 500))
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):  # type: ignore[no-untyped-def]
+    """While a request is being handled its connection is not a waiting one; between requests a
+    keep-alive connection counts as waiting again (untimed: the keep-alive timer closes it), so that
+    the bound on waiting connections also covers those that send one request and idle."""
+    admission = request.app[GATEWAY].admission
+    connection = request.protocol
+    admission.settle(connection)
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _answer(request, exc)
+    except Exception as exc:
+        return _answer(request, exc)
+    finally:
+        transport = request.transport
+        if transport is not None and not transport.is_closing():
+            admission.admit(connection, transport.close, timed=False)

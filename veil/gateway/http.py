@@ -1,0 +1,59 @@
+"""What REST handlers ask of a request: who sent it, and its body within the read timeout, parsed
+off the event loop when it is large."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TypeVar
+
+from aiohttp import web
+
+from veil.gateway.context import Gateway
+from veil.protocol import ProtocolError
+from veil.security.identity import Credentials
+from veil.security.tls import peer_identity
+
+PARSE_OFF_LOOP = 64 * 1024  # bodies larger than this are parsed on a thread, so the loop serves others meanwhile
+T = TypeVar("T")
+
+
+def identity_of(request: web.Request) -> str | None:
+    """What the client's certificate proves, if it showed one."""
+    return peer_identity(request.transport.get_extra_info("ssl_object") if request.transport else None)
+
+
+def bearer_token(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ProtocolError("Authorization", "expected 'Bearer <token>'", 401)
+    return token.strip()
+
+
+def client_of(gateway: Gateway, request: web.Request, claimed: str | None) -> str:
+    """Who sent the request: what its certificate or token proves, or the static hash it claims where
+    the operator accepts those."""
+    return gateway.auth.identify(Credentials(identity_of(request), bearer_token(request), claimed))
+
+
+async def body_of(gateway: Gateway, request: web.Request) -> bytes:
+    """The request's body, within the read timeout: a client that stops sending mid-body holds a
+    connection, not the broker."""
+    if request.content.is_eof():  # all of it arrived with the headers, as nearly always: no timer needed
+        return await request.read()
+    timeout = gateway.config.read_timeout
+    try:
+        async with asyncio.timeout(timeout):
+            return await request.read()
+    except TimeoutError:
+        raise ProtocolError("body", f"not received within {timeout:g} s", 408) from None
+
+
+async def parsed(gateway: Gateway, raw: bytes, parse: Callable[..., T], *args: object) -> T:
+    """`parse(raw, *args)`, on the parsing thread when the body is large."""
+    if len(raw) <= PARSE_OFF_LOOP:
+        return parse(raw, *args)
+    return await asyncio.get_running_loop().run_in_executor(gateway.parsing, parse, raw, *args)

@@ -1,0 +1,170 @@
+"""The state a Python worker keeps for each matcher partition between micro-batches, and its
+catch-up contract.
+
+A partition's state (`State`) is what its matcher holds at one log offset: the subscription index,
+who owns each subscription, the registry version compiled for authorization, and the top-k/w
+skybands. The cache keeps it per (store URL, partitions, partition) in the worker process, tagged
+with the offset it reflects.
+
+Contract
+--------
+checkout(key, start, ...)
+    Takes the partition's state out of the cache as of offset `start`. The state is out of the
+    cache while a task uses it, so two tasks never share one. If the cache holds it at `start`, it
+    is returned as it was. If it holds it at an earlier offset, the subscription changes and the
+    registry version between the two are applied from the store; if it holds nothing (another worker
+    had the partition, the worker is new) or holds it past `start` (a retried or replayed batch), the
+    state is built from the store's subscriptions and registry in force at `start`. Either way the
+    skybands are read back as of the processed offset. A subscription that fails to load is left out
+    and returned for the quarantine.
+checkin(key, state, end)
+    Puts the state back, at the offset `end` that the task's batch brought it to.
+discard(key)
+    Forgets the state: the next task builds it from the store (a replayed batch, whose effects on
+    the skybands were already recorded, or a change that failed half-way).
+
+Publications are therefore matched and authorized under exactly the subscriptions and the registry
+that preceded them in the log, whichever worker runs the task.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+from collections.abc import Callable
+
+import msgspec
+import numpy as np
+
+from veil.matching import SubscriptionIndex
+from veil.matching.stored import decode_subscription
+from veil.matching.topkw import Skyband, TopKWSet
+from veil.pipeline.authorize import Authorizer, user_number
+from veil.pipeline.guard import attempt
+from veil.security.registry import registry_from_json
+from veil.store import KIND_SUBSCRIBE, PipelineStore, Quarantined, StatefulBatch
+
+LATEST_DUE = 2**62  # ms: later expiries are reported as this one (msgpack and SQLite hold int64)
+Key = tuple[str, int, int]  # (store URL, partitions, partition; -1 for publication partitioning)
+
+_cache: dict[Key, tuple[State, int]] = {}
+
+
+class State:
+    """What a matcher partition holds: its subscriptions, their owners, the registry in force."""
+
+    def __init__(self, registry_body: bytes | None, with_authorization: bool) -> None:
+        self.index = SubscriptionIndex()
+        self.owners = np.full(1024, -1, np.int64)  # subscription number -> owner's user number
+        self.with_authorization = with_authorization
+        self.registry_body = registry_body
+        self.authorizer = Authorizer(registry_from_json(registry_body), with_authorization)
+        self.topk = TopKWSet()
+        self.topk_numbers: dict[str, int] = {}  # id -> number of the top-k/w subscriptions
+        self.is_topk = np.zeros(1024, bool)  # by subscription number
+        self.crops: dict[int, dict[int, bytes]] = {}  # number -> publication -> cropped copy a skyband holds
+        # set when applying a change failed half-way: the next batch rebuilds from the store instead
+        self.suspect = False
+
+    def add(self, sub_id: str, number: int, owner: str, body: bytes) -> None:
+        predicates, topk = decode_subscription(body)  # before anything changes: a bad body changes nothing
+        if number >= len(self.owners):
+            size = max(number + 1, 2 * len(self.owners))
+            self.owners = np.concatenate([self.owners, np.full(size - len(self.owners), -1, np.int64)])
+            self.is_topk = np.concatenate([self.is_topk, np.zeros(size - len(self.is_topk), bool)])
+        self.owners[number] = user_number(owner)
+        self.remove(sub_id)
+        self.index.add(sub_id, predicates, number)
+        if topk is not None:
+            self.topk.add(number, topk)
+            self.topk_numbers[sub_id] = number
+            self.is_topk[number] = True
+
+    def remove(self, sub_id: str) -> None:
+        self.index.remove(sub_id)
+        number = self.topk_numbers.pop(sub_id, None)
+        if number is not None:
+            self.topk.remove(number)
+            self.is_topk[number] = False
+            self.crops.pop(number, None)
+
+    def load_bands(self, store: PipelineStore) -> None:
+        """Put back the skybands saved with the last recorded batch."""
+        for number, blob in store.topk_bands(list(self.topk_numbers.values())).items():
+            band, crops = msgspec.msgpack.decode(blob)
+            self.topk.restore(number, Skyband.restore(band))
+            if crops:
+                self.crops[number] = {int(pub): copy for pub, copy in crops.items()}
+        self.topk.touched.clear()
+
+    def stateful_output(
+        self, deliveries: list[tuple[int, int, bytes | None]], initials: list[tuple[int, int, bytes | None]]
+    ) -> StatefulBatch | None:
+        """The batch's stateful output; the touched skybands are saved with their cropped copies."""
+        if not deliveries and not initials and not self.topk_numbers and not self.topk.touched:
+            return None
+        bands: list[tuple[int, bytes | None]] = []
+        for number in sorted(self.topk.touched):
+            band = self.topk.bands.get(number)
+            if band is None:
+                bands.append((number, None))
+                continue
+            crops = self.crops.get(number, {})
+            held = {pub: crops[pub] for pub in band.seqs if pub in crops}
+            if len(held) < len(crops):
+                self.crops[number] = held
+            bands.append((number, msgspec.msgpack.encode([band.state(), held])))
+        self.topk.touched.clear()
+        due = self.topk.next_expiry()
+        due = None if due is None else min(math.ceil(due), LATEST_DUE)
+        return StatefulBatch(deliveries, initials, bands, self.topk.oldest_held(), due)
+
+    def set_registry(self, body: bytes | None) -> None:
+        if body != self.registry_body:  # compiling a large registry costs: only when it changed
+            self.authorizer = Authorizer(registry_from_json(body), self.with_authorization)
+            self.registry_body = body
+
+
+def checkout(
+    key: Key, start: int, store: PipelineStore, mine: Callable[[str], bool], with_authorization: bool,
+    entry_timeout: float,
+) -> tuple[State, bool, list[Quarantined]]:  # fmt: skip
+    """The partition's state as of `start`; whether it had to be built or caught up; the
+    subscriptions set aside while loading it (`mine`: whether a subscription id is this partition's)."""
+    cached = _cache.pop(key, None)
+    if cached is not None and cached[1] == start:
+        return cached[0], False, []
+    if cached is not None and cached[1] < start:
+        state = cached[0]
+        dropped, added = store.subscription_changes(cached[1], start)
+        for sub_id in dropped:
+            state.remove(sub_id)
+        state.set_registry(store.registry_at(start))
+    else:
+        state = State(store.registry_at(start), with_authorization)
+        added = store.subscriptions_at(start)
+    failed = []
+    for sub_id, number, owner, body in added:
+        if mine(sub_id):
+            _, error = attempt(entry_timeout, lambda: state.add(sub_id, number, owner, body))  # noqa: B023
+            if error is not None:
+                state.remove(sub_id)
+                failed.append(Quarantined(0, KIND_SUBSCRIBE, sub_id, owner, error))
+    state.load_bands(store)
+    return state, True, failed
+
+
+def checkin(key: Key, state: State, end: int) -> None:
+    _cache[key] = (state, end)
+
+
+def discard(key: Key) -> None:
+    _cache.pop(key, None)
+
+
+def settle() -> None:
+    """PySpark's worker daemon runs a full `gc.collect()` after every task, and over an index of many
+    thousands of Python objects that collection was most of a worker's CPU. Collect once when the
+    index changed and move what survives (the index) out of the collector's sight."""
+    gc.collect()
+    gc.freeze()

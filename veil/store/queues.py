@@ -1,0 +1,84 @@
+"""What every store decides alike, so that a dialect adds only its SQL and its connections.
+
+Group commit: the gateway funnels appends through one writer thread (`gateway.ingest`), and a store
+commits each list it is given in one transaction, so many concurrent publishes share one fsync.
+
+Matches are queued in two tiers. The pipeline writes each micro-batch's matches as one packed feed
+row (16 bytes a match, one insert a batch); a feed row is the durable queue for every match in it.
+Once a row is `SPILL_AFTER` seconds old and the hub has fanned it out, compaction spills the matches
+its subscriptions have not yet consumed into per-subscription queue rows, and the feed row can go.
+A subscriber that keeps up therefore costs no per-match row at all; one that lags or is away gets a
+queue of its own. Publications are monotonic across feed rows (a replayed batch is not written
+twice), so a backlog is the spilled rows followed by the unspilled feed.
+
+Compaction runs every `COMPACT_INTERVAL` seconds in steps of about `COMPACT_CHUNK` rows, one
+transaction each, so it never holds the write lock for long. A publication can go once it is below
+the horizon: the pipeline has passed it, no queue or feed row still holds it, no top-k/w skyband may
+still deliver it, and it is no longer valid for subscriptions to come.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from veil.store.base import FeedEntry
+
+SPILL_AFTER = 2.0  # seconds a match may wait in the feed before it gets its own queue row
+COMPACT_INTERVAL = 2.0  # seconds between compaction rounds
+COMPACT_CHUNK = 20000  # rows per compaction step (one transaction)
+NEVER = np.iinfo(np.int64).max
+
+
+def pack(sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[bytes, int]:
+    """A feed row's pairs, sorted by (subscription number, publication), so that a subscription's
+    matches are one binary search away and spilled rows fill the queue index in order; and the
+    oldest publication the row holds."""
+    order = np.lexsort((pubs, sub_nos))
+    return sub_nos[order].tobytes() + pubs[order].tobytes(), int(pubs.min())
+
+
+def unpack(seq: int, pairs: bytes, cropped: bool = False) -> FeedEntry:
+    both = np.frombuffer(pairs, np.int64)
+    half = len(both) // 2
+    return FeedEntry(seq, both[:half], both[half:], cropped)
+
+
+def matches_of(entry: FeedEntry, number: int, after: int) -> np.ndarray:
+    """One subscription's publications in a feed row, after `after`."""
+    low, high = np.searchsorted(entry.sub_nos, [number, number + 1])
+    mine = entry.pubs[low:high]
+    return mine[mine > after]
+
+
+def spill_end(entry: FeedEntry, position: int, budget: int) -> int:
+    """Where a spill step that starts at `position` of a row with `budget` matches left stops: the
+    row's end, or the end of the subscription the budget runs out in (a large row is spilled over
+    several steps, whole subscriptions at a time)."""
+    end = len(entry.pubs)
+    if end - position > budget:
+        last = entry.sub_nos[position + max(1, budget) - 1]
+        end = int(np.searchsorted(entry.sub_nos, last, side="right"))
+    return end
+
+
+def consumed_floor(rows: list[tuple[int, int]]) -> np.ndarray:
+    """Per subscription number, the publication up to which nothing needs queueing, from (number,
+    floor) rows of the live subscriptions (the consumed cursor, or the last unsubscription of the id:
+    earlier matches belong to a removed version); NEVER for numbers with no live subscription."""
+    pairs = np.array(rows, np.int64).reshape(-1, 2)
+    floor = np.full(int(pairs[:, 0].max(initial=0)) + 1, NEVER, np.int64)
+    floor[pairs[:, 0]] = pairs[:, 1]
+    return floor
+
+
+def unconsumed(sub_nos: np.ndarray, pubs: np.ndarray, floor: np.ndarray) -> np.ndarray:
+    """Which matches still need a queue row."""
+    keep = sub_nos < len(floor)
+    keep[keep] = pubs[keep] > floor[sub_nos[keep]]
+    return keep
+
+
+def horizon(processed: int, *oldest_held: int | None) -> int:
+    """The highest offset no queue, feed row or skyband still needs (`oldest_held`: the oldest
+    publication each of them holds, None when it holds none)."""
+    return min([processed] + [oldest - 1 for oldest in oldest_held if oldest is not None])
