@@ -20,35 +20,15 @@ import aiohttp
 import orjson
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from veil.client.channels import Channel, TcpChannel, WebSocketChannel
+from veil.client.errors import FATAL, TamperedPublication, VeilError, error_from_body, error_from_document
 from veil.protocol.envelope import published_bytes
 from veil.security import signatures
 from veil.security.tls import client_context
 
 ERROR_KEYS = frozenset({"error", "field", "status"})
-FATAL_STATUSES = frozenset({400, 401, 403, 404, 409, 410})  # 409: another connection took over
-MAX_LINE = 16 * 1024 * 1024
 MAX_FAILURES = 60
 ACK_EVERY = 256
-
-
-class VeilError(Exception):
-    def __init__(self, status: int, field: str, problem: str) -> None:
-        super().__init__(f"{status} {field}: {problem}" if field else f"{status} {problem}")
-        self.status = status
-        self.field = field
-        self.problem = problem
-
-    @classmethod
-    def from_body(cls, status: int, body: bytes) -> VeilError:
-        try:
-            doc = orjson.loads(body)
-            return cls(doc.get("status", status), doc.get("field", ""), doc.get("error", ""))
-        except (orjson.JSONDecodeError, AttributeError):
-            return cls(status, "", body.decode(errors="replace"))
-
-
-class TamperedPublication(VeilError):
-    """A delivery whose publisher signature does not verify: it is not handed to the application."""
 
 
 class Delivery(NamedTuple):
@@ -107,7 +87,7 @@ class VeilClient:
             await self._http.close()
             self._http = None
 
-    def _session(self) -> aiohttp.ClientSession:
+    def http(self) -> aiohttp.ClientSession:
         if self._http is None:
             connector = aiohttp.TCPConnector(ssl=self.ssl if self.ssl is not None else False, limit=64)
             self._http = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
@@ -130,10 +110,10 @@ class VeilClient:
         method: str = "POST",
     ) -> Any:
         headers = {**self._headers(content_type), **(extra or {})}
-        async with self._session().request(method, f"{self.url}{path}", data=body, headers=headers) as response:
+        async with self.http().request(method, f"{self.url}{path}", data=body, headers=headers) as response:
             payload = await response.read()
             if response.status != 200:
-                raise VeilError.from_body(response.status, payload)
+                raise error_from_body(response.status, payload)
             return orjson.loads(payload) if payload else None
 
     async def publish(
@@ -212,6 +192,12 @@ class VeilClient:
         if self.auth_hash is not None:
             doc["authHash"] = self.auth_hash
         await self.request("/unsubscribe", orjson.dumps(doc))
+
+    async def open_channel(self, transport: str = "tcp") -> Channel:
+        """A connection to the broker's delivery port for `transport` ("tcp" or "ws")."""
+        if transport == "ws":
+            return await WebSocketChannel.open(self.http(), self.host, self.ws_port, self.ssl)
+        return await TcpChannel.open(self.host, self.tcp_port, self.ssl)
 
     def deliveries(self, subscription_id: str, *, transport: str = "tcp", envelope: bool = True) -> DeliveryStream:
         return DeliveryStream(self, subscription_id, transport, envelope)
@@ -298,7 +284,7 @@ class DeliveryStream:
             if key is None or not signatures.verifies(key, published_bytes(line), doc["signature"]):
                 self.last_seq = self.client.positions[self.subscription_id] = seq
                 raise TamperedPublication(
-                    0, "signature", f"publication {doc.get('id')} from {publisher!r} does not verify"
+                    "signature", f"publication {doc.get('id')} from {publisher!r} does not verify", 0
                 )
             verified = True
         return Delivery(seq, doc.get("id"), doc.get("publication"), publisher, verified, bool(doc.get("cropped")))
@@ -326,9 +312,9 @@ class DeliveryStream:
         try:
             doc = orjson.loads(line)
         except orjson.JSONDecodeError:
-            return VeilError(0, "", f"unreadable line from the broker: {line[:200]!r}")
+            return VeilError("", f"unreadable line from the broker: {line[:200]!r}", 0)
         if isinstance(doc, dict) and ("seq" not in doc if self.envelope else set(doc) == ERROR_KEYS):
-            return VeilError(doc.get("status", 0), doc.get("field", ""), doc.get("error", ""))
+            return error_from_document(doc)
         return None
 
     async def _run(self) -> None:
@@ -336,10 +322,10 @@ class DeliveryStream:
         failures = 0
         while True:
             try:
-                await (self._run_tcp() if self.transport == "tcp" else self._run_ws())
+                await self._connect()
                 error: BaseException | None = None
             except VeilError as exc:
-                error = exc if exc.status in FATAL_STATUSES else None
+                error = exc if isinstance(exc, FATAL) else None
             except (OSError, aiohttp.ClientError, asyncio.IncompleteReadError, ssl.SSLError) as exc:
                 failures = 0 if self.connected.is_set() else failures + 1
                 error = exc if failures > MAX_FAILURES else None
@@ -358,48 +344,15 @@ class DeliveryStream:
             raise error
         await self._lines.put(line)
 
-    async def _run_tcp(self) -> None:
-        client = self.client
-        reader, writer = await asyncio.open_connection(
-            client.host, client.tcp_port, ssl=client.ssl, limit=MAX_LINE,
-            server_hostname=client.host if client.ssl else None,
-        )  # fmt: skip
+    async def _connect(self) -> None:
+        """One connection's life: handshake, then deliveries until the broker closes it."""
+        channel = await self.client.open_channel(self.transport)
         try:
-            writer.write(self._handshake() + b"\n")
-            await writer.drain()
-
-            async def send(payload: bytes) -> None:
-                writer.write(payload + b"\n")
-                await writer.drain()
-
-            self._send = send
+            await channel.send(self._handshake())
+            self._send = channel.send
             self.connected.set()
-            while True:
-                line = await reader.readline()
-                if not line:
-                    raise ConnectionResetError("broker closed the connection")
+            async for line in channel.documents():
                 await self._deliver(line)
+            raise ConnectionResetError("broker closed the connection")
         finally:
-            writer.close()
-
-    async def _run_ws(self) -> None:
-        client = self.client
-        scheme = "wss" if client.ssl else "ws"
-        async with client._session().ws_connect(
-            f"{scheme}://{client.host}:{client.ws_port}/", max_msg_size=MAX_LINE, heartbeat=30
-        ) as ws:
-            await ws.send_str(self._handshake().decode())
-
-            async def send(payload: bytes) -> None:
-                await ws.send_str(payload.decode())
-
-            self._send = send
-            self.connected.set()
-            async for message in ws:
-                if message.type == aiohttp.WSMsgType.TEXT:
-                    await self._deliver(message.data.encode())
-                elif message.type == aiohttp.WSMsgType.BINARY:
-                    await self._deliver(message.data)
-                else:
-                    break
-            raise ConnectionResetError("broker closed the WebSocket")
+            await channel.close()

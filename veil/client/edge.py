@@ -15,7 +15,8 @@ from typing import Any
 
 import orjson
 
-from veil.client.client import FATAL_STATUSES, MAX_LINE, VeilClient, VeilError
+from veil.client.client import VeilClient
+from veil.client.errors import FATAL, VeilError, error_from_document
 from veil.matching import SubscriptionIndex
 from veil.protocol import flatten
 
@@ -77,9 +78,10 @@ class EdgeBroker:
         while True:
             try:
                 await self._channel()
-            except VeilError as exc:
-                if exc.status in FATAL_STATUSES:
-                    raise
+            except FATAL:
+                raise
+            except VeilError:
+                pass
             except (OSError, asyncio.IncompleteReadError, ssl.SSLError):
                 pass
             await asyncio.sleep(delay)
@@ -87,20 +89,16 @@ class EdgeBroker:
 
     async def _channel(self) -> None:
         client = self.client
-        reader, writer = await asyncio.open_connection(
-            client.host, client.tcp_port, ssl=client.ssl, limit=MAX_LINE,
-            server_hostname=client.host if client.ssl else None,
-        )  # fmt: skip
+        channel = await client.open_channel()
         try:
             handshake: dict[str, Any] = {"announcementId": self.announcement_id}
             if client.auth_hash is not None:
                 handshake["authHash"] = client.auth_hash
             if client.token is not None:
                 handshake["token"] = client.token
-            writer.write(orjson.dumps(handshake) + b"\n")
-            await writer.drain()
+            await channel.send(orjson.dumps(handshake))
             was_wanted, self.index = self.wanted, SubscriptionIndex()
-            while line := await reader.readline():
+            async for line in channel.documents():
                 doc = orjson.loads(line)
                 if "subscribe" in doc:
                     self.index.add(doc["subscribe"], doc["data"])
@@ -109,13 +107,13 @@ class EdgeBroker:
                 elif "synced" in doc:
                     self.synced.set()
                 elif "error" in doc:
-                    raise VeilError(doc.get("status", 0), doc.get("field", ""), doc["error"])
+                    raise error_from_document(doc)
                 if self.synced.is_set() and self.wanted != was_wanted:
                     was_wanted = self.wanted
                     await self._tell(was_wanted)
             raise ConnectionResetError("broker closed the channel")
         finally:
-            writer.close()
+            await channel.close()
 
     async def _tell(self, wanted: bool) -> None:
         if self.on_wanted is not None:
