@@ -92,7 +92,7 @@ async def test_overload_is_503_with_retry_after_and_nothing_is_stored(http, gate
     response = await http.post(
         "/publish", data=body, headers={"X-Auth-Hash": ALICE, "Content-Type": "application/x-ndjson"}
     )
-    assert response.status in (413, 503)
+    assert response.status == 413  # more lines than may wait for the log: refused whole
     assert logged(gateway, KIND_PUBLICATION) == []
     gateway.ingest.head, gateway.ingest.processed = gateway.config.max_lag + 10, 0
     response = await http.post("/publish", data=b"{}", headers={"X-Auth-Hash": ALICE})

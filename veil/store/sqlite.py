@@ -535,10 +535,7 @@ class SqliteStore(EventStore):
                 [("processed", processed, now), ("batch", batch_id, now)],
             )
             if len(pubs) and processed > done:
-                db.execute(
-                    "INSERT OR REPLACE INTO status(name, value, updated) VALUES ('matches_per_entry', ?, ?)",
-                    (-(-len(pubs) // (processed - done)), now),
-                )
+                _set(db, "matches_per_entry", -(-len(pubs) // (processed - done)))
 
     @staticmethod
     def _record_stateful(db: sqlite3.Connection, batch: StatefulBatch) -> list[tuple[int, int]]:
@@ -754,12 +751,8 @@ class SqliteStore(EventStore):
             if looked >= limit:
                 break
         if looked:
-            now = time.time()
-            db.executemany(
-                "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) "
-                "ON CONFLICT(name) DO UPDATE SET value = excluded.value, updated = excluded.updated",
-                [("spilled", spilled, now), ("spill_position", position, now)],
-            )
+            _set(db, "spilled", spilled)
+            _set(db, "spill_position", position)
         return looked
 
     def _consumed_floor(self, db: sqlite3.Connection) -> np.ndarray:
