@@ -9,3 +9,11 @@ def broker(tmp_path_factory):
     process = BrokerProcess(str(tmp_path_factory.mktemp("broker"))).start()
     yield process
     process.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_flags(request) -> tuple[str, ...]:
+    """`veil serve` flags for each store dialect: the embedded default, and a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return ()
+    return ("--store", request.getfixturevalue("postgres_url"))

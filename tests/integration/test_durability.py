@@ -19,8 +19,8 @@ def client_for(broker: BrokerProcess, auth_hash: str) -> VeilClient:
     return VeilClient(broker.url, auth_hash=auth_hash, tcp_port=broker.tcp_port, ws_port=broker.ws_port)
 
 
-async def test_subscriptions_and_queues_survive_a_restart(tmp_path):
-    broker = BrokerProcess(str(tmp_path)).start()
+async def test_subscriptions_and_queues_survive_a_restart(tmp_path, store_flags):
+    broker = BrokerProcess(str(tmp_path), *store_flags).start()
     rid = run_id()
     try:
         async with client_for(broker, "erin") as client:
@@ -41,8 +41,8 @@ async def test_subscriptions_and_queues_survive_a_restart(tmp_path):
         broker.close()
 
 
-async def test_kill_9_while_publishing_loses_and_duplicates_nothing(tmp_path):
-    broker = BrokerProcess(str(tmp_path)).start()
+async def test_kill_9_while_publishing_loses_and_duplicates_nothing(tmp_path, store_flags):
+    broker = BrokerProcess(str(tmp_path), *store_flags).start()
     rid = run_id()
     acknowledged: list[int] = []
     try:

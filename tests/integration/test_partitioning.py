@@ -13,8 +13,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("mode", ["subscriptions", "publications"])
-async def test_interleaved_changes_in_both_modes(tmp_path, mode):
-    broker = BrokerProcess(str(tmp_path), "--partitions", "3", "--partition-mode", mode).start()
+async def test_interleaved_changes_in_both_modes(tmp_path, mode, store_flags):
+    broker = BrokerProcess(str(tmp_path), "--partitions", "3", "--partition-mode", mode, *store_flags).start()
     try:
         async with VeilClient(broker.url, auth_hash="ivy") as client:
             runs = [run_id() for _ in range(4)]

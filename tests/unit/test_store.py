@@ -19,9 +19,11 @@ from veil.store import (
 )
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = open_store(f"sqlite:///{tmp_path}/veil.db")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request, tmp_path):
+    """The same tests on each dialect."""
+    url = request.getfixturevalue("postgres_url") if request.param == "postgresql" else f"sqlite:///{tmp_path}/veil.db"
+    s = open_store(url)
     yield s
     s.close()
 

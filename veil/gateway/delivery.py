@@ -1,10 +1,11 @@
 """Delivery sessions: per-subscription queues pushed to connected clients, in order, once.
 
-The hub polls the store for new deliveries (in the order the pipeline queued them) and offers them to
-the sessions of connected subscriptions. A session that falls behind, or has just connected, stops
-taking offers and reads its backlog from the store instead, so memory per session stays bounded and
-a disconnected subscription loses nothing. Cursors (the last publication delivered, or acknowledged
-when the client asked for acks) are saved in batches; a reconnect resumes after the cursor.
+The hub polls the store for new deliveries, or waits for its signal where it has one, and offers
+them (in the order the pipeline queued them) to the sessions of connected subscriptions. A session
+that falls behind, or has just connected, stops taking offers and reads its backlog from the store
+instead, so memory per session stays bounded and a disconnected subscription loses nothing. Cursors
+(the last publication delivered, or acknowledged when the client asked for acks) are saved in
+batches; a reconnect resumes after the cursor.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ log = logging.getLogger("veil.gateway")
 
 QUEUE_LIMIT = 2048
 SEND_BATCH = 512
+FEED_WAIT = 0.5  # seconds the hub waits for a store's signal of new deliveries before it looks again
 
 
 class Chunk(NamedTuple):
@@ -190,8 +192,9 @@ class DeliveryHub:
         while not self._stopping.is_set():
             entries = await self.threads.read(store.feed_since, self.last_seq, 64)
             if not entries:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), self.poll_interval)
+                if not (store.feed_signal and await self.threads.wait(store.wait_for_feed, self.last_seq, FEED_WAIT)):
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), self.poll_interval)
                 continue
             for entry in entries:
                 if self._by_number:

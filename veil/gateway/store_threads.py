@@ -1,6 +1,7 @@
 """Store access from the event loop: blocking store calls run on two dedicated threads, one for
 writes (so that writes never contend with each other and group commits stay large) and one for
-reads (so that a slow commit never delays pushing deliveries)."""
+reads (so that a slow commit never delays pushing deliveries); a third waits for the store's signal
+of new deliveries, where it has one."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class StoreThreads:
         self.store = store
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="store-write")
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="store-read")
+        self._waiter = ThreadPoolExecutor(1, thread_name_prefix="store-wait")
         self.failure: tuple[float, str] | None = None  # (monotonic time, error) of the last failed write
 
     async def write(self, call: Callable[..., T], *args: object) -> T:
@@ -33,7 +35,11 @@ class StoreThreads:
     async def read(self, call: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._reader, call, *args)
 
+    async def wait(self, call: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._waiter, call, *args)
+
     def close(self) -> None:
         self._writer.shutdown(wait=True)
         self._reader.shutdown(wait=True)
+        self._waiter.shutdown(wait=True)
         self.store.close()

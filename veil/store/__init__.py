@@ -32,7 +32,14 @@ def _sqlite(url: str, create: bool) -> EventStore:
     return SqliteStore(url.removeprefix("sqlite://"), create)
 
 
-STORES = {"sqlite": _sqlite}  # URL scheme -> how to open it; a path without a scheme is a SQLite file
+def _postgres(url: str, create: bool) -> EventStore:
+    from veil.store.postgres import PostgresStore
+
+    return PostgresStore(url, create)
+
+
+# URL scheme -> how to open it; a path without a scheme is a SQLite file
+STORES = {"sqlite": _sqlite, "postgresql": _postgres, "postgres": _postgres}
 
 
 def open_store(url: str, create: bool = True) -> EventStore:

@@ -232,6 +232,12 @@ class GatewayStore(LogReader):
     @abstractmethod
     def last_feed_seq(self) -> int: ...
 
+    feed_signal = False  # whether `wait_for_feed` waits for a signal (otherwise the hub polls)
+
+    def wait_for_feed(self, seq: int, timeout: float) -> bool:
+        """Block until a feed row after `seq` may be there (True) or `timeout` seconds passed (False)."""
+        return False
+
     @abstractmethod
     def bodies(self, pubs: np.ndarray) -> dict[int, tuple[bytes, Origin]]:
         """The published bytes of these publications and where they came from."""

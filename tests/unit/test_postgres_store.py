@@ -1,0 +1,117 @@
+"""What only the PostgreSQL store has to prove: several processes write one store at once (each
+store instance here stands for a gateway or the pipeline), its schema is versioned, and the
+pipeline's feed is signalled."""
+
+import threading
+import time
+
+import numpy as np
+import psycopg
+import pytest
+
+from tests.unit.helpers import published
+from veil.store import NotOwner, StoreMissing, open_store
+from veil.store.postgres import MIGRATIONS
+
+
+@pytest.fixture
+def stores(postgres_url):
+    opened = [open_store(postgres_url) for _ in range(3)]
+    yield opened
+    for store in opened:
+        store.close()
+
+
+def test_concurrent_appends_become_visible_in_offset_order(stores):
+    """A reader that has seen offset N has seen every entry below it, whichever writer made it: the
+    pipeline reads up to the head once and never again below it."""
+    writers, reader = stores[:2], stores[2]
+    done = threading.Event()
+    seen: list[tuple[int, list[int]]] = []
+
+    def write(store, name: str) -> None:
+        for n in range(150):
+            if n % 10 == 0:
+                store.put_subscription(f"{name}-{n}", name, b"[]")
+            else:
+                store.append_publications(published(*[f"{name}{n}.{i}".encode() for i in range(n % 4 + 1)]))
+
+    def read() -> None:
+        while not done.is_set():
+            head = reader.head_offset()
+            seen.append((head, [entry.offset for entry in reader.log_range(0, head)]))
+
+    threads = [threading.Thread(target=write, args=(store, name)) for store, name in zip(writers, "ab", strict=True)]
+    watcher = threading.Thread(target=read)
+    watcher.start()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done.set()
+    watcher.join()
+    final = [entry.offset for entry in reader.log_range(0, reader.head_offset())]
+    assert len(final) == 2 * (15 + sum(n % 4 + 1 for n in range(150) if n % 10))
+    assert final == sorted(set(final))
+    assert len(seen) > 10
+    for head, offsets in seen:
+        assert offsets == [offset for offset in final if offset <= head]
+
+
+def test_only_one_of_two_racing_owners_gets_a_subscription_id(stores):
+    outcomes: list[str] = []
+
+    def claim(store, owner: str) -> None:
+        try:
+            store.put_subscription("contested", owner, b"[]")
+            outcomes.append(owner)
+        except NotOwner:
+            outcomes.append("refused")
+
+    for _ in range(20):
+        threads = [threading.Thread(target=claim, args=(store, owner)) for store, owner in zip(stores, "xy", strict=False)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    owner = stores[0].subscription_owner("contested")
+    assert outcomes.count(owner) == 20 and outcomes.count("refused") == 20
+
+
+def test_a_feed_row_wakes_a_waiting_gateway(stores):
+    gateway, pipeline = stores[0], stores[1]
+    assert gateway.feed_signal
+    assert not gateway.wait_for_feed(0, 0.2)
+    woke: list[float] = []
+
+    def wait() -> None:
+        started = time.monotonic()
+        woke.append(gateway.wait_for_feed(gateway.last_feed_seq(), 10) and time.monotonic() - started)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.3)
+    pub = pipeline.append_publications(published(b"{}"))[0]
+    pipeline.record_deliveries(1, np.array([1]), np.array([pub]), pub)
+    waiter.join()
+    assert woke and 0.2 < woke[0] < 5
+    assert gateway.wait_for_feed(0, 10)  # a row already there: no wait
+
+
+def test_the_schema_is_versioned_and_the_pipeline_never_creates_it(postgres_url):
+    with pytest.raises(StoreMissing, match="a gateway creates it"):
+        open_store(postgres_url, create=False)
+    open_store(postgres_url).close()
+    open_store(postgres_url).close()  # the second start migrates nothing
+    with psycopg.connect(postgres_url) as db:
+        assert db.execute("SELECT version FROM schema_version").fetchall() == [(len(MIGRATIONS),)]
+        db.execute("UPDATE schema_version SET version = version + 1")
+    with pytest.raises(StoreMissing, match="newer than this release"):
+        open_store(postgres_url)
+
+
+def test_a_database_holding_other_tables_is_refused(postgres_url):
+    with psycopg.connect(postgres_url) as db:
+        db.execute("CREATE TABLE log (x int)")
+    with pytest.raises(StoreMissing, match="holds other tables"):
+        open_store(postgres_url)
