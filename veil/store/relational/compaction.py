@@ -1,0 +1,125 @@
+"""Compaction, `veil.store.queues`'s policy in SQL: spill what lagging subscribers have not consumed,
+drop what they have, and drop the publications below the horizon."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from veil.store.base import KIND_CANCEL, KIND_COPY, KIND_PUBLICATION, KIND_TICK
+from veil.store.queues import consumed_floor, horizon, spill_end, unconsumed, unpack
+from veil.store.relational.dialect import PROCESSED, SPILL_POSITION, SPILLED, Db, Dialect, get_status, set_status
+
+# The oldest publication any queue holds. The key is (sub_no, pub): a plain MIN(pub) scans every
+# queued row (180 ms at 5 M rows, once per compaction chunk), one seek per subscription number does not;
+# EXISTS skips those seeks (100,000 of them at that many subscriptions) when nothing is queued.
+OLDEST_QUEUED = (
+    "(SELECT MIN((SELECT MIN(pub) FROM deliveries d WHERE d.sub_no = n.no)) FROM subscription_numbers n "
+    "WHERE EXISTS (SELECT 1 FROM deliveries))"
+)
+
+
+class CompactionSql(Dialect):
+    # What compaction derived from subscriptions and cursors, valid while the store's count of their
+    # changes (`count_change`, kept in the store so that every gateway's changes count) stands still.
+    _floor: tuple[int, np.ndarray] | None = None
+    _consumed_clean = -1  # that count when compaction last found no consumed rows left
+
+    def compact(self, limit: int, fanned_out: int, spill_before: float) -> int:
+        with self._tx() as db:
+            changes = get_status(db, "changes") or 0
+            # the hub offers entries to connected sessions first; spilling one it has not offered yet
+            # would write rows that are about to be consumed
+            spilled = self._spill(db, fanned_out, spill_before, limit, changes)
+            consumed = 0
+            if changes != self._consumed_clean:  # spilling never writes a consumed row: cursors must move
+                # one primary-key range delete per cursor: cost follows the rows deleted, not the table
+                for number, pub in db.execute(
+                    "SELECT n.no, c.pub FROM cursors c JOIN subscription_numbers n USING (sub_id) "
+                    "WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.sub_no = n.no AND d.pub <= c.pub)"
+                ).fetchall():
+                    consumed += db.execute(
+                        "DELETE FROM deliveries WHERE sub_no = ? AND pub <= ?", (number, pub)
+                    ).rowcount
+                    if consumed >= limit:
+                        break
+                else:
+                    self._consumed_clean = changes
+            fed = db.execute(f"DELETE FROM feed WHERE seq <= {self.LEAST}(?, {SPILLED})", (fanned_out,)).rowcount
+            # Publications at or below the processed offset are never read by the pipeline again (a
+            # replayed batch starts after the last recorded one), and below the oldest queued delivery
+            # no queue needs their bodies.
+            # Nor are the publications a top-k/w skyband holds: a later expiry may deliver them.
+            processed, oldest_spilled, oldest_fed, held = db.execute(
+                f"SELECT {PROCESSED}, {OLDEST_QUEUED}, (SELECT MIN(first) FROM feed), "
+                "(SELECT value FROM status WHERE name = 'topk_held')"
+            ).fetchone()
+            below = horizon(processed, oldest_spilled, oldest_fed, held)
+            # Valid publications stay for the subscriptions to come, until the pipeline has passed the
+            # moment they expire or their withdrawal.
+            clock = db.execute(
+                'SELECT COALESCE(MAX(time), 0) FROM log WHERE "offset" = '
+                '(SELECT MAX("offset") FROM log WHERE "offset" <= ?)',
+                (processed,),
+            ).fetchone()[0]
+            published = db.execute(
+                "DELETE FROM validity WHERE until <= ? OR cancelled <= ?", (clock, processed)
+            ).rowcount
+            published += db.execute(
+                'DELETE FROM log WHERE "offset" IN (SELECT "offset" FROM log WHERE kind IN (?, ?, ?, ?) '
+                'AND "offset" <= ? AND "offset" NOT IN (SELECT pub FROM validity) ORDER BY "offset" LIMIT ?)',
+                (KIND_PUBLICATION, KIND_COPY, KIND_TICK, KIND_CANCEL, below, limit),
+            ).rowcount
+            published += db.execute("DELETE FROM copies WHERE pub <= ?", (below,)).rowcount
+        return spilled + consumed + fed + published
+
+    def _spill(self, db: Db, upto: int, before: float, limit: int, changes: int) -> int:
+        """Move the matches of feed rows up to seq `upto` created before `before` that live
+        subscriptions have not consumed into per-subscription rows, about `limit` matches per call
+        (a large entry is spilled over several calls, whole subscriptions at a time, so that no
+        transaction holds the write lock for long); returns the matches looked at."""
+        spilled, position = db.execute(f"SELECT {SPILLED}, {SPILL_POSITION}").fetchone()
+        rows = db.execute(  # stepped one entry at a time: entries can be tens of megabytes
+            "SELECT seq, pairs FROM feed WHERE seq > ? AND seq <= ? AND created < ? ORDER BY seq",
+            (spilled, upto, before),
+        )
+        looked = 0
+        floor: np.ndarray | None = None
+        for row in rows:
+            entry = unpack(*row)
+            end = spill_end(entry, position, limit - looked)
+            sub_nos, pubs = entry.sub_nos[position:end], entry.pubs[position:end]
+            floor = self._consumed_floor(db, changes) if floor is None else floor
+            keep = unconsumed(sub_nos, pubs, floor)
+            if keep.any():  # pairs are sorted by (subscription, publication): the B-tree fills in order
+                db.execute(
+                    # WHERE: without it, SQLite reads ON CONFLICT as the ON of a join
+                    f"INSERT INTO deliveries(sub_no, pub) SELECT j.sub_no, j.pub FROM {self.PAIRS} WHERE TRUE "
+                    "ON CONFLICT (sub_no, pub) DO NOTHING",
+                    self._pairs(sub_nos[keep], pubs[keep]),
+                )
+            looked += end - position
+            if end < len(entry.pubs):
+                position = end
+                break
+            spilled, position = entry.seq, 0
+            if looked >= limit:
+                break
+        if looked:
+            set_status(db, "spilled", spilled)
+            set_status(db, "spill_position", position)
+        return looked
+
+    def _consumed_floor(self, db: Db, changes: int) -> np.ndarray:
+        """`consumed_floor`, derived again only when subscriptions or cursors changed (at 100,000
+        subscriptions, deriving it for every step was most of compaction's time)."""
+        if self._floor is not None and self._floor[0] == changes:
+            return self._floor[1]
+        floor = consumed_floor(
+            db.execute(
+                f"SELECT n.no, {self.GREATEST}(n.reset, COALESCE(c.pub, 0)) FROM subscriptions s "
+                "JOIN subscription_numbers n USING (sub_id) LEFT JOIN cursors c USING (sub_id) "
+                "WHERE s.deleted IS NULL"
+            ).fetchall()
+        )
+        self._floor = (changes, floor)
+        return floor

@@ -1,0 +1,216 @@
+"""The delivery queues: the pipeline's feed rows, a subscription's backlog (spilled rows, then the
+unspilled feed), the publications' bodies and cropped copies, and the subscribers' cursors."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from veil.protocol.envelope import Origin
+from veil.store.base import KIND_COPY, Delivery, FeedEntry, Quarantined, StatefulBatch
+from veil.store.queues import matches_of, pack, unpack
+from veil.store.relational.dialect import (
+    LAST_FEED_SEQ,
+    PROCESSED,
+    SPILLED,
+    Db,
+    Dialect,
+    count_change,
+    now_ms,
+    set_status,
+)
+from veil.store.relational.log import append_entry
+from veil.store.relational.status import set_aside
+
+ORIGIN = "COALESCE(client, ''), key_id, signature, copy_of, cropped"  # the columns of an Origin
+
+
+class DeliverySql(Dialect):
+    def feed_since(self, seq: int, limit: int) -> list[FeedEntry]:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT seq, pairs, cropped FROM feed WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)
+            ).fetchall()
+        return [unpack(entry_seq, pairs, bool(cropped)) for entry_seq, pairs, cropped in rows]
+
+    def bodies(self, pubs: np.ndarray) -> dict[int, tuple[bytes, Origin]]:
+        with self._read() as db:
+            return self._bodies(db, pubs)
+
+    def _bodies(self, db: Db, pubs: np.ndarray) -> dict[int, tuple[bytes, Origin]]:
+        rows = db.execute(f'SELECT "offset", body, {ORIGIN} FROM log WHERE "offset" {self.IN_IDS}', (self._ids(pubs),))
+        return {row[0]: (row[1], _origin(row[2:])) for row in rows}
+
+    def copies(self, sub_nos: np.ndarray, pubs: np.ndarray) -> dict[tuple[int, int], bytes]:
+        with self._read() as db:
+            return self._copies(db, sub_nos, pubs)
+
+    def _copies(self, db: Db, sub_nos: np.ndarray, pubs: np.ndarray) -> dict[tuple[int, int], bytes]:
+        if not len(pubs):
+            return {}
+        rows = db.execute(
+            f"SELECT c.sub_no, c.pub, c.body FROM copies c JOIN {self.PAIRS} ON c.sub_no = j.sub_no AND c.pub = j.pub",
+            self._pairs(sub_nos, pubs),
+        )
+        return {(sub_no, pub): body for sub_no, pub, body in rows}
+
+    def backlog(self, sub_id: str, after_pub: int, limit: int) -> tuple[list[Delivery], int]:
+        with self._tx(write=False) as db:
+            watermark = db.execute(LAST_FEED_SEQ).fetchone()[0]
+            live = db.execute(
+                "SELECT n.no, n.reset FROM subscriptions s JOIN subscription_numbers n USING (sub_id) "
+                "WHERE s.sub_id = ? AND s.deleted IS NULL",
+                (sub_id,),
+            ).fetchone()
+            if live is None:
+                return [], watermark
+            number, floor = live[0], max(after_pub, live[1])
+            rows: list[Delivery] = [
+                (row[0], row[1], _origin(row[3:], row[2]))
+                for row in db.execute(
+                    "SELECT d.pub, COALESCE(c.body, l.body), c.body IS NOT NULL, "
+                    "COALESCE(l.client, ''), l.key_id, l.signature, l.copy_of, l.cropped "
+                    'FROM deliveries d JOIN log l ON l."offset" = d.pub '
+                    "LEFT JOIN copies c ON c.sub_no = d.sub_no AND c.pub = d.pub "
+                    "WHERE d.sub_no = ? AND d.pub > ? ORDER BY d.pub LIMIT ?",
+                    (number, floor, limit),
+                )
+            ]
+            if len(rows) < limit:
+                floor = rows[-1][0] if rows else floor
+                pubs = self._unspilled(db, number, floor, watermark, limit - len(rows))
+                if len(pubs):
+                    bodies = self._bodies(db, pubs)
+                    copies = self._copies(db, np.full(len(pubs), number, np.int64), pubs)
+                    for pub in pubs.tolist():
+                        copy = copies.get((number, pub))
+                        body, origin = bodies[pub]
+                        rows.append((pub, body, origin) if copy is None else (pub, copy, origin._replace(cropped=True)))
+        return rows, watermark
+
+    @staticmethod
+    def _unspilled(db: Db, number: int, floor: int, upto_seq: int, limit: int) -> np.ndarray:
+        """A subscription's matches after `floor` in the feed rows not yet spilled: a binary search in
+        each row, whose pairs are sorted by subscription number."""
+        found: list[np.ndarray] = []
+        count = 0
+        rows = db.execute(f"SELECT pairs FROM feed WHERE seq > {SPILLED} AND seq <= ? ORDER BY seq", (upto_seq,))
+        for (pairs,) in rows:
+            found.append(matches_of(unpack(0, pairs), number, floor))
+            count += len(found[-1])
+            if count >= limit:
+                break
+        return np.concatenate(found)[:limit] if found else np.empty(0, np.int64)
+
+    def cursor(self, sub_id: str) -> int:
+        with self._read() as db:
+            row = db.execute("SELECT pub FROM cursors WHERE sub_id = ?", (sub_id,)).fetchone()
+        return row[0] if row else 0
+
+    def save_cursors(self, cursors: dict[str, int]) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "INSERT INTO cursors(sub_id, pub) SELECT ?, ? WHERE EXISTS "
+                "(SELECT 1 FROM subscriptions WHERE sub_id = ? AND deleted IS NULL) "
+                f"ON CONFLICT (sub_id) DO UPDATE SET pub = {self.GREATEST}(cursors.pub, excluded.pub)",
+                [(sub_id, pub, sub_id) for sub_id, pub in cursors.items()],
+            )
+            count_change(db)
+
+    def last_feed_seq(self) -> int:
+        with self._read() as db:
+            return db.execute(LAST_FEED_SEQ).fetchone()[0]
+
+    def record_deliveries(
+        self,
+        batch_id: int,
+        sub_nos: np.ndarray,
+        pubs: np.ndarray,
+        processed: int,
+        copies: Sequence[tuple[int, int, bytes]] = (),
+        stateful: StatefulBatch | None = None,
+        quarantined: Sequence[Quarantined] = (),
+    ) -> None:
+        sub_nos = np.asarray(sub_nos, np.int64)
+        pubs = np.asarray(pubs, np.int64)
+        now = time.time()
+        with self._tx() as db:
+            # matches of publications at or below the processed offset were recorded by an earlier
+            # run of this batch: a replay adds only what is new
+            done = db.execute(f"SELECT {PROCESSED}").fetchone()[0]
+            fresh = pubs > done
+            sub_nos, pubs = sub_nos[fresh], pubs[fresh]
+            copies = [copy for copy in copies if copy[1] > done]
+            if stateful is not None and processed > done:
+                logged = self._record_stateful(db, stateful) + [(n, p) for n, p, _ in stateful.initials]
+                sub_nos = np.concatenate([sub_nos, np.array([n for n, _ in logged], np.int64)])
+                pubs = np.concatenate([pubs, np.array([p for _, p in logged], np.int64)])
+                copies += [(n, p, copy) for n, p, copy in stateful.initials if copy is not None]
+            if len(pubs):
+                pairs, first = pack(sub_nos, pubs)
+                seq = db.execute(
+                    "INSERT INTO feed(pairs, first, created, cropped) VALUES (?, ?, ?, ?) RETURNING seq",
+                    (pairs, first, now, bool(copies)),
+                ).fetchone()[0]
+                set_status(db, "feed_seq", seq)
+                self._feed_written(db)
+                db.executemany(
+                    "INSERT INTO copies(sub_no, pub, body) VALUES (?, ?, ?) "
+                    "ON CONFLICT (sub_no, pub) DO UPDATE SET body = excluded.body",
+                    copies,
+                )
+            if processed > done:
+                set_aside(db, quarantined, processed, now)
+            db.executemany(
+                "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE "
+                f"SET value = {self.GREATEST}(status.value, excluded.value), updated = excluded.updated",
+                [("processed", processed, now), ("batch", batch_id, now)],
+            )
+            if len(pubs) and processed > done:
+                set_status(db, "matches_per_entry", -(-len(pubs) // (processed - done)))
+
+    def _record_stateful(self, db: Db, batch: StatefulBatch) -> list[tuple[int, int]]:
+        """Log each delivery as a copy of its publication (the envelope keeps the original's id) and
+        keep the skybands; returns the (subscription number, copy offset) matches."""
+        originals = {
+            row[0]: row[1:]
+            for row in db.execute(
+                f'SELECT "offset", body, client, key_id, signature FROM log WHERE "offset" {self.IN_IDS}',
+                (self._ids([pub for _, pub, _ in batch.deliveries]),),
+            )
+        }
+        logged = []
+        now = now_ms()
+        for number, pub, cropped in batch.deliveries:
+            if pub not in originals:  # kept while any skyband holds it: gone means nobody does
+                continue
+            body, client, key_id, signature = originals[pub]
+            offset = append_entry(
+                db,
+                "kind, body, client, key_id, signature, copy_of, cropped, time",
+                (KIND_COPY, cropped or body, client, key_id, signature, pub, cropped is not None, now),
+            )
+            logged.append((number, offset))
+        db.executemany(
+            "INSERT INTO topk_bands(number, blob) VALUES (?, ?) "
+            "ON CONFLICT (number) DO UPDATE SET blob = excluded.blob",
+            [(number, blob) for number, blob in batch.bands if blob is not None],
+        )
+        db.executemany(
+            "DELETE FROM topk_bands WHERE number = ?", [(number,) for number, blob in batch.bands if blob is None]
+        )
+        for name, value in (("topk_held", batch.held), ("topk_due", batch.due)):
+            if value is None:
+                db.execute("DELETE FROM status WHERE name = ?", (name,))
+            else:
+                set_status(db, name, value)
+        return logged
+
+
+def _origin(row: Sequence[Any], cropped: bool = False) -> Origin:
+    """An Origin from the ORIGIN columns; `cropped`: the subscriber gets a cropped copy."""
+    publisher, key_id, signature, copy_of, was_cropped = row
+    return Origin(publisher, key_id, signature, copy_of, bool(was_cropped or cropped))

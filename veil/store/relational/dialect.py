@@ -1,0 +1,133 @@
+"""What the relational store's parts share: the connection protocol its statements use, the
+transaction, the fragments and hooks a dialect provides, and the `status` table's helpers."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from abc import abstractmethod
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from veil.store.base import EventStore, Publication, StoreUnavailable
+
+
+class Cursor(Protocol):
+    rowcount: int
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Db(Protocol):
+    """A connection as the statements use it: DB-API `execute`/`executemany` with `?` placeholders."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor: ...
+
+    def executemany(self, sql: str, params: Sequence[Sequence[Any]]) -> Any: ...
+
+
+def status_value(name: str) -> str:
+    return f"(SELECT COALESCE(MAX(value), 0) FROM status WHERE name = '{name}')"
+
+
+SPILLED = status_value("spilled")  # the last feed seq spilled
+SPILL_POSITION = status_value("spill_position")  # how far into the next feed row spilling got
+PROCESSED = status_value("processed")
+# The highest feed seq ever given, even once compaction emptied the feed: written in the feed row's
+# transaction, so that a reader never sees a seq whose row it cannot see yet.
+LAST_FEED_SEQ = f"SELECT {status_value('feed_seq')}"
+
+
+class Dialect(EventStore):
+    """What a dialect provides; every part of the relational store builds on it."""
+
+    IN_IDS: str  # `column IN_IDS` with one parameter made by `_ids`
+    NOT_IN_IDS: str
+    PAIRS: str  # a table j(sub_no, pub) of the parameters `_pairs` makes
+    GREATEST: str  # the scalar max and min of two values
+    LEAST: str
+
+    @abstractmethod
+    def _tx(self, write: bool = True) -> contextlib.AbstractContextManager[Db]:
+        """A transaction: a write one is serialized against all others; a read one sees one snapshot."""
+
+    @abstractmethod
+    def _read(self) -> contextlib.AbstractContextManager[Db]:
+        """A connection for single statements (each sees a snapshot of its own)."""
+
+    @abstractmethod
+    def _ids(self, values: Sequence[int] | np.ndarray) -> Any: ...
+
+    @abstractmethod
+    def _pairs(self, sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[Any, ...]: ...
+
+    @abstractmethod
+    def _insert_publications(self, db: Db, now: int, publications: list[Publication]) -> list[int]:
+        """Log the publications with consecutive offsets (the caller holds the write lock)."""
+
+    def _feed_written(self, db: Db) -> None:
+        """Signal a new feed row, for `wait_for_feed` (delivered when the transaction commits)."""
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def get_status(db: Db, name: str) -> int | None:
+    row = db.execute("SELECT value FROM status WHERE name = ?", (name,)).fetchone()
+    return row[0] if row else None
+
+
+def set_status(db: Db, name: str, value: int) -> None:
+    db.execute(
+        "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) "
+        "ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated = excluded.updated",
+        (name, value, time.time()),
+    )
+
+
+def count_change(db: Db) -> None:
+    """Count a change of subscriptions or cursors, in its own transaction."""
+    db.execute(
+        "INSERT INTO status(name, value, updated) VALUES ('changes', 1, ?) "
+        "ON CONFLICT (name) DO UPDATE SET value = status.value + 1, updated = excluded.updated",
+        (time.time(),),
+    )
+
+
+class Transaction:
+    """BEGIN ... COMMIT, rolled back on error: no half-written state. A full disk, an I/O error, a
+    lost connection or a lock held too long (`failures`) is the store's condition, not the caller's
+    mistake: it surfaces as StoreUnavailable (the gateway answers 503), with nothing half-written."""
+
+    def __init__(self, db: Db, begin: Sequence[str], failures: tuple[type[Exception], ...]) -> None:
+        self.db = db
+        self.begin = begin
+        self.failures = failures
+
+    def __enter__(self) -> Db:
+        try:
+            for statement in self.begin:
+                self.db.execute(statement)
+        except self.failures as exc:
+            with contextlib.suppress(Exception):
+                self.db.execute("ROLLBACK")
+            raise StoreUnavailable(str(exc)) from exc
+        return self.db
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, *_: object) -> None:
+        try:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        except self.failures as failure:
+            if exc_type is None:
+                with contextlib.suppress(Exception):
+                    self.db.execute("ROLLBACK")
+                raise StoreUnavailable(str(failure)) from failure
+        if isinstance(exc, self.failures):
+            raise StoreUnavailable(str(exc)) from exc

@@ -1,0 +1,113 @@
+"""What the pipeline reports besides deliveries: its registration and heartbeat, its progress, the
+top-k/w state it keeps, and the entries it set aside in the quarantine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from veil.store.base import KIND_SUBSCRIBE, PipelineStatus, Quarantined, QuarantineRecord
+from veil.store.relational.dialect import Db, Dialect, get_status, set_status
+
+QUARANTINE_PREVIEW = 4096  # bytes of a quarantined entry kept for the operator to look at
+QUARANTINE_COLUMNS = 'seq, "offset", kind, sub_id, owner, error, body, time'
+
+
+class StatusSql(Dialect):
+    def quarantine(self, after: int = 0, limit: int = 1000) -> list[QuarantineRecord]:
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT {QUARANTINE_COLUMNS} FROM quarantine WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)
+            ).fetchall()
+        return [QuarantineRecord(*row) for row in rows]
+
+    def quarantine_count(self) -> int:
+        with self._read() as db:
+            return db.execute("SELECT COUNT(*) FROM quarantine").fetchone()[0]
+
+    def quarantined_at(self, offset: int) -> QuarantineRecord | None:
+        with self._read() as db:
+            row = db.execute(f'SELECT {QUARANTINE_COLUMNS} FROM quarantine WHERE "offset" = ?', (offset,)).fetchone()
+        return None if row is None else QuarantineRecord(*row)
+
+    def release_quarantined(self, offset: int) -> bool:
+        with self._tx() as db:
+            return db.execute('DELETE FROM quarantine WHERE "offset" = ?', (offset,)).rowcount > 0
+
+    def subscription_refusal(self, sub_id: str) -> str | None:
+        with self._read() as db:
+            row = db.execute(
+                'SELECT q.error FROM subscriptions s JOIN quarantine q ON q."offset" = s.created '
+                "WHERE s.sub_id = ? AND s.deleted IS NULL",
+                (sub_id,),
+            ).fetchone()
+        return row[0] if row else None
+
+    def topk_bands(self, numbers: Sequence[int]) -> dict[int, bytes]:
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT number, blob FROM topk_bands WHERE number {self.IN_IDS}", (self._ids(numbers),)
+            ).fetchall()
+        return dict(rows)
+
+    def processed_offset(self) -> int:
+        with self._read() as db:
+            return get_status(db, "processed") or 0
+
+    def matches_per_entry(self) -> int:
+        with self._read() as db:
+            return get_status(db, "matches_per_entry") or 0
+
+    def topk_due(self) -> int | None:
+        with self._read() as db:
+            return get_status(db, "topk_due")
+
+    def register_pipeline(self, pid: int) -> None:
+        with self._tx() as db:
+            set_status(db, "pipeline", pid)
+
+    def expect_pipeline(self) -> None:
+        self.register_pipeline(0)
+
+    def heartbeat(self, batch_since: int) -> None:
+        with self._tx() as db:
+            set_status(db, "heartbeat", batch_since)
+
+    def pipeline_status(self) -> PipelineStatus | None:
+        with self._read() as db:
+            rows = {
+                name: (value, updated)
+                for name, value, updated in db.execute(
+                    "SELECT name, value, updated FROM status WHERE name IN ('pipeline', 'heartbeat')"
+                )
+            }
+        if "pipeline" not in rows:
+            return None
+        (pid, registered), beat = rows["pipeline"], rows.get("heartbeat")
+        return PipelineStatus(pid, registered, beat[0] if beat else 0, beat[1] if beat else None)
+
+
+def set_aside(db: Db, entries: Sequence[Quarantined], processed: int, now: float) -> None:
+    """Set entries aside; a subscription named without its offset is the version in force at
+    `processed` (the one a matcher held when it failed)."""
+    for entry in entries:
+        offset, owner, body = entry.offset, entry.owner, None
+        if entry.kind == KIND_SUBSCRIBE:
+            row = db.execute(
+                "SELECT created, owner, substr(body, 1, ?) FROM subscriptions WHERE sub_id = ? AND created <= ? "
+                "AND (deleted IS NULL OR deleted > ?) ORDER BY created DESC LIMIT 1",
+                (QUARANTINE_PREVIEW, entry.sub_id, processed, processed),
+            ).fetchone()
+            if row is None:
+                continue  # replaced or removed in the same batch: nothing is left to set aside
+            offset, owner, body = row
+        else:
+            row = db.execute(
+                'SELECT client, substr(body, 1, ?) FROM log WHERE "offset" = ?', (QUARANTINE_PREVIEW, offset)
+            ).fetchone()
+            if row is not None:
+                owner, body = owner or row[0], row[1]
+        db.execute(
+            'INSERT INTO quarantine("offset", kind, sub_id, owner, error, body, time) '
+            'VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT ("offset") DO NOTHING',
+            (offset, entry.kind, entry.sub_id, owner, entry.error, body, now),
+        )
