@@ -131,6 +131,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = config_module.load(args)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config.role == "pipeline":
+        from veil.pipeline.job import run
+
+        logging.getLogger("py4j").setLevel(logging.WARNING)
+        return run(config, watch_parent=False)
     try:
         import uvloop
 

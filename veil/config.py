@@ -11,6 +11,7 @@ import dataclasses
 import ipaddress
 import os
 import re
+import socket
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,8 +80,29 @@ class Config:
         "matches per entry seen last",
         ("VEIL_MAX_BATCH_MATCHES",),
     )
-    instances: int = _opt(1, "number of broker instances", ("VEIL_INSTANCES", "INSTANCES"))
-    instance_id: int = _opt(0, "this instance's id, below instances", ("VEIL_INSTANCE_ID", "INSTANCEID"))
+    role: str = _opt(
+        "all", "all: gateway and pipeline in one; gateway: REST and delivery only (any number share one "
+        "store); pipeline: the Spark driver only (one per store)",
+        ("VEIL_ROLE",),
+    )  # fmt: skip
+    gateway_id: str | None = _opt(
+        None, "this gateway's name among those sharing the store (default: host name and port)",
+        ("VEIL_GATEWAY_ID",), str,
+    )  # fmt: skip
+    checkpoint: str | None = _opt(
+        None, "Spark checkpoint location: a path or a Hadoop-compatible URL (default: <data-dir>/checkpoint)",
+        ("VEIL_CHECKPOINT",), str,
+    )  # fmt: skip
+    spark_conf: tuple[str, ...] = _opt(
+        (), "a Spark setting KEY=VALUE for the pipeline, e.g. spark.executor.memory=2g (repeatable; "
+        "VEIL_SPARK_CONF: one per line)",
+        ("VEIL_SPARK_CONF",), tuple,
+    )  # fmt: skip
+    instances: int = _opt(
+        1, "SELIS instances: only 1 (several gateways share a store instead: see --role)",
+        ("VEIL_INSTANCES", "INSTANCES"),
+    )  # fmt: skip
+    instance_id: int = _opt(0, "SELIS instance id: only 0", ("VEIL_INSTANCE_ID", "INSTANCEID"))
     metrics_auth_hash_file: str | None = _opt(
         None, "file with the monitoring authHash", ("VEIL_METRICS_AUTH_HASH_FILE", "METRICSAUTHHASHFILE"), str
     )
@@ -143,6 +165,18 @@ class Config:
         return self.store or f"sqlite:///{os.path.abspath(os.path.join(self.data_dir, 'veil.db'))}"
 
     @property
+    def checkpoint_location(self) -> str:
+        return self.checkpoint or os.path.join(os.path.abspath(self.data_dir), "checkpoint")
+
+    @property
+    def gateway_name(self) -> str:
+        return self.gateway_id or f"{socket.gethostname()}:{self.port}"
+
+    @property
+    def spark_settings(self) -> dict[str, str]:
+        return dict(setting.split("=", 1) for setting in self.spark_conf)
+
+    @property
     def limits(self) -> Limits:
         return Limits(
             self.max_depth, self.max_keys, self.max_key_length, self.max_constraints, self.max_in_values,
@@ -197,8 +231,22 @@ class Config:
             raise ValueError("--partitions: at least 1")
         if self.partition_mode not in ("subscriptions", "publications"):
             raise ValueError("--partition-mode: subscriptions or publications")
-        if self.instances < 1 or not 0 <= self.instance_id < self.instances:
-            raise ValueError("--instance-id must be below --instances")
+        if self.instances != 1 or self.instance_id != 0:
+            raise ValueError(
+                "--instances/--instance-id: Veil runs as one instance per store; to spread the load, run "
+                "several `veil serve --role gateway` on one store (any gateway serves any client) and one "
+                "`veil serve --role pipeline` on a Spark cluster"
+            )
+        if self.role not in ("all", "gateway", "pipeline"):
+            raise ValueError(f"--role: {self.role!r}; use all, gateway or pipeline")
+        if not self.master.startswith("local") and not self.store_url.startswith(("postgresql:", "postgres:")):
+            raise ValueError(
+                f"--spark-master {self.master}: executors on other machines cannot share the SQLite store "
+                "(a file of this machine, written with shared memory): use --store postgresql://..."
+            )
+        for setting in self.spark_conf:
+            if not re.fullmatch(r"spark\.[\w.\-]+=.*", setting, re.S):
+                raise ValueError(f"--spark-conf: {setting!r} is not KEY=VALUE with a spark.* key")
         if self.metrics_interval < 1:
             raise ValueError("--metrics-interval: at least 1 second")
         unknown = sorted(set(self.auth_methods) - set(AUTH_METHODS))
@@ -231,6 +279,11 @@ def _flag(name: str) -> str:
 
 def _convert(f: dataclasses.Field, raw: Any, source: str) -> Any:
     kind = f.metadata["kind"] or type(f.default)
+    if kind is tuple:  # repeated flags, a TOML array, or lines of an environment variable
+        items = raw.splitlines() if isinstance(raw, str) else raw
+        if not isinstance(items, list | tuple) or not all(isinstance(item, str) for item in items):
+            raise ValueError(f"{source}: a list of strings")
+        return tuple(item.strip() for item in items if item.strip())
     try:
         return _bool(raw) if kind is bool else kind(raw)
     except (TypeError, ValueError) as exc:
@@ -240,7 +293,8 @@ def _convert(f: dataclasses.Field, raw: Any, source: str) -> Any:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML configuration file (also VEIL_CONFIG)")
     for f in dataclasses.fields(Config):
-        parser.add_argument(f"--{_flag(f.name)}", dest=f.name, default=None, help=f.metadata["help"])
+        repeated = "append" if f.metadata["kind"] is tuple else "store"
+        parser.add_argument(f"--{_flag(f.name)}", dest=f.name, default=None, action=repeated, help=f.metadata["help"])
 
 
 def load(args: argparse.Namespace | None = None, environ: dict[str, str] | None = None) -> Config:

@@ -29,7 +29,11 @@ def test_precedence_flags_over_environment_over_file(tmp_path):
         (["--port", "70000"], "--port"),
         (["--port", "abc"], "--port"),
         (["--certificate", "/nonexistent.pem", "--private-key", "/nonexistent.pem"], "--certificate"),
-        (["--instances", "2", "--instance-id", "2"], "--instance-id"),
+        (["--instances", "2", "--instance-id", "1"], "--role gateway"),
+        (["--role", "matcher"], "--role"),
+        (["--spark-master", "spark://10.0.0.1:7077"], "--store postgresql://"),
+        (["--spark-conf", "executor.memory=2g"], "--spark-conf"),
+        (["--spark-conf", "spark.executor.memory"], "--spark-conf"),
         (["--with-authorization", "maybe"], "--with-authorization"),
         (["--metrics-interval", "0.5"], "--metrics-interval"),
     ],
@@ -44,3 +48,32 @@ def test_unknown_file_option(tmp_path):
     path.write_text("prot = 1\n")
     with pytest.raises(ValueError, match="prot"):
         config.load(parse(["--config", str(path)]), {})
+
+
+def test_spark_settings_pass_through_from_flags_file_and_environment(tmp_path):
+    flags = ["--spark-conf", "spark.executor.memory=2g", "--spark-conf", "spark.executor.extraJavaOptions=-Da=b -Dc=d"]
+    cfg = config.load(parse(flags), {})
+    assert cfg.spark_settings == {"spark.executor.memory": "2g", "spark.executor.extraJavaOptions": "-Da=b -Dc=d"}
+    path = tmp_path / "veil.toml"
+    path.write_text('spark-conf = ["spark.dynamicAllocation.enabled=true"]\nstore = "postgresql://db/veil"\n')
+    cfg = config.load(parse(["--config", str(path), "--spark-master", "spark://10.0.0.1:7077"]), {})
+    assert cfg.spark_settings == {"spark.dynamicAllocation.enabled": "true"}
+    cfg = config.load(parse([]), {"VEIL_SPARK_CONF": "spark.a.b=1\nspark.c=2\n"})
+    assert cfg.spark_settings == {"spark.a.b": "1", "spark.c": "2"}
+    assert cfg.checkpoint_location.endswith("veil-data/checkpoint")
+
+
+def test_a_cluster_master_with_the_sqlite_store_is_refused_before_anything_starts(tmp_path):
+    """Executors on other machines could not see the file: nothing may be acknowledged that the
+    pipeline could never deliver, so the broker does not start at all."""
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+    result = subprocess.run(
+        [sys.executable, "-m", "veil.cli", "serve", "--data-dir", str(data), "--spark-master", "spark://127.0.0.1:7077"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--spark-master spark://127.0.0.1:7077" in result.stderr and "--store postgresql://" in result.stderr
+    assert not data.exists()

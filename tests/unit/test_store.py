@@ -280,3 +280,20 @@ def test_a_store_that_kept_envelope_fragments_is_migrated(tmp_path):
         assert store.log_range(2, 3)[0].number == 7
     finally:
         store.close()
+
+
+def test_a_subscription_is_claimed_by_one_live_gateway_at_a_time(store):
+    store.renew_gateway("A", 7)
+    store.renew_gateway("B", 5)
+    now = time.time()
+    assert store.fanned_out(now - 10) == 5
+    assert store.claim_subscription("s", "A", now, now - 10) is None
+    assert store.claim_subscription("s", "B", now + 1, now - 10) == "A"
+    assert store.claim_subscription("s", "A", now + 2, now - 10) is None  # a new connection through A
+    store.release_subscription("s", "A", now)  # the older connection ends: the newer one's claim stays
+    assert store.claim_subscription("s", "B", now + 3, now - 10) == "A"
+    assert store.claim_subscription("s", "B", now + 4, now + 60) is None  # A counts as gone: its claim lapsed
+    assert store.fanned_out(now + 60) == 0
+    store.leave("B")
+    assert store.claim_subscription("s", "A", now + 5, now - 10) is None
+    assert store.fanned_out(now - 10) == 7

@@ -1,6 +1,7 @@
 """The gateway's loops besides serving requests, started and stopped as one: fanning out the
 pipeline's feed, saving cursors, following the pipeline's progress and health, logging clock ticks
-for top-k/w windows, compacting the store, and supervising the pipeline process."""
+for top-k/w windows, compacting the store, renewing this gateway's row among those sharing the
+store, and supervising the pipeline process."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import time
 from collections.abc import Coroutine
 
+from veil.gateway import membership
 from veil.gateway.context import Gateway
 from veil.gateway.pipeline_process import PipelineProcess
 from veil.protocol import ProtocolError
@@ -34,8 +36,9 @@ class Background:
     def start(self) -> None:
         hub = self.gateway.hub
         loops: list[Coroutine[None, None, None]] = [
-            hub.poll(), hub.save_cursors_periodically(), self._track_progress(), self._compact()
-        ]
+            hub.poll(), hub.save_cursors_periodically(), self._track_progress(), self._compact(),
+            membership.stay_alive(self.gateway),
+        ]  # fmt: skip
         if self.pipeline is not None:
             loops.append(self.pipeline.supervise())
         self._tasks = [asyncio.create_task(loop) for loop in loops]
@@ -118,14 +121,14 @@ class Background:
 
     async def _compact(self) -> None:
         """Keep the store's size proportional to what is still queued, not to everything ever sent."""
-        threads, hub = self.gateway.threads, self.gateway.hub
+        threads = self.gateway.threads
         while True:
             try:
-                while (
-                    await threads.write(threads.store.compact, COMPACT_CHUNK, hub.last_seq, time.time() - SPILL_AFTER)
-                    >= COMPACT_CHUNK
-                ):
-                    pass
+                handled = COMPACT_CHUNK
+                while handled >= COMPACT_CHUNK:
+                    fanned_out = await membership.fanned_out(self.gateway)
+                    spill_before = time.time() - SPILL_AFTER
+                    handled = await threads.write(threads.store.compact, COMPACT_CHUNK, fanned_out, spill_before)
             except Exception:
                 log.exception("compacting the store failed")
             await asyncio.sleep(COMPACT_INTERVAL)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import ssl
 
+from veil.gateway import membership
 from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
 from veil.gateway.delivery import Session
@@ -33,15 +34,17 @@ async def open_session(
     refusal = await threads.read(store.subscription_refusal, handshake.subscription_id)
     if refusal is not None:
         raise ProtocolError("subscriptionId", f"quarantined by the broker: {refusal}", 422)
+    claimed = await membership.claim(gateway, handshake.subscription_id)
     start = handshake.resume_after
     if start is None:
         saved = await threads.read(store.cursor, handshake.subscription_id)
         start = max(saved, hub.unsaved_cursor(handshake.subscription_id))
-    session = Session(hub, handshake, number, start, send, close)
+    session = Session(hub, handshake, number, start, send, close, claimed)
     await hub.attach(session)
     # An unsubscription that ran between the check above and the attach found no session to close.
     if await threads.read(store.subscription_owner, handshake.subscription_id) is None:
         hub.detach(session)
+        await membership.release(gateway, session.sub_id, claimed)
         raise ProtocolError("subscriptionId", "unknown subscription", 404)
     return session
 
@@ -75,3 +78,5 @@ async def serve_connection(
         pusher.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
             await pusher
+        with contextlib.suppress(Exception):  # a claim not released lapses with this gateway's renewals
+            await membership.release(gateway, session.sub_id, session.claimed)

@@ -43,9 +43,17 @@ class Chunk(NamedTuple):
 
 class Session:
     def __init__(
-        self, hub: DeliveryHub, handshake: Handshake, number: int, start_after: int, send: Send, close: Close
+        self,
+        hub: DeliveryHub,
+        handshake: Handshake,
+        number: int,
+        start_after: int,
+        send: Send,
+        close: Close,
+        claimed: float = 0.0,
     ) -> None:
         self.hub = hub
+        self.claimed = claimed  # when this gateway claimed the subscription for it (`membership`)
         self.sub_id = handshake.subscription_id
         self.number = number
         self.envelope = handshake.envelope
@@ -197,6 +205,11 @@ class DeliveryHub:
                         await asyncio.wait_for(self._stopping.wait(), self.poll_interval)
                 continue
             for entry in entries:
+                if entry.seq > self.last_seq + 1:
+                    # rows this hub never offered went (another gateway's compaction spilled them while
+                    # this one counted as gone): its sessions read their queues from the store again
+                    for session in self.sessions.values():
+                        session.resync()
                 if self._by_number:
                     try:
                         await self._fan_out(entry)

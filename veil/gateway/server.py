@@ -5,6 +5,7 @@ the parts."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +14,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from veil.config import Config
+from veil.gateway import membership
 from veil.gateway.admission import Admission
 from veil.gateway.background import Background
 from veil.gateway.channel import EdgeChannels
@@ -75,6 +77,7 @@ class Broker:
         gateway.ingest.processed = await threads.read(threads.store.processed_offset)
         await gateway.registry.load(config.registry)
         await gateway.hub.start()
+        await membership.join(gateway)
         if self.pipeline is not None:
             await threads.write(threads.store.expect_pipeline)  # until the new pipeline registers
 
@@ -119,6 +122,8 @@ class Broker:
         for runner in self._runners:
             await runner.cleanup()
         await self.background.stop()
+        with contextlib.suppress(Exception):  # otherwise its row lapses: others wait for it a little longer
+            await membership.leave(gateway)
         gateway.threads.close()
         gateway.parsing.shutdown(wait=False)
 
@@ -138,7 +143,7 @@ logging.getLogger("aiohttp.server").addFilter(_OneLine())
 
 
 async def serve(config: Config) -> None:
-    broker = Broker(config)
+    broker = Broker(config, run_pipeline=config.role == "all")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

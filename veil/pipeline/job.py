@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("veil.pipeline")
 HEARTBEAT = 0.5  # seconds
+STORE_RETRY = 2.0  # seconds between looks for a store that is not there yet
 
 
 def build_session(config: Config):
@@ -50,6 +51,8 @@ def build_session(config: Config):
     )
     if config.master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+    for key, value in config.spark_settings.items():  # the operator's --spark-conf go last: they win
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
@@ -78,7 +81,7 @@ def start_query(spark, config: Config):
     return (
         matches.writeStream.queryName("veil_match")
         .foreachBatch(DeliveryWriter(url))
-        .option("checkpointLocation", os.path.join(os.path.abspath(config.data_dir), "checkpoint"))
+        .option("checkpointLocation", config.checkpoint_location)
         .trigger(processingTime=f"{config.trigger_ms} milliseconds")
         .start()
     )
@@ -132,19 +135,36 @@ class Heartbeat:
             self._failing = False
 
 
-def run(config: Config, watch_parent: bool = True) -> int:
-    from veil.store import StoreMissing, open_store
+def _open_store(config: Config, stop: threading.Event, patient: bool) -> PipelineStore | None:
+    """The gateway's store; a pipeline started on its own (`--role pipeline`) waits for a gateway to
+    create it, since a deployment may start its parts in any order."""
+    from veil.store import StoreMissing, StoreUnavailable, open_store
 
+    reported = ""
+    while True:
+        try:
+            return open_store(config.store_url, create=False)
+        except (StoreMissing, StoreUnavailable) as exc:
+            if not patient:
+                log.error("pipeline cannot start: %s", exc)
+                return None
+            if str(exc) != reported:
+                log.warning("pipeline waits for its store: %s", exc)
+                reported = str(exc)
+        if stop.wait(STORE_RETRY):
+            return None
+
+
+def run(config: Config, watch_parent: bool = True) -> int:
+    """Run the query until stopped; `watch_parent`: the gateway started this process (`--role all`)."""
     stop = threading.Event()
     if watch_parent:
         _exit_with_parent(stop)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     lock = _lock_data_dir(config)
-    try:
-        store = open_store(config.store_url, create=False)
-    except StoreMissing as exc:
-        log.error("pipeline cannot start: %s", exc)
+    store = _open_store(config, stop, patient=not watch_parent)
+    if store is None:
         return 2
     started = time.monotonic()
     spark = build_session(config)

@@ -258,9 +258,31 @@ class GatewayStore(LogReader):
     def save_cursors(self, cursors: dict[str, int]) -> None: ...
 
     @abstractmethod
+    def renew_gateway(self, gateway: str, fanned_out: int) -> None:
+        """This gateway is alive (its delivery connections' claims with it) and has fanned out the feed
+        up to seq `fanned_out`."""
+
+    @abstractmethod
+    def fanned_out(self, alive_since: float) -> int:
+        """The feed seq every gateway renewed since `alive_since` (unix seconds) has fanned out."""
+
+    @abstractmethod
+    def leave(self, gateway: str) -> None:
+        """A gateway stops: its feed position and its connections' claims go."""
+
+    @abstractmethod
+    def claim_subscription(self, sub_id: str, gateway: str, at: float, alive_since: float) -> str | None:
+        """Record that `gateway` delivers to the subscription from now on (claim time `at`), unless
+        another gateway renewed since `alive_since` holds it: then that gateway, and nothing changes."""
+
+    @abstractmethod
+    def release_subscription(self, sub_id: str, gateway: str, at: float) -> None:
+        """The connection claimed at `at` ended (a later claim by the same gateway stays)."""
+
+    @abstractmethod
     def compact(self, limit: int, fanned_out: int, spill_before: float) -> int:
         """One bounded step of housekeeping (the policy is `veil.store.queues`'s). Feed entries that
-        the hub has fanned out (seq <= `fanned_out`) and that were created before `spill_before` get
+        every gateway has fanned out (seq <= `fanned_out`) and that were created before `spill_before` get
         their unconsumed matches spilled into per-subscription queues, then go; up to `limit` queued
         deliveries that their subscriptions consumed go, and so do publications that neither the
         pipeline nor any queue still needs. Returns the rows handled; below `limit` means nothing is

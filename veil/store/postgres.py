@@ -123,6 +123,18 @@ CREATE TABLE status (
     updated DOUBLE PRECISION NOT NULL
 );
 """,
+    """
+CREATE TABLE gateways (  -- the gateways sharing the store, while they renew their row
+    gateway TEXT PRIMARY KEY,
+    fanned_out BIGINT NOT NULL,  -- the feed seq it has offered to its connections
+    seen DOUBLE PRECISION NOT NULL  -- unix seconds of its last renewal
+);
+CREATE TABLE connections (  -- which gateway delivers to a connected subscription
+    sub_id TEXT PRIMARY KEY,
+    gateway TEXT NOT NULL,
+    since DOUBLE PRECISION NOT NULL
+);
+""",
 )
 
 

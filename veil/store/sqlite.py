@@ -126,6 +126,16 @@ CREATE TABLE IF NOT EXISTS quarantine (  -- log entries the pipeline could not p
     body BLOB,  -- the entry's first bytes, for the operator
     time REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS gateways (  -- the gateways sharing the store, while they renew their row
+    gateway TEXT PRIMARY KEY,
+    fanned_out INTEGER NOT NULL,  -- the feed seq it has offered to its connections
+    seen REAL NOT NULL  -- unix seconds of its last renewal
+);
+CREATE TABLE IF NOT EXISTS connections (  -- which gateway delivers to a connected subscription
+    sub_id TEXT PRIMARY KEY,
+    gateway TEXT NOT NULL,
+    since REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS status (
     name TEXT PRIMARY KEY,
     value INTEGER NOT NULL,

@@ -1,0 +1,62 @@
+"""This gateway among the others sharing its store. It renews its row every RENEW seconds with how
+far it has fanned out the feed, and claims each subscription it delivers to, so that a subscriber
+connected through two gateways at once is refused on the second. A gateway silent for STALE seconds
+counts as gone: its claims lapse (its subscribers may reconnect elsewhere) and compaction stops
+keeping feed rows for it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from veil.gateway.context import Gateway
+from veil.protocol import ProtocolError
+
+log = logging.getLogger("veil.gateway")
+RENEW = 2.0  # seconds between renewals
+STALE = 10.0  # seconds without one after which a gateway counts as gone
+
+
+async def join(gateway: Gateway) -> None:
+    threads = gateway.threads
+    await threads.write(threads.store.renew_gateway, gateway.config.gateway_name, gateway.hub.last_seq)
+
+
+async def stay_alive(gateway: Gateway) -> None:
+    while True:
+        await asyncio.sleep(RENEW)
+        try:
+            await join(gateway)
+        except Exception:
+            log.exception("renewing this gateway's row in the store failed")
+
+
+async def leave(gateway: Gateway) -> None:
+    threads = gateway.threads
+    await threads.write(threads.store.leave, gateway.config.gateway_name)
+
+
+async def fanned_out(gateway: Gateway) -> int:
+    """The feed seq that this and every other live gateway have fanned out."""
+    threads = gateway.threads
+    others = await threads.read(threads.store.fanned_out, time.time() - STALE)
+    return min(others, gateway.hub.last_seq)
+
+
+async def claim(gateway: Gateway, sub_id: str) -> float:
+    """Take the subscription's deliveries for this gateway; returns the claim's time, which releases it."""
+    threads, at = gateway.threads, time.time()
+    holder = await threads.write(
+        threads.store.claim_subscription, sub_id, gateway.config.gateway_name, at, at - STALE
+    )
+    if holder is not None:
+        raise ProtocolError(
+            "subscriptionId", f"connected through gateway {holder}; retry once that connection has ended", 503
+        )
+    return at
+
+
+async def release(gateway: Gateway, sub_id: str, at: float) -> None:
+    threads = gateway.threads
+    await threads.write(threads.store.release_subscription, sub_id, gateway.config.gateway_name, at)
