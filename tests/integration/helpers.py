@@ -64,3 +64,81 @@ class LineConnection:
 
     def close(self) -> None:
         self.writer.close()
+
+
+class SteadyPublisher:
+    """Publishes {"run", "n", "even"} about 100 times a second through `client` (which the test may
+    switch, as a load balancer moves publishers), keeping the n of every acknowledged publication."""
+
+    def __init__(self, client, rid: str) -> None:
+        self.client = client
+        self.rid = rid
+        self.acknowledged: list[int] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        import aiohttp
+
+        from veil.client import VeilError
+
+        n = 0
+        while True:
+            try:
+                await self.client.publish({"run": self.rid, "n": n, "even": n % 2 == 0})
+                self.acknowledged.append(n)
+            except (aiohttp.ClientError, VeilError, OSError):
+                pass
+            n += 1
+            await asyncio.sleep(0.01)
+
+    async def until(self, count: int, timeout: float = 60.0) -> None:
+        """Until `count` publications were acknowledged in all (a loaded machine acknowledges fewer per
+        second, and what the test does next must still land in the middle of a stream)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while len(self.acknowledged) < count and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        assert len(self.acknowledged) >= count, "the publisher was not publishing at a steady rate"
+
+    def stop(self) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+class Consumers:
+    """Reads each stream into a list of the n it delivered."""
+
+    def __init__(self, streams: dict[str, DeliveryStream]) -> None:
+        self.streams = streams
+        self.received: dict[str, list[int]] = {sub_id: [] for sub_id in streams}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        for stream in self.streams.values():
+            await stream.__aenter__()
+        self._tasks = [asyncio.create_task(self._consume(sub_id)) for sub_id in self.streams]
+
+    async def _consume(self, sub_id: str) -> None:
+        async for delivery in self.streams[sub_id]:
+            self.received[sub_id].append(delivery.publication["n"])
+
+    async def expect_exactly_once_in_order(self, expected: dict[str, list[int]], timeout: float = 60.0) -> None:
+        """Every expected n delivered once, in publish order (anything published but not acknowledged
+        may or may not be there)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while asyncio.get_running_loop().time() < deadline and any(
+            not set(expected[s]) <= set(self.received[s]) for s in self.streams
+        ):
+            await asyncio.sleep(0.2)
+        for sub_id, got in self.received.items():
+            assert set(expected[sub_id]) <= set(got), f"lost {sorted(set(expected[sub_id]) - set(got))[:10]}"
+            assert len(got) == len(set(got)), "a publication was delivered twice"
+            assert got == sorted(got), "publish order was not kept"
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for stream in self.streams.values():
+            await stream.aclose()

@@ -1,59 +1,74 @@
 """A deployment in parts on one PostgreSQL store: two gateways (`--role gateway`) and the pipeline on
-its own (`--role pipeline`). Publishers post to either gateway and subscribers read from either;
-a gateway killed with -9 loses nothing acknowledged, and a subscription is delivered through one
-gateway at a time."""
+its own (`--role pipeline`), in Spark's local mode here and on a standalone cluster of two workers.
+Publishers post to either gateway and subscribers read from either; a gateway or a Spark worker
+killed with -9 loses nothing acknowledged, and a subscription is delivered through one gateway at
+a time."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-
-import aiohttp
 import pytest
 
-from tests.integration.helpers import LineConnection, run_id, take
-from veil.client import VeilClient, VeilError
-from veil.harness import BrokerProcess
+from tests.integration.helpers import Consumers, LineConnection, SteadyPublisher, run_id
+from veil.client import VeilClient
+from veil.harness import BrokerProcess, SparkCluster
 
 pytestmark = pytest.mark.slow
+SPARK_ON_LOOPBACK = ("--spark-conf", "spark.driver.host=127.0.0.1", "--spark-conf", "spark.driver.bindAddress=127.0.0.1")
 
 
 def client_for(gateway: BrokerProcess, auth_hash: str) -> VeilClient:
     return VeilClient(gateway.url, auth_hash=auth_hash, tcp_port=gateway.tcp_port, ws_port=gateway.ws_port)
 
 
-@pytest.fixture
-def deployment(tmp_path, postgres_url):
-    store = ("--store", postgres_url, "--partitions", "2")
+def start_deployment(tmp_path, store_url: str, *pipeline_flags: str) -> list[BrokerProcess]:
+    """Gateways A and B, then the pipeline (started last: it waits for the store a gateway creates)."""
+    store = ("--store", store_url, "--partitions", "2")
     gateways = [
         BrokerProcess(str(tmp_path / name), "--role", "gateway", "--gateway-id", name, *store).start(wait_ready=False)
         for name in ("A", "B")
     ]
-    pipeline = BrokerProcess(str(tmp_path / "pipeline"), "--role", "pipeline", *store).start(wait_ready=False)
+    pipeline = BrokerProcess(str(tmp_path / "pipeline"), "--role", "pipeline", *store, *pipeline_flags)
+    processes = [*gateways, pipeline.start(wait_ready=False)]
     try:
         for gateway in gateways:
             gateway.wait_ready()
-        yield gateways
-    finally:
-        for process in (*gateways, pipeline):
-            process.close()
+    except Exception:
+        stop_deployment(processes)
+        raise
+    return processes
 
 
-async def test_publish_anywhere_read_anywhere_and_survive_a_gateway(deployment):
-    a, b = deployment
+def stop_deployment(processes: list[BrokerProcess]) -> None:
+    for process in processes:
+        process.close()
+
+
+@pytest.fixture
+def local_deployment(tmp_path, postgres_url):
+    processes = start_deployment(tmp_path, postgres_url)
+    yield processes
+    stop_deployment(processes)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    spark = SparkCluster(workers=2, hidden=(str(tmp_path),)).start()  # the workers cannot see the data dirs
+    yield spark
+    spark.stop()
+
+
+async def run_through_failures(a: BrokerProcess, b: BrokerProcess, kill_worker=None) -> None:
+    """Publishers on A, subscribers on B (TCP and WebSocket); kill -9 a Spark worker (if given), then
+    A, and move the publishers to B: every acknowledged publication arrives once, in order."""
     rid = run_id()
-    acknowledged: list[int] = []
+    run = {"key": "run", "val": rid, "op": "eq"}
     async with client_for(a, "pam") as at_a, client_for(b, "pam") as at_b:
-        everything = (await at_a.subscribe([{"key": "run", "val": rid, "op": "eq"}]))["subscriptionId"]
-        evens = (
-            await at_b.subscribe([{"key": "run", "val": rid, "op": "eq"}, {"key": "even", "val": True, "op": "eq"}])
-        )["subscriptionId"]
-        streams = {everything: at_b.deliveries(everything), evens: at_b.deliveries(evens, transport="ws")}
-        received: dict[str, list[int]] = {everything: [], evens: []}
-        for stream in streams.values():
-            await stream.__aenter__()
+        everything = (await at_a.subscribe([run]))["subscriptionId"]
+        evens = (await at_b.subscribe([run, {"key": "even", "val": True, "op": "eq"}]))["subscriptionId"]
+        consumers = Consumers({everything: at_b.deliveries(everything), evens: at_b.deliveries(evens, transport="ws")})
+        await consumers.start()
         await at_a.publish({"run": rid, "n": -1, "even": False})
-        assert [d.publication["n"] for d in await take(streams[everything], 1)] == [-1]
+        await consumers.expect_exactly_once_in_order({everything: [-1], evens: []})  # connected through B
 
         # one connection per subscription: the same subscriber through gateway A is refused
         second = await LineConnection.open(a.tcp_port, {"subscriptionId": everything, "authHash": "pam"})
@@ -61,45 +76,35 @@ async def test_publish_anywhere_read_anywhere_and_survive_a_gateway(deployment):
         second.close()
         assert refusal is not None and refusal["status"] == 503 and "gateway B" in refusal["error"]
 
-        async def consume(sub_id: str) -> None:
-            async for delivery in streams[sub_id]:
-                received[sub_id].append(delivery.publication["n"])
-
-        consumers = [asyncio.create_task(consume(s)) for s in streams]
-        target = {"client": at_a}
-
-        async def publish_steadily() -> None:
-            n = 0
-            while True:
-                try:
-                    await target["client"].publish({"run": rid, "n": n, "even": n % 2 == 0})
-                    acknowledged.append(n)
-                except (aiohttp.ClientError, VeilError, OSError):
-                    pass
-                n += 1
-                await asyncio.sleep(0.01)
-
-        publisher = asyncio.create_task(publish_steadily())
-        started = time.monotonic()
-        while len(acknowledged) < 100 and time.monotonic() - started < 60:
-            await asyncio.sleep(0.05)
+        publisher = SteadyPublisher(at_a, rid)
+        publisher.start()
+        if kill_worker is not None:
+            await publisher.until(80)
+            kill_worker()
+        await publisher.until(160, timeout=120)
         a.kill()
-        target["client"] = at_b  # the load balancer moves the publishers to the gateway left
-        while len(acknowledged) < 200 and time.monotonic() - started < 120:
-            await asyncio.sleep(0.05)
-        publisher.cancel()
-        assert len(acknowledged) >= 200, "the publisher was not publishing at a steady rate"
+        publisher.client = at_b  # the load balancer moves the publishers to the gateway left
+        await publisher.until(240, timeout=120)
+        publisher.stop()
+        acknowledged = publisher.acknowledged
+        await consumers.expect_exactly_once_in_order(
+            {everything: [-1, *acknowledged], evens: [n for n in acknowledged if n % 2 == 0]}, timeout=120
+        )
+        await consumers.close()
 
-        expected = {everything: acknowledged, evens: [n for n in acknowledged if n % 2 == 0]}
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and any(not set(expected[s]) <= set(received[s]) for s in streams):
-            await asyncio.sleep(0.2)
-        for sub_id in streams:
-            got = received[sub_id]
-            assert set(expected[sub_id]) <= set(got), f"lost {sorted(set(expected[sub_id]) - set(got))[:10]}"
-            assert len(got) == len(set(got)), "a publication was delivered twice"
-            assert got == sorted(got), "publish order was not kept"
-        for task in consumers:
-            task.cancel()
-        for stream in streams.values():
-            await stream.aclose()
+
+async def test_publish_anywhere_read_anywhere_and_survive_a_gateway(local_deployment):
+    a, b, _ = local_deployment
+    await run_through_failures(a, b)
+
+
+async def test_on_a_standalone_cluster_survive_a_worker_and_a_gateway(tmp_path, postgres_url, cluster):
+    processes = start_deployment(
+        tmp_path, postgres_url, "--spark-master", cluster.url, "--driver-memory", "1g",
+        "--spark-conf", "spark.executor.memory=768m", *SPARK_ON_LOOPBACK,
+    )  # fmt: skip
+    try:
+        a, b, _ = processes
+        await run_through_failures(a, b, kill_worker=lambda: cluster.kill_worker(0))
+    finally:
+        stop_deployment(processes)
