@@ -39,3 +39,34 @@ async def test_interleaved_changes_in_both_modes(tmp_path, mode, store_flags):
                         await nothing_more(stream, 0.3)
     finally:
         broker.close()
+
+
+async def test_changing_the_partitions_between_restarts_redistributes_the_subscriptions(tmp_path):
+    """The subscriptions come from the store, not from the partitions that held them: a restart with
+    more (or fewer) partitions loses and repeats nothing."""
+    broker = BrokerProcess(str(tmp_path), "--partitions", "2").start()
+    rid = run_id()
+    names = [f"p{i}-{rid}" for i in range(12)]
+    try:
+        async with VeilClient(broker.url, auth_hash="ivy", tcp_port=broker.tcp_port) as client:
+            for i, name in enumerate(names):
+                await client.subscribe([{"key": "run", "val": rid, "op": "eq"}, {"key": "x", "val": i, "op": "ge"}], name)
+            for x in range(0, 12, 2):
+                await client.publish({"run": rid, "x": x})
+            broker.wait_processed()
+        for partitions in ("3", "1"):
+            assert broker.stop() == 0
+            broker.extra[broker.extra.index("--partitions") + 1] = partitions
+            broker.start()
+            async with VeilClient(broker.url, auth_hash="ivy", tcp_port=broker.tcp_port) as client:
+                await client.publish({"run": rid, "x": int(partitions) * 10})
+            broker.wait_processed()
+        async with VeilClient(broker.url, auth_hash="ivy", tcp_port=broker.tcp_port) as client:
+            for i, name in enumerate(names):
+                expected = [x for x in (*range(0, 12, 2), 30, 10) if x >= i]
+                async with client.deliveries(name) as stream:
+                    got = await take(stream, len(expected))
+                    assert [d.publication["x"] for d in got] == expected, name
+                    await nothing_more(stream, 0.3)
+    finally:
+        broker.close()
