@@ -54,7 +54,12 @@ def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) > 2 else float("nan")
 
 
-async def run_case(broker: BrokerProcess, n: int, seconds: float, rate: float, batch: int) -> dict:
+async def run_case(
+    broker: BrokerProcess, n: int, seconds: float, rate: float, batch: int, deliver_from: BrokerProcess | None = None
+) -> dict:
+    """Publishers and subscriptions through `broker`, deliveries through `deliver_from` (another
+    gateway on the same store) if given."""
+    tcp_port = (deliver_from or broker).tcp_port
     rng = random.Random(n)
     run = f"selis-{n}-{time.time_ns()}"
     async with VeilClient(broker.url, auth_hash="bench") as client:
@@ -62,12 +67,12 @@ async def run_case(broker: BrokerProcess, n: int, seconds: float, rate: float, b
     handshakes = [orjson.dumps({"authHash": "bench", "subscriptionId": s}) for s in sub_ids]
     processes = Processes()
 
-    processes.subscribers(broker.tcp_port, handshakes, seconds + 60)
+    processes.subscribers(tcp_port, handshakes, seconds + 60)
     processes.publisher(broker.url, run, seconds, rate, seed=n)
     steady, listened = sorted(processes.results(), key=lambda r: hasattr(r, "lines"))
     latencies = sorted(listened.latencies)
 
-    processes.subscribers(broker.tcp_port, handshakes, seconds + 120)
+    processes.subscribers(tcp_port, handshakes, seconds + 120)
     processes.publisher(broker.url, run, seconds, None, batch=batch, seed=n + 1)
     processed_at = await finished_matching(broker, seconds)
     flat_out, drained = sorted(processes.results(), key=lambda r: hasattr(r, "lines"))
@@ -85,6 +90,7 @@ async def run_case(broker: BrokerProcess, n: int, seconds: float, rate: float, b
         "refused": flat_out.refused,
         "sustained": flat_out.acked / elapsed,
         "matches": drained.lines / elapsed,
+        "published": steady.acked + flat_out.acked,
     }
 
 
