@@ -297,3 +297,16 @@ def test_a_subscription_is_claimed_by_one_live_gateway_at_a_time(store):
     store.leave("B")
     assert store.claim_subscription("s", "A", now + 5, now - 10) is None
     assert store.fanned_out(now - 10) == 7
+
+
+def test_one_pipeline_per_store_and_a_standby_takes_over(request, store):
+    url = request.getfixturevalue("postgres_url") if "postgresql" in request.node.name else f"sqlite:///{store.path}"
+    standby = open_store(url, create=False)
+    try:
+        assert store.claim_pipeline()
+        assert store.claim_pipeline()  # still the one
+        assert not standby.claim_pipeline()
+        store.close()  # the first pipeline ends
+        assert standby.claim_pipeline()
+    finally:
+        standby.close()

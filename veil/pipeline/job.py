@@ -155,6 +155,30 @@ def _open_store(config: Config, stop: threading.Event, patient: bool) -> Pipelin
             return None
 
 
+def _claim(store: PipelineStore, stop: threading.Event) -> bool:
+    """Wait until this is the store's one pipeline (a second one started on the same store is a
+    standby that takes over when the first ends); False if told to stop meanwhile."""
+    waiting = False
+    while not stop.is_set():
+        try:
+            if store.claim_pipeline():
+                return True
+        except StoreUnavailable as exc:
+            log.warning("cannot reach the store: %s", exc)
+        if not waiting:
+            log.warning("another pipeline runs on this store: this one waits to take over")
+            waiting = True
+        stop.wait(STORE_RETRY)
+    return False
+
+
+def _still_claimed(store: PipelineStore) -> bool:
+    try:
+        return store.claim_pipeline()
+    except StoreUnavailable:
+        return False
+
+
 def run(config: Config, watch_parent: bool = True) -> int:
     """Run the query until stopped; `watch_parent`: the gateway started this process (`--role all`)."""
     stop = threading.Event()
@@ -166,6 +190,8 @@ def run(config: Config, watch_parent: bool = True) -> int:
     store = _open_store(config, stop, patient=not watch_parent)
     if store is None:
         return 2
+    if not _claim(store, stop):
+        return 0
     started = time.monotonic()
     spark = build_session(config)
     query = start_query(spark, config)
@@ -178,6 +204,9 @@ def run(config: Config, watch_parent: bool = True) -> int:
     try:
         while not stop.is_set():
             heartbeat.beat(query)
+            if not _still_claimed(store):
+                log.error("this pipeline lost its claim on the store (its connection to it broke); it stops")
+                return 1
             if query.awaitTermination(HEARTBEAT):
                 break
         if query.exception() is not None:

@@ -355,6 +355,12 @@ class PipelineStore(LogReader):
         """The saved skyband states of these top-k/w subscriptions, as of the processed offset."""
 
     @abstractmethod
+    def claim_pipeline(self) -> bool:
+        """Be the one pipeline of this store, or go on being it: False while another process is (it
+        waits as a standby), or once this one lost its claim (it must stop matching). Held until the
+        process ends or closes the store."""
+
+    @abstractmethod
     def register_pipeline(self, pid: int) -> None:
         """A pipeline process (`pid`) is running the query; 0 when it stops."""
 

@@ -28,6 +28,7 @@ from veil.store.base import Publication, StoreMissing, StoreUnavailable
 from veil.store.relational import LAST_FEED_SEQ, Cursor, Db, RelationalStore, Transaction
 
 WRITE_LOCK = 0x7665696C  # the advisory lock every write transaction takes ("veil")
+PIPELINE_LOCK = WRITE_LOCK + 1  # held by the one pipeline of the store
 FEED_CHANNEL = "veil_feed"
 POOL_SIZE = 4  # connections per process: the gateway's reader and writer threads, the hub's waits
 FAILURES = (psycopg.OperationalError,)  # lost connections, full disks, pool timeouts, shutdowns
@@ -176,6 +177,7 @@ class PostgresStore(RelationalStore):
             url, min_size=1, max_size=POOL_SIZE, kwargs={"autocommit": True}, open=False, name="veil-store"
         )
         self._listener: psycopg.Connection | None = None
+        self._pipeline: psycopg.Connection | None = None  # holds the pipeline's lock (`claim_pipeline`)
         try:
             self._pool.open(wait=True, timeout=30)
             self._migrate(create)
@@ -252,6 +254,26 @@ class PostgresStore(RelationalStore):
             raise StoreUnavailable(str(exc)) from exc
         return False
 
+    def claim_pipeline(self) -> bool:
+        """A session-level advisory lock on a connection of its own: PostgreSQL releases it when the
+        process or its connection dies, and then a standby pipeline takes over."""
+        try:
+            if self._pipeline is not None:
+                self._pipeline.execute("SELECT 1")
+                return True
+            connection = psycopg.connect(self.url, autocommit=True)
+            if connection.execute(f"SELECT pg_try_advisory_lock({PIPELINE_LOCK})").fetchone()[0]:  # type: ignore[index]
+                self._pipeline = connection
+                return True
+            connection.close()
+            return False
+        except FAILURES as exc:
+            if self._pipeline is not None:
+                self._pipeline.close()
+                self._pipeline = None
+                return False  # the lock went with the connection: another pipeline may hold it now
+            raise StoreUnavailable(str(exc)) from exc
+
     def _migrate(self, create: bool) -> None:
         with self._pool.connection() as conn:
             db = _Connection(conn)
@@ -284,8 +306,9 @@ class PostgresStore(RelationalStore):
                 db.execute("UPDATE schema_version SET version = ?", (len(MIGRATIONS),))
 
     def close(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
+        for connection in (self._listener, self._pipeline):
+            if connection is not None:
+                connection.close()
         self._pool.close()
 
 

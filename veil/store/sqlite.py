@@ -8,6 +8,7 @@ commit covers many concurrent publishes. A write transaction takes SQLite's one 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import socket
 import sqlite3
@@ -165,6 +166,7 @@ class SqliteStore(RelationalStore):
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        self._pipeline_lock: int | None = None  # a file lock beside the store: the one pipeline holds it
         db = self._db()
         db.executescript(SCHEMA)
         _migrate(db)
@@ -202,7 +204,21 @@ class SqliteStore(RelationalStore):
         # One writer holds the lock for the whole transaction, so the rows got consecutive offsets.
         return list(range(last - len(publications) + 1, last + 1))
 
+    def claim_pipeline(self) -> bool:
+        if self._pipeline_lock is None:
+            fd = os.open(self.path + ".pipeline", os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            self._pipeline_lock = fd
+        return True
+
     def close(self) -> None:
+        if self._pipeline_lock is not None:
+            os.close(self._pipeline_lock)
+            self._pipeline_lock = None
         with self._lock:
             for db in self._connections:
                 db.close()
