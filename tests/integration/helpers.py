@@ -124,6 +124,15 @@ class Consumers:
         async for delivery in self.streams[sub_id]:
             self.received[sub_id].append(delivery.publication["n"])
 
+    async def move(self, sub_id: str, stream: DeliveryStream) -> None:
+        """Go on reading a subscription from another stream (another gateway's), from where it was."""
+        index = list(self.streams).index(sub_id)
+        self._tasks[index].cancel()
+        await self.streams[sub_id].aclose()
+        self.streams[sub_id] = stream
+        await stream.__aenter__()
+        self._tasks[index] = asyncio.create_task(self._consume(sub_id))
+
     async def expect_exactly_once_in_order(self, expected: dict[str, list[int]], timeout: float = 60.0) -> None:
         """Every expected n delivered once, in publish order (anything published but not acknowledged
         may or may not be there)."""

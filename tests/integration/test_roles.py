@@ -58,17 +58,25 @@ def cluster(tmp_path):
 
 
 async def run_through_failures(a: BrokerProcess, b: BrokerProcess, kill_worker=None) -> None:
-    """Publishers on A, subscribers on B (TCP and WebSocket); kill -9 a Spark worker (if given), then
-    A, and move the publishers to B: every acknowledged publication arrives once, in order."""
+    """Publishers on A, subscribers on B (TCP and WebSocket) and one on A; kill -9 a Spark worker (if
+    given), then A, and move the publishers and A's subscriber to B: every acknowledged publication
+    arrives once, in order."""
     rid = run_id()
     run = {"key": "run", "val": rid, "op": "eq"}
     async with client_for(a, "pam") as at_a, client_for(b, "pam") as at_b:
         everything = (await at_a.subscribe([run]))["subscriptionId"]
         evens = (await at_b.subscribe([run, {"key": "even", "val": True, "op": "eq"}]))["subscriptionId"]
-        consumers = Consumers({everything: at_b.deliveries(everything), evens: at_b.deliveries(evens, transport="ws")})
+        mover = (await at_a.subscribe([run]))["subscriptionId"]
+        consumers = Consumers(
+            {
+                everything: at_b.deliveries(everything),
+                evens: at_b.deliveries(evens, transport="ws"),
+                mover: at_a.deliveries(mover),
+            }
+        )
         await consumers.start()
         await at_a.publish({"run": rid, "n": -1, "even": False})
-        await consumers.expect_exactly_once_in_order({everything: [-1], evens: []})  # connected through B
+        await consumers.expect_exactly_once_in_order({everything: [-1], evens: [], mover: [-1]})  # all connected
 
         # one connection per subscription: the same subscriber through gateway A is refused
         second = await LineConnection.open(a.tcp_port, {"subscriptionId": everything, "authHash": "pam"})
@@ -84,11 +92,18 @@ async def run_through_failures(a: BrokerProcess, b: BrokerProcess, kill_worker=N
         await publisher.until(160, timeout=120)
         a.kill()
         publisher.client = at_b  # the load balancer moves the publishers to the gateway left
+        at_b.positions[mover] = at_a.positions[mover]  # and the subscriber, which resumes where it was
+        await consumers.move(mover, at_b.deliveries(mover))  # refused until A's claim lapses, then served
         await publisher.until(240, timeout=120)
         publisher.stop()
         acknowledged = publisher.acknowledged
         await consumers.expect_exactly_once_in_order(
-            {everything: [-1, *acknowledged], evens: [n for n in acknowledged if n % 2 == 0]}, timeout=120
+            {
+                everything: [-1, *acknowledged],
+                evens: [n for n in acknowledged if n % 2 == 0],
+                mover: [-1, *acknowledged],
+            },
+            timeout=120,
         )
         await consumers.close()
 
