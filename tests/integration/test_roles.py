@@ -13,6 +13,17 @@ from veil.client import VeilClient
 from veil.harness import BrokerProcess, SparkCluster
 
 pytestmark = pytest.mark.slow
+# executors come and go with the load (one to start with, as many as the workers allow)
+DYNAMIC_ALLOCATION = tuple(
+    flag
+    for setting in (
+        "spark.dynamicAllocation.enabled=true", "spark.dynamicAllocation.shuffleTracking.enabled=true",
+        "spark.dynamicAllocation.initialExecutors=1", "spark.dynamicAllocation.minExecutors=1",
+        "spark.dynamicAllocation.maxExecutors=2", "spark.dynamicAllocation.schedulerBacklogTimeout=1s",
+        "spark.dynamicAllocation.executorIdleTimeout=10s", "spark.executor.cores=1",
+    )
+    for flag in ("--spark-conf", setting)
+)  # fmt: skip
 SPARK_ON_LOOPBACK = ("--spark-conf", "spark.driver.host=127.0.0.1", "--spark-conf", "spark.driver.bindAddress=127.0.0.1")
 
 
@@ -116,7 +127,7 @@ async def test_publish_anywhere_read_anywhere_and_survive_a_gateway(local_deploy
 async def test_on_a_standalone_cluster_survive_a_worker_and_a_gateway(tmp_path, postgres_url, cluster):
     processes = start_deployment(
         tmp_path, postgres_url, "--spark-master", cluster.url, "--driver-memory", "1g",
-        "--spark-conf", "spark.executor.memory=768m", *SPARK_ON_LOOPBACK,
+        "--spark-conf", "spark.executor.memory=768m", *SPARK_ON_LOOPBACK, *DYNAMIC_ALLOCATION,
     )  # fmt: skip
     try:
         a, b, _ = processes
