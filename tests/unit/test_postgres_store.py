@@ -82,19 +82,21 @@ def test_a_feed_row_wakes_a_waiting_gateway(stores):
     gateway, pipeline = stores[0], stores[1]
     assert gateway.feed_signal
     assert not gateway.wait_for_feed(0, 0.2)
-    woke: list[float] = []
+    woke: list[tuple[bool, float]] = []
+
+    seq = gateway.last_feed_seq()
 
     def wait() -> None:
-        started = time.monotonic()
-        woke.append(gateway.wait_for_feed(gateway.last_feed_seq(), 10) and time.monotonic() - started)
+        woke.append((gateway.wait_for_feed(seq, 10), time.monotonic()))
 
     waiter = threading.Thread(target=wait)
     waiter.start()
     time.sleep(0.3)
     pub = pipeline.append_publications(published(b"{}"))[0]
+    written = time.monotonic()
     pipeline.record_deliveries(1, np.array([1]), np.array([pub]), pub)
     waiter.join()
-    assert woke and 0.2 < woke[0] < 5
+    assert woke and woke[0][0] and written <= woke[0][1] < written + 5  # woken by the row, not the timeout
     assert gateway.wait_for_feed(0, 10)  # a row already there: no wait
 
 
