@@ -33,7 +33,6 @@ from veil.harness import BrokerProcess, PostgresServer, SparkCluster, postgres_d
 
 TICK = os.sysconf("SC_CLK_TCK")
 KINDS = ("sqlite", "postgres", "2 gateways", "cluster 1w", "cluster 2w")
-LOOPBACK_DRIVER = ("--spark-conf", "spark.driver.host=127.0.0.1", "--spark-conf", "spark.driver.bindAddress=127.0.0.1")
 
 
 def cpu_seconds(pid: int | None, descendants: bool = True) -> float:
@@ -86,7 +85,7 @@ def deployment(kind: str, postgres: PostgresServer) -> Iterator[Deployed]:
                 flags: tuple[str, ...] = ()
                 if kind.startswith("cluster"):
                     cluster = SparkCluster(workers=int(kind[-2])).start()
-                    flags = ("--spark-master", cluster.url, "--driver-memory", "1g", *LOOPBACK_DRIVER)
+                    flags = (*cluster.pipeline_flags(), "--driver-memory", "1g")
                 gateways = [
                     BrokerProcess(os.path.join(directory, name), "--role", "gateway", "--gateway-id", name, *store)
                     for name in ("A", "B")

@@ -11,7 +11,7 @@ import os
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from bench.report import print_table
-from bench.shamir import per_call
+from bench.timing import per_call
 from veil.security.sealing import ScopeKey, open_sealed, seal, unwrap, wrap
 
 ATTRIBUTES = b'{"lat":52.1,"lon":4.3,"sensor":"NO2"}'  # what a sealed publication stays routable by

@@ -9,27 +9,17 @@ from __future__ import annotations
 
 import os
 import secrets
-import statistics
-import time
-from collections.abc import Callable
 
 from Crypto.Protocol.SecretSharing import Shamir
 
 from bench.report import print_table
+from bench.timing import per_call
 from veil.security import shamir
 
 SEED = {"split": 1.0, "reconstruct": 5.2}  # ms at 10 shares, S2 Fig. 8 (upper bounds read off the figure)
 CASES = ((2, 3), (6, 10))
 
 
-def per_call(call: Callable[[], object], repeat: int = 200) -> float:
-    """Median microseconds of one call, over `repeat` timed calls."""
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e6
 
 
 def pycryptodome_split(key: bytes, k: int, n: int) -> list[list[tuple[int, bytes]]]:

@@ -7,9 +7,15 @@ import uuid
 
 import orjson
 
-from veil.client import Delivery, DeliveryStream
+from veil.client import Delivery, DeliveryStream, VeilClient
+from veil.harness import BrokerProcess
 
 DELIVERY_TIMEOUT = 60.0
+
+
+def client_for(broker: BrokerProcess, auth_hash: str) -> VeilClient:
+    """A client of one broker (or gateway), its delivery ports included."""
+    return VeilClient(broker.url, auth_hash=auth_hash, tcp_port=broker.tcp_port, ws_port=broker.ws_port)
 
 
 def run_id() -> str:

@@ -5,13 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.integration.helpers import nothing_more, run_id, take
-from veil.client import EdgeBroker, VeilClient
-from veil.harness import BrokerProcess
-
-
-def client_for(broker: BrokerProcess, auth_hash: str) -> VeilClient:
-    return VeilClient(broker.url, auth_hash=auth_hash, tcp_port=broker.tcp_port, ws_port=broker.ws_port)
+from tests.integration.helpers import client_for, nothing_more, run_id, take
+from veil.client import EdgeBroker
 
 
 async def until(condition, timeout: float = 20.0) -> None:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.helpers import Consumers, LineConnection, SteadyPublisher, run_id
-from veil.client import VeilClient
+from tests.integration.helpers import Consumers, LineConnection, SteadyPublisher, client_for, run_id
 from veil.harness import BrokerProcess, SparkCluster
 
 pytestmark = pytest.mark.slow
@@ -24,11 +23,7 @@ DYNAMIC_ALLOCATION = tuple(
     )
     for flag in ("--spark-conf", setting)
 )  # fmt: skip
-SPARK_ON_LOOPBACK = ("--spark-conf", "spark.driver.host=127.0.0.1", "--spark-conf", "spark.driver.bindAddress=127.0.0.1")
 
-
-def client_for(gateway: BrokerProcess, auth_hash: str) -> VeilClient:
-    return VeilClient(gateway.url, auth_hash=auth_hash, tcp_port=gateway.tcp_port, ws_port=gateway.ws_port)
 
 
 def start_deployment(tmp_path, store_url: str, *pipeline_flags: str) -> list[BrokerProcess]:
@@ -126,8 +121,8 @@ async def test_publish_anywhere_read_anywhere_and_survive_a_gateway(local_deploy
 
 async def test_on_a_standalone_cluster_survive_a_worker_and_a_gateway(tmp_path, postgres_url, cluster):
     processes = start_deployment(
-        tmp_path, postgres_url, "--spark-master", cluster.url, "--driver-memory", "1g",
-        "--spark-conf", "spark.executor.memory=768m", *SPARK_ON_LOOPBACK, *DYNAMIC_ALLOCATION,
+        tmp_path, postgres_url, *cluster.pipeline_flags(), "--driver-memory", "1g",
+        "--spark-conf", "spark.executor.memory=768m", *DYNAMIC_ALLOCATION,
     )  # fmt: skip
     try:
         a, b, _ = processes

@@ -8,13 +8,9 @@ import time
 
 import pytest
 
-from tests.integration.helpers import nothing_more, run_id, take
-from veil.client import VeilClient, VeilError
+from tests.integration.helpers import client_for, nothing_more, run_id, take
+from veil.client import VeilError
 from veil.harness import BrokerProcess
-
-
-def client_for(broker: BrokerProcess, auth_hash: str) -> VeilClient:
-    return VeilClient(broker.url, auth_hash=auth_hash, tcp_port=broker.tcp_port, ws_port=broker.ws_port)
 
 
 def top(k: int, window_ms: int) -> dict:

@@ -7,13 +7,8 @@ import asyncio
 
 import pytest
 
-from tests.integration.helpers import nothing_more, run_id, take
-from veil.client import VeilClient, VeilError
-from veil.harness import BrokerProcess
-
-
-def client_for(broker: BrokerProcess, auth_hash: str) -> VeilClient:
-    return VeilClient(broker.url, auth_hash=auth_hash, tcp_port=broker.tcp_port, ws_port=broker.ws_port)
+from tests.integration.helpers import client_for, nothing_more, run_id, take
+from veil.client import VeilError
 
 
 async def test_new_subscriptions_get_the_still_valid_publications_first(broker):

@@ -42,6 +42,14 @@ class SparkCluster:
     def url(self) -> str:
         return f"spark://127.0.0.1:{self.port}"
 
+    def pipeline_flags(self) -> tuple[str, ...]:
+        """`veil serve` flags for a pipeline on this cluster: its driver on loopback, where the
+        executors reach it."""
+        return (
+            "--spark-master", self.url,
+            "--spark-conf", "spark.driver.host=127.0.0.1", "--spark-conf", "spark.driver.bindAddress=127.0.0.1",
+        )  # fmt: skip
+
     def start(self) -> SparkCluster:
         self.master = self._launch(
             "master", "org.apache.spark.deploy.master.Master",

@@ -163,11 +163,11 @@ def _claim(store: PipelineStore, stop: threading.Event) -> bool:
         try:
             if store.claim_pipeline():
                 return True
+            if not waiting:
+                log.warning("another pipeline runs on this store: this one waits to take over")
+                waiting = True
         except StoreUnavailable as exc:
             log.warning("cannot reach the store: %s", exc)
-        if not waiting:
-            log.warning("another pipeline runs on this store: this one waits to take over")
-            waiting = True
         stop.wait(STORE_RETRY)
     return False
 

@@ -262,11 +262,15 @@ class PostgresStore(RelationalStore):
                 self._pipeline.execute("SELECT 1")
                 return True
             connection = psycopg.connect(self.url, autocommit=True)
-            if connection.execute(f"SELECT pg_try_advisory_lock({PIPELINE_LOCK})").fetchone()[0]:  # type: ignore[index]
+            held = False
+            try:
+                held = connection.execute(f"SELECT pg_try_advisory_lock({PIPELINE_LOCK})").fetchone()[0]  # type: ignore[index]
+            finally:
+                if not held:  # refused, or the query failed: the connection holds nothing
+                    connection.close()
+            if held:
                 self._pipeline = connection
-                return True
-            connection.close()
-            return False
+            return held
         except FAILURES as exc:
             if self._pipeline is not None:
                 self._pipeline.close()
