@@ -17,6 +17,8 @@ offending field, whether the document came from a file at start or from the admi
     cropping:                               # publisher -> fields removed from the copy for users/groups
       salesco: [{data: [{key: _type, val: sale_statistics, op: eq}], fields: [amount], groups: [A]}]
     keys: {truckco: {k1: <base64 Ed25519 public key>}}
+    recipients: {alice: <base64 X25519 public key>}   # what scope keys are wrapped for (sealing)
+    scopes: {customs: {users: [alice], ...}}          # see security.scopes
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ from typing import Any
 from veil.matching import Predicate
 from veil.protocol import ProtocolError
 from veil.protocol.subscriptions import parse_predicate
+from veil.security.scopes import Scopes, parse_scopes
 
 ANYONE = "*"
 ANONYMOUS = ""  # the identity of a client without credentials, where the operator allows them
-SECTIONS = ("admins", "hashes", "users", "groups", "rules", "policies", "cropping", "keys")
+SECTIONS = ("admins", "hashes", "users", "groups", "rules", "policies", "cropping", "keys", "recipients", "scopes")
 MAX_ID = 256
 MIN_SECRET = 8  # characters of a static hash: a secret a client proves itself with, not a name
 
@@ -63,6 +66,8 @@ class Registry:
     cropping: dict[str, tuple[Crop, ...]] = field(default_factory=dict)
     keys: dict[str, dict[str, bytes]] = field(default_factory=dict)  # publisher -> key id -> raw key
     hashes: dict[str, str] = field(default_factory=dict)  # static hash (a secret) -> the user it proves
+    recipients: dict[str, bytes] = field(default_factory=dict)  # user -> raw X25519 public key
+    scopes: Scopes = field(default_factory=Scopes)
     document: dict[str, Any] = field(default_factory=dict)  # as given, for persistence and the admin API
 
     def groups_of(self, user: str) -> frozenset[str]:
@@ -122,7 +127,7 @@ def parse_registry(doc: object) -> Registry:
     }
     keys = {
         publisher: {
-            _id(key_id, f"keys.{publisher}.{key_id}"): _public_key(raw, f"keys.{publisher}.{key_id}")
+            _id(key_id, f"keys.{publisher}.{key_id}"): _public_key(raw, f"keys.{publisher}.{key_id}", "Ed25519")
             for key_id, raw in _mapping(listed, f"keys.{publisher}").items()
         }
         for publisher, listed in _mapping(doc.get("keys", {}), "keys").items()
@@ -131,7 +136,13 @@ def parse_registry(doc: object) -> Registry:
         _secret(secret, f"hashes.{str(secret)[:4]}..."): _id(user, f"hashes.{str(secret)[:4]}...")
         for secret, user in _mapping(doc.get("hashes", {}), "hashes").items()
     }
+    recipients = {
+        _id(user, f"recipients.{user}"): _public_key(raw, f"recipients.{user}", "X25519")
+        for user, raw in _mapping(doc.get("recipients", {}), "recipients").items()
+    }
+    scopes = parse_scopes(doc.get("scopes", {}), _constraints)
     users = set(users_doc) | {u for group in members.values() for u in group} | admins | set(hashes.values())
+    users |= {u for scope in scopes.by_name.values() for u in scope.users}
     return Registry(
         admins=admins,
         users=frozenset(users - {ANYONE}),
@@ -141,6 +152,8 @@ def parse_registry(doc: object) -> Registry:
         cropping=cropping,
         keys=keys,
         hashes=hashes,
+        recipients=recipients,
+        scopes=scopes,
         document=doc,
     )
 
@@ -204,13 +217,13 @@ def _secret(value: object, where: str) -> str:
     return value
 
 
-def _public_key(raw: object, where: str) -> bytes:
+def _public_key(raw: object, where: str, kind: str) -> bytes:
     try:
         key = base64.b64decode(raw, validate=True) if isinstance(raw, str) else b""
     except (binascii.Error, ValueError):
         key = b""
     if len(key) != 32:
-        raise ProtocolError(where, "a base64 Ed25519 public key (32 bytes)")
+        raise ProtocolError(where, f"a base64 {kind} public key (32 bytes)")
     return key
 
 

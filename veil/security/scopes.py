@@ -1,0 +1,206 @@
+"""Scopes (seed 003, SPEC §7): named groups of producers and consumers that bound where a
+publication is visible, arranged as a directed acyclic graph, with interfaces saying what crosses
+their borders.
+
+A publication published into a scope (its `veil:scope` member) is visible in that scope. It moves
+up to a scope's parents (or, from a scope without parents, to the world) when it matches one of the
+scope's `export` filters, and down into a sub-scope when it matches one of the sub-scope's `import`
+filters; it is visible wherever such moves take it. A publication without a scope is published in
+the world, which every client is in, and enters top-level scopes through their `import` filters. A
+subscription is made in one scope (the world by default) by a member of it and receives the
+matching publications visible there. A scope without interfaces keeps its traffic in and lets
+nothing in from outside.
+
+Membership is the registry's (users, groups) or a client's attribute certificate or token claim
+(`attributes`): the pipeline knows only the former, so a subscription admitted by attributes is
+marked so when it is made. `keys` holds each version of the scope's sealing key wrapped for the
+members that hold it (`sealing`): the broker keeps envelopes it cannot open.
+
+    scopes:
+      customs:
+        users: [alice]
+        groups: [border-agents]
+        scopes: [customs-fr]                             # sub-scopes
+        export: [[{key: _type, val: summary, op: eq}]]   # what leaves it
+        import: [[]]                                     # what enters it ([] = everything)
+        subscribe: [[{key: country, val: FR, op: eq}]]   # filters its subscriptions must stay in
+        managers: [carol]                                # who may store its key versions
+        keys: {"1": {alice: <base64 envelope>}}
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from veil.matching import Predicate, matches
+from veil.protocol import ProtocolError
+
+WORLD = ""  # the scope of publications and subscriptions made in none
+ENVELOPE_BYTES = 80  # a wrapped scope key (security.sealing.wrap)
+Filters = tuple[tuple[Predicate, ...], ...]
+
+
+@dataclass(frozen=True)
+class Scope:
+    name: str
+    users: frozenset[str] = frozenset()
+    groups: frozenset[str] = frozenset()
+    children: tuple[str, ...] = ()
+    export: Filters = ()
+    imports: Filters = ()
+    subscribe: Filters | None = None  # None: the scope does not restrict subscriptions
+    managers: frozenset[str] = frozenset()
+    keys: Mapping[int, Mapping[str, bytes]] = field(default_factory=dict)  # version -> member -> envelope
+
+    def exports(self, attributes: Mapping[str, object]) -> bool:
+        return any(matches(list(f), attributes) for f in self.export)
+
+    def admits(self, attributes: Mapping[str, object]) -> bool:
+        return any(matches(list(f), attributes) for f in self.imports)
+
+
+@dataclass(frozen=True)
+class Scopes:
+    by_name: Mapping[str, Scope] = field(default_factory=dict)
+    parents: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # WORLD for top-level scopes
+    top: tuple[str, ...] = ()  # the world's sub-scopes
+
+    def __bool__(self) -> bool:
+        return bool(self.by_name)
+
+    def children_of(self, name: str) -> tuple[str, ...]:
+        return self.top if name == WORLD else self.by_name[name].children
+
+    def reach(self, origin: str, attributes: Mapping[str, object]) -> frozenset[str]:
+        """The scopes (WORLD among them) where a publication made in `origin` is visible; none for a
+        scope that no longer exists."""
+        if origin != WORLD and origin not in self.by_name:
+            return frozenset()
+        seen, todo = {origin}, [origin]
+        while todo:
+            name = todo.pop()
+            moves = [c for c in self.children_of(name) if c not in seen and self.by_name[c].admits(attributes)]
+            if name != WORLD and self.by_name[name].exports(attributes):
+                moves += [p for p in self.parents[name] if p not in seen]
+            for move in moves:
+                seen.add(move)
+                todo.append(move)
+        return frozenset(seen)
+
+    def is_member(self, name: str, user: str, groups: frozenset[str], admitted: frozenset[str] = frozenset()) -> bool:
+        """Whether a client is in the scope: the registry says so, or its attributes (`admitted`)."""
+        if name == WORLD:
+            return True
+        scope = self.by_name.get(name)
+        return scope is not None and (user in scope.users or bool(scope.groups & groups) or name in admitted)
+
+    def members(self, name: str, groups: Mapping[str, frozenset[str]]) -> frozenset[str]:
+        """The users the registry puts in the scope (attribute-admitted clients are not known here)."""
+        scope = self.by_name[name]
+        return scope.users.union(*(groups.get(g, frozenset()) for g in scope.groups))
+
+
+def parse_scopes(doc: object, constraints: Callable[[object, str], tuple[Predicate, ...]]) -> Scopes:
+    """The registry's `scopes` section; `constraints` parses one filter (the registry's own)."""
+    if not isinstance(doc, dict):
+        raise ProtocolError("scopes", "an object: scope name -> {users, groups, scopes, export, import, ...}")
+    by_name = {}
+    for name, entry in doc.items():
+        where = f"scopes.{name}"
+        if not isinstance(name, str) or not name or len(name) > 256:
+            raise ProtocolError(where, "a scope's name is a non-empty string of at most 256 characters")
+        by_name[name] = _scope(name, entry, where, constraints)
+    parents: dict[str, list[str]] = {name: [] for name in by_name}
+    for scope in by_name.values():
+        for i, child in enumerate(scope.children):
+            if child not in by_name:
+                raise ProtocolError(f"scopes.{scope.name}.scopes[{i}]", f"no scope {child!r} in this registry")
+            parents[child].append(scope.name)
+    _check_acyclic(by_name)
+    top = tuple(sorted(name for name, ps in parents.items() if not ps))
+    return Scopes(by_name, {name: tuple(ps) or (WORLD,) for name, ps in parents.items()}, top)
+
+
+def _scope(name: str, entry: object, where: str, constraints: Callable[[object, str], tuple[Predicate, ...]]) -> Scope:
+    if entry is None:
+        entry = {}
+    if not isinstance(entry, dict):
+        raise ProtocolError(where, "an object")
+    allowed = {"users", "groups", "scopes", "export", "import", "subscribe", "managers", "keys"}
+    extra = sorted(set(entry) - allowed)
+    if extra:
+        raise ProtocolError(f"{where}.{extra[0]}", f"unknown field; use {sorted(allowed)}")
+
+    def names(key: str) -> list[str]:
+        listed = entry.get(key, [])
+        if not isinstance(listed, list) or not all(isinstance(n, str) and 0 < len(n) <= 256 for n in listed):
+            raise ProtocolError(f"{where}.{key}", "a list of names (non-empty strings of at most 256 characters)")
+        return listed
+
+    def filters(key: str) -> Filters:
+        listed = entry.get(key, [])
+        if not isinstance(listed, list):
+            raise ProtocolError(f"{where}.{key}", "a list of filters, each a list of constraints ([] = everything)")
+        return tuple(constraints(f, f"{where}.{key}[{i}]") for i, f in enumerate(listed))
+
+    children = names("scopes")
+    if name in children:
+        raise ProtocolError(f"{where}.scopes", "a scope cannot contain itself")
+    return Scope(
+        name=name,
+        users=frozenset(names("users")),
+        groups=frozenset(names("groups")),
+        children=tuple(dict.fromkeys(children)),
+        export=filters("export"),
+        imports=filters("import"),
+        subscribe=filters("subscribe") if "subscribe" in entry else None,
+        managers=frozenset(names("managers")),
+        keys=_keys(entry.get("keys", {}), f"{where}.keys"),
+    )
+
+
+def _keys(doc: object, where: str) -> dict[int, dict[str, bytes]]:
+    if not isinstance(doc, dict):
+        raise ProtocolError(where, 'an object: key version ("1", "2", ...) -> member -> base64 envelope')
+    keys = {}
+    for version, envelopes in doc.items():
+        if not (isinstance(version, str) and version.isascii() and version.isdigit() and 0 < int(version) < 2**31):
+            raise ProtocolError(f"{where}.{version}", "a key version is a whole number from 1")
+        if not isinstance(envelopes, dict):
+            raise ProtocolError(f"{where}.{version}", "an object: member -> base64 envelope")
+        keys[int(version)] = {
+            member: envelope_bytes(raw, f"{where}.{version}.{member}") for member, raw in envelopes.items()
+        }
+    return keys
+
+
+def envelope_bytes(raw: object, where: str) -> bytes:
+    try:
+        envelope = base64.b64decode(raw, validate=True) if isinstance(raw, str) else b""
+    except (binascii.Error, ValueError):
+        envelope = b""
+    if len(envelope) != ENVELOPE_BYTES:
+        raise ProtocolError(where, f"a base64 key envelope ({ENVELOPE_BYTES} bytes)")
+    return envelope
+
+
+def _check_acyclic(by_name: Mapping[str, Scope]) -> None:
+    """Kahn's order: the scopes never freed of a parent lie on a cycle (no recursion, so a long chain
+    of scopes is no deeper a stack than a short one)."""
+    parents = {name: 0 for name in by_name}
+    for scope in by_name.values():
+        for child in scope.children:
+            parents[child] += 1
+    free = [name for name, count in parents.items() if not count]
+    while free:
+        for child in by_name[free.pop()].children:
+            parents[child] -= 1
+            if not parents[child]:
+                free.append(child)
+    stuck = sorted(name for name, count in parents.items() if count)
+    if stuck:
+        named = ", ".join(stuck[:5])
+        raise ProtocolError(f"scopes.{stuck[0]}.scopes", f"the scopes form a cycle (on it or below it: {named})")
