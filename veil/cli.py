@@ -147,9 +147,28 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _certs(args: argparse.Namespace) -> int:
+    from veil.protocol import ProtocolError
+    from veil.security.attributes import parse_attributes
     from veil.security.certs import create
 
-    identities = create(args.dir, args.hostname or ["localhost", "127.0.0.1", "::1"], args.client or [])
+    attributes = {}
+    for entry in args.attributes or []:
+        name, _, text = entry.partition("=")
+        try:
+            attributes[name] = orjson.loads(text)
+            parse_attributes(attributes[name], "attributes")
+        except orjson.JSONDecodeError as exc:
+            print(f"veil certs: --attributes {name}: not JSON ({exc})", file=sys.stderr)
+            return 2
+        except ProtocolError as exc:
+            print(f"veil certs: --attributes {name}: {exc.field}: {exc.problem}", file=sys.stderr)
+            return 2
+    clients = args.client or []
+    unknown = sorted(set(attributes) - set(clients))
+    if unknown:
+        print(f"veil certs: --attributes {unknown[0]}: not one of the --client names", file=sys.stderr)
+        return 2
+    identities = create(args.dir, args.hostname or ["localhost", "127.0.0.1", "::1"], clients, attributes)
     print(f"wrote ca.pem, server.pem and server-key.pem to {args.dir}")
     for name, fingerprint in identities.items():
         print(f"client-{name}.pem  authHash {fingerprint}")
@@ -209,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument("--dir", default="certs", help="output directory")
     certs.add_argument("--hostname", action="append", help="server name or address (repeatable)")
     certs.add_argument("--client", action="append", help="client certificate name (repeatable)")
+    certs.add_argument(
+        "--attributes",
+        action="append",
+        metavar="NAME=JSON",
+        help='attributes a client certificate states, e.g. alice=\'{"scopes": ["customs"]}\' (repeatable)',
+    )
     certs.set_defaults(run=_certs)
     return parser
 

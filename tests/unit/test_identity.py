@@ -7,11 +7,15 @@ import time
 
 import jwt
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from veil.protocol import ProtocolError
+from veil.security.attributes import NONE, Attributes
 from veil.security.identity import Authenticator, Credentials, TokenVerifier
 from veil.security.registry import ANONYMOUS, parse_registry
+from veil.security.tls import fingerprint
 
 REGISTRY = parse_registry({"hashes": {"dev-secret-1": "dev"}, "users": {"dev": {}, "alice": {}}})
 
@@ -74,3 +78,45 @@ def test_bearer_tokens(tmp_path):
     assert refused(authenticator("hash"), Credentials(token=token())).field == "token"
     with pytest.raises(ValueError, match="--jwks"):
         TokenVerifier(str(tmp_path / "missing.json"))
+
+
+def test_attributes_come_from_the_credentials_that_prove_the_identity(tmp_path):
+    """An attribute certificate's extension and a token's `veil` claim state scopes and the filters
+    a client may subscribe with; a static hash states nothing."""
+    from veil.security.certs import create
+
+    doc = {"scopes": ["customs"], "subscribe": [[{"key": "country", "op": "eq", "val": "FR"}]]}
+    create(str(tmp_path), ["localhost"], ["alice", "bob"], {"alice": doc})
+    der = {name: x509.load_pem_x509_certificate((tmp_path / f"client-{name}.pem").read_bytes()).public_bytes(
+        serialization.Encoding.DER) for name in ("alice", "bob")}  # fmt: skip
+    auth = authenticator("certificate,hash")
+    alice = auth.principal(Credentials(fingerprint=fingerprint(der["alice"]), certificate=der["alice"]))
+    assert alice.identity == fingerprint(der["alice"])
+    assert alice.attributes.scopes == {"customs"}
+    assert [[tuple(p) for p in f] for f in alice.attributes.subscribe] == [[("country", "eq", "FR")]]
+    bob = auth.principal(Credentials(fingerprint=fingerprint(der["bob"]), certificate=der["bob"]))
+    assert bob.attributes == NONE
+    assert auth.principal(Credentials(claimed="dev-secret-1")).attributes == NONE
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    jwk = json.loads(jwt.algorithms.OKPAlgorithm.to_jwk(key.public_key()))
+    (tmp_path / "jwks.json").write_text(json.dumps({"keys": [{**jwk, "kid": "k", "alg": "EdDSA"}]}))
+    tokens = authenticator("token", tokens=TokenVerifier(str(tmp_path / "jwks.json")))
+
+    def token(**claims: object) -> str:
+        return jwt.encode({"sub": "carol", "exp": int(time.time()) + 60, **claims}, key, "EdDSA", {"kid": "k"})
+
+    assert tokens.principal(Credentials(token=token(veil={"scopes": ["a", "b"]}))).attributes.scopes == {"a", "b"}
+    assert tokens.principal(Credentials(token=token())).attributes == NONE
+    bad = refused(tokens, Credentials(token=token(veil={"scopes": "customs"})))
+    assert (bad.field, bad.status) == ("token.veil.scopes", 401)
+    bad = refused(tokens, Credentials(token=token(veil={"subscribe": [[{"key": "k", "op": "zz", "val": 1}]]})))
+    assert bad.field.startswith("token.veil.subscribe[0][0]") and bad.status == 401
+
+
+def test_two_credentials_state_attributes_together():
+    one = Attributes(frozenset({"a"}), ((),))
+    other = Attributes(frozenset({"b"}))
+    assert one.merge(other) == Attributes(frozenset({"a", "b"}), ((),))
+    assert other.merge(one).subscribe == ((),)
+    assert one.merge(one).subscribe == ((), ())

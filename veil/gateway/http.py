@@ -11,16 +11,22 @@ from aiohttp import web
 
 from veil.gateway.context import Gateway
 from veil.protocol import ProtocolError
-from veil.security.identity import Credentials
-from veil.security.tls import peer_identity
+from veil.security.identity import Credentials, Principal
+from veil.security.tls import fingerprint, peer_certificate
 
 PARSE_OFF_LOOP = 64 * 1024  # bodies larger than this are parsed on a thread, so the loop serves others meanwhile
 T = TypeVar("T")
 
 
+def certificate_of(request: web.Request) -> bytes | None:
+    """The client's verified certificate, if it showed one."""
+    return peer_certificate(request.transport.get_extra_info("ssl_object") if request.transport else None)
+
+
 def identity_of(request: web.Request) -> str | None:
     """What the client's certificate proves, if it showed one."""
-    return peer_identity(request.transport.get_extra_info("ssl_object") if request.transport else None)
+    der = certificate_of(request)
+    return fingerprint(der) if der else None
 
 
 def bearer_token(request: web.Request) -> str | None:
@@ -36,7 +42,13 @@ def bearer_token(request: web.Request) -> str | None:
 def client_of(gateway: Gateway, request: web.Request, claimed: str | None) -> str:
     """Who sent the request: what its certificate or token proves, or the static hash it claims where
     the operator accepts those."""
-    return gateway.auth.identify(Credentials(identity_of(request), bearer_token(request), claimed))
+    return principal_of(gateway, request, claimed).identity
+
+
+def principal_of(gateway: Gateway, request: web.Request, claimed: str | None) -> Principal:
+    """Who sent the request and what its credentials say it may do."""
+    credentials = Credentials(identity_of(request), bearer_token(request), claimed, certificate_of(request))
+    return gateway.auth.principal(credentials)
 
 
 async def body_of(gateway: Gateway, request: web.Request) -> bytes:

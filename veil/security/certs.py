@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from veil.security.attributes import extension
 from veil.security.tls import fingerprint
 
 VALIDITY = datetime.timedelta(days=825)
@@ -55,9 +56,12 @@ def _san(name: str) -> x509.GeneralName:
         return x509.DNSName(name)
 
 
-def create(directory: str, hostnames: list[str], clients: list[str]) -> dict[str, str]:
+def create(
+    directory: str, hostnames: list[str], clients: list[str], attributes: dict[str, dict] | None = None
+) -> dict[str, str]:
     """Write ca.pem, server.pem and client-NAME.pem (each with its -key.pem); returns the client
-    names' fingerprints, which are their authHash values."""
+    names' fingerprints, which are their authHash values. `attributes` (client name -> what
+    `security.attributes` reads) makes those clients' certificates attribute certificates."""
     os.makedirs(directory, exist_ok=True)
     ca_key = _key()
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Veil development CA")])
@@ -79,11 +83,12 @@ def create(directory: str, hostnames: list[str], clients: list[str]) -> dict[str
     identities = {}
     for name in clients:
         client_key = _key()
-        client = (
-            _builder(name, ca_name, client_key.public_key())
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256())
+        builder = _builder(name, ca_name, client_key.public_key()).add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
         )
+        if attributes and name in attributes:
+            builder = builder.add_extension(extension(attributes[name]), critical=False)
+        client = builder.sign(ca_key, hashes.SHA256())
         _write(os.path.join(directory, f"client-{name}"), client_key, client)
         identities[name] = fingerprint(client.public_bytes(serialization.Encoding.DER))
     return identities

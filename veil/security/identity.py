@@ -15,10 +15,12 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import jwt
 
 from veil.protocol import ProtocolError
+from veil.security.attributes import NONE, Attributes, from_certificate, from_claims
 from veil.security.registry import ANONYMOUS, Registry
 
 METHODS = ("certificate", "token", "hash", "any-hash")
@@ -32,6 +34,12 @@ class Credentials:
     fingerprint: str | None = None  # of a verified client certificate
     token: str | None = None  # bearer token
     claimed: str | None = None  # the authHash the request names
+    certificate: bytes | None = None  # the verified client certificate (DER), for its attributes
+
+
+class Principal(NamedTuple):
+    identity: str
+    attributes: Attributes = NONE
 
 
 class TokenVerifier:
@@ -43,7 +51,7 @@ class TokenVerifier:
         self.audience = audience
         # A publisher sends the same token with every request: its signature is checked once, and
         # the token is then taken for its subject until it expires.
-        self._verified: dict[str, tuple[str, float]] = {}
+        self._verified: dict[str, tuple[Principal, float]] = {}
         self._client: jwt.PyJWKClient | None = None
         self._keys: jwt.PyJWKSet | None = None
         if jwks.startswith(("https://", "http://")):
@@ -56,6 +64,10 @@ class TokenVerifier:
                 raise ValueError(f"--jwks {jwks}: {exc}") from None
 
     def subject(self, token: str) -> str:
+        return self.verify(token).identity
+
+    def verify(self, token: str) -> Principal:
+        """The token's subject and the attributes of its `veil` claim."""
         known = self._verified.get(token)
         if known is not None and known[1] + LEEWAY > time.time():
             return known[0]
@@ -83,10 +95,11 @@ class TokenVerifier:
         subject = claims["sub"]
         if not isinstance(subject, str) or not subject:
             raise ProtocolError("token", "its subject is not a non-empty string", 401)
+        principal = Principal(subject, from_claims(claims))
         if len(self._verified) >= VERIFIED_LIMIT:
             self._verified.clear()
-        self._verified[token] = (subject, float(claims["exp"]))
-        return subject
+        self._verified[token] = (principal, float(claims["exp"]))
+        return principal
 
     def _key(self, token: str) -> jwt.PyJWK:
         if self._client is not None:
@@ -116,16 +129,25 @@ class Authenticator:
 
     def identify(self, credentials: Credentials) -> str:
         """The identity the credentials prove; ProtocolError (401, or 403 for a contradiction)."""
+        return self.principal(credentials).identity
+
+    def principal(self, credentials: Credentials) -> Principal:
+        """The identity the credentials prove and the attributes the proving credentials carry (a
+        static hash carries none)."""
         identity = None
+        attributes = NONE
         if credentials.fingerprint is not None and "certificate" in self.methods:
             identity = credentials.fingerprint
+            if credentials.certificate is not None:
+                attributes = from_certificate(credentials.certificate)
         if credentials.token is not None:
             if "token" not in self.methods or self.tokens is None:
                 raise ProtocolError("token", "bearer tokens are not accepted by this broker", 401)
-            subject = self.tokens.subject(credentials.token)
+            subject, stated = self.tokens.verify(credentials.token)
             if identity is not None and subject != identity:
                 raise ProtocolError("token", "its subject is not the client certificate's identity", 403)
             identity = subject
+            attributes = attributes.merge(stated)
         claimed = credentials.claimed
         if claimed is not None:
             if identity is not None:
@@ -143,7 +165,7 @@ class Authenticator:
                     "authHash", "static hashes are not accepted: use a client certificate or a bearer token", 401
                 )
         if identity is not None:
-            return identity
+            return Principal(identity, attributes)
         if self.anonymous:
-            return ANONYMOUS
+            return Principal(ANONYMOUS)
         raise ProtocolError("authHash", "authentication required (client certificate, bearer token or authHash)", 401)

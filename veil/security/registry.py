@@ -110,7 +110,7 @@ def parse_registry(doc: object) -> Registry:
             raise ProtocolError(f"groups.{group}", '"*" means anyone and cannot be a group')
         members.setdefault(group, set()).update(_ids(listed, f"groups.{group}"))
     rules = {
-        user: tuple(_constraints(rule, f"rules.{user}[{i}]") for i, rule in enumerate(_list(listed, f"rules.{user}")))
+        user: tuple(parse_filter(rule, f"rules.{user}[{i}]") for i, rule in enumerate(_list(listed, f"rules.{user}")))
         for user, listed in _mapping(doc.get("rules", {}), "rules").items()
     }
     policies = {
@@ -140,7 +140,7 @@ def parse_registry(doc: object) -> Registry:
         _id(user, f"recipients.{user}"): _public_key(raw, f"recipients.{user}", "X25519")
         for user, raw in _mapping(doc.get("recipients", {}), "recipients").items()
     }
-    scopes = parse_scopes(doc.get("scopes", {}), _constraints)
+    scopes = parse_scopes(doc.get("scopes", {}), parse_filter)
     users = set(users_doc) | {u for group in members.values() for u in group} | admins | set(hashes.values())
     users |= {u for scope in scopes.by_name.values() for u in scope.users}
     return Registry(
@@ -189,7 +189,7 @@ def _policy(doc: object, where: str) -> Policy:
     group = entry.get("group")
     if not isinstance(group, str) or not group:
         raise ProtocolError(f"{where}.group", 'missing: a group name, or "*" for anyone')
-    return Policy(_constraints(entry.get("data"), f"{where}.data"), group)
+    return Policy(parse_filter(entry.get("data"), f"{where}.data"), group)
 
 
 def _crop(doc: object, where: str) -> Crop:
@@ -202,10 +202,11 @@ def _crop(doc: object, where: str) -> Crop:
     groups = frozenset(_ids(entry.get("groups", []), f"{where}.groups"))
     if not users and not groups:
         raise ProtocolError(where, "name the users or groups whose copy is cropped")
-    return Crop(_constraints(entry.get("data", []), f"{where}.data"), tuple(fields), users, groups)
+    return Crop(parse_filter(entry.get("data", []), f"{where}.data"), tuple(fields), users, groups)
 
 
-def _constraints(doc: object, where: str) -> tuple[Predicate, ...]:
+def parse_filter(doc: object, where: str) -> tuple[Predicate, ...]:
+    """One filter: a conjunction of constraints in the subscription language."""
     if not isinstance(doc, list):
         raise ProtocolError(where, "a list of constraints {key, val, type, op} ([] = everything)")
     return tuple(Predicate(*parse_predicate(item, f"{where}[{i}]")) for i, item in enumerate(doc))
