@@ -10,19 +10,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.unit.test_scopes import oracle_visible
 from veil.matching import Predicate, matches
+from veil.matching.stored import encode_subscription
 from veil.pipeline.match import _Output, _Run
 from veil.pipeline.rows import MARK
 from veil.pipeline.worker_state import State
 from veil.protocol import ProtocolError, flatten
+from veil.protocol.reserved import SCOPE
 from veil.security.authorization import crop, decide
 from veil.security.registry import ANONYMOUS, parse_registry
+from veil.security.scopes import WORLD
 
 USERS = ["u0", "u1", "u2", "u3", ANONYMOUS]
 PUBLISHERS = ["p0", "p1", ANONYMOUS]
 GROUPS = ["g0", "g1", "g2"]
 VALUES = {"_type": ["sale", "gps"], "country": ["FR", "GB"], "amount": [1, 5, 9], "id": ["truck-a", "truck-b"]}
 FIELDS = ["amount", "country", "meta.secret", "meta"]
+SCOPES = ["customs", "customs-fr", "sales"]
 
 
 @st.composite
@@ -62,6 +67,17 @@ def registries(draw: st.DrawFn) -> dict:
         ]
         for publisher in ("p0", "p1")
     }
+    if draw(st.booleans()):
+        doc["scopes"] = {
+            name: {
+                "users": draw(st.lists(st.sampled_from(named), unique=True, max_size=2)),
+                "groups": draw(st.lists(st.sampled_from(GROUPS), unique=True, max_size=1)),
+                "scopes": draw(st.lists(st.sampled_from(SCOPES[i + 1 :]), unique=True)) if i + 1 < len(SCOPES) else [],
+                "export": draw(st.lists(constraints(1), max_size=1)),
+                "import": draw(st.lists(constraints(1), max_size=1)),
+            }
+            for i, name in enumerate(SCOPES)
+        }
     return doc
 
 
@@ -70,21 +86,28 @@ def publications(draw: st.DrawFn) -> tuple[str, dict]:
     doc = {key: draw(st.sampled_from(values)) for key, values in VALUES.items() if draw(st.booleans())}
     if draw(st.booleans()):
         doc["meta"] = {"secret": draw(st.integers(0, 3)), "open": 1}
+    if draw(st.booleans()):
+        doc[SCOPE] = draw(st.sampled_from([*SCOPES, "gone"]))
     return draw(st.sampled_from(PUBLISHERS)), doc
+
+
+subscriptions = st.tuples(st.sampled_from(USERS), constraints(), st.sampled_from(["", *SCOPES]), st.booleans())
 
 
 @settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(
     registries(),
     st.booleans(),
-    st.lists(st.tuples(st.sampled_from(USERS), constraints()), max_size=8),
+    st.lists(subscriptions, max_size=8),
     st.lists(publications(), min_size=1, max_size=12),
 )
 def test_pipeline_delivers_exactly_what_the_oracle_allows(registry_doc, with_authorization, subscriptions, published):
+    """Scopes included: the oracle's visibility is the path enumeration of the scope tests."""
     registry = parse_registry(registry_doc)
     state = State(orjson.dumps(registry_doc), with_authorization)
-    for number, (owner, data) in enumerate(subscriptions):
-        state.add(f"s{number}", number, owner, orjson.dumps([[c["key"], c["op"], c["val"]] for c in data]))
+    for number, (owner, data, scope, admitted) in enumerate(subscriptions):
+        predicates = [[c["key"], c["op"], c["val"]] for c in data]
+        state.add(f"s{number}", number, owner, encode_subscription(predicates, scope=scope, admitted=admitted))
     run, out = _Run(), _Output()
     bodies = [orjson.dumps(doc) for _, doc in published]
     for offset, ((publisher, _), body) in enumerate(zip(published, bodies, strict=True), start=1):
@@ -99,10 +122,16 @@ def test_pipeline_delivers_exactly_what_the_oracle_allows(registry_doc, with_aut
     expected = {}
     for offset, ((publisher, doc), body) in enumerate(zip(published, bodies, strict=True), start=1):
         attributes = flatten(doc)
-        for number, (owner, data) in enumerate(subscriptions):
+        for number, (owner, data, scope, admitted) in enumerate(subscriptions):
             if not matches([Predicate(c["key"], c["op"], c["val"]) for c in data], attributes):
                 continue
-            allowed, cropped = decide(registry, with_authorization, publisher, attributes, owner)
+            allowed, cropped = decide(registry, with_authorization, publisher, attributes, owner, scope, admitted)
+            origin = doc.get(SCOPE, WORLD)
+            known = origin == WORLD or origin in registry.scopes.by_name
+            visible = known and oracle_visible(registry_doc.get("scopes", {}), origin, scope, attributes)
+            member = registry.scopes.is_member(scope, owner, registry.groups_of(owner), frozenset({scope} if admitted else ()))
+            if not (visible and member):
+                assert not allowed
             if allowed:
                 expected[(offset, number)] = (crop(body, sorted(cropped)) if cropped else None, cropped)
     assert delivered.keys() == expected.keys()  # no leak, no loss

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from veil.matching import Predicate, matches
 from veil.protocol import ProtocolError
 from veil.security.registry import parse_registry
 from veil.security.scopes import WORLD, Scopes
@@ -38,13 +39,7 @@ def oracle_visible(doc: dict, origin: str, target: str, publication: dict) -> bo
     it crosses? Every simple path is tried, one by one."""
 
     def passes(filters: list, attributes: dict) -> bool:
-        def holds(c: dict) -> bool:
-            value = attributes.get(c["key"])
-            if value is None:
-                return False
-            return value == c["val"] if c["op"] == "eq" else value >= c["val"]
-
-        return any(all(holds(c) for c in f) for f in filters)
+        return any(matches([Predicate(c["key"], c["op"], c["val"]) for c in f], attributes) for f in filters)
 
     parents = {name: [p for p, entry in doc.items() if name in entry["scopes"]] for name in doc}
 

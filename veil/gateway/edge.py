@@ -57,7 +57,7 @@ class EdgeChannel:
             orjson.dumps({"unsubscribe": f"s{self.sent.pop(sub_id)}"}) for sub_id in dropped if sub_id in self.sent
         ]
         for sub_id, number, owner, body in added:
-            predicates, _ = decode_subscription(body)
+            predicates = decode_subscription(body).predicates
             if could_serve(self.announced, predicates, self._rules(owner)):
                 self.sent[sub_id] = number
                 lines.append(orjson.dumps({"subscribe": f"s{number}", "data": [list(p) for p in predicates]}))

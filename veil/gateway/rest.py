@@ -12,7 +12,8 @@ from aiohttp import web
 from veil.gateway.admin import routes as admin_routes
 from veil.gateway.context import GATEWAY, Gateway
 from veil.gateway.errors import errors, json_response
-from veil.gateway.http import body_of, client_of, parsed
+from veil.gateway.http import body_of, client_of, parsed, principal_of
+from veil.gateway.scope_keys import routes as scope_key_routes
 from veil.matching import Predicate, Unsatisfiable, check_satisfiable
 from veil.matching.stored import encode_subscription
 from veil.protocol import (
@@ -28,21 +29,52 @@ from veil.protocol import (
     parse_valid_for,
 )
 from veil.protocol.limits import Limits
+from veil.protocol.reserved import reserved_of
 from veil.security import signatures
+from veil.security.admission import admit_publication, admit_subscription
+from veil.security.identity import Principal
+from veil.security.registry import Registry
 from veil.store import Publication
 
 BATCH_TYPES = frozenset({"application/x-ndjson", "application/jsonl", "application/x-jsonlines"})
 routes = web.RouteTableDef()
 
 
-def checked_subscription(raw: bytes, limits: Limits) -> tuple[SubscribeRequest, bytes]:
-    """A subscribe request, refused if it can never match, and the body it is logged with."""
+def checked_subscription(raw: bytes, limits: Limits) -> tuple[SubscribeRequest, list[Predicate]]:
+    """A subscribe request, refused if it can never match, and its predicates."""
     req = parse_subscribe(raw, limits)
+    predicates = [Predicate(*p) for p in req.predicates]
     try:
-        check_satisfiable([Predicate(*p) for p in req.predicates])
+        check_satisfiable(predicates)
     except Unsatisfiable as exc:
         raise ProtocolError("data", str(exc)) from None
-    return req, encode_subscription(req.predicates, req.topk)
+    return req, predicates
+
+
+def admitted_publication(raw: bytes, limits: Limits, registry: Registry, principal: Principal) -> bytes:
+    body = parse_publication(raw, limits)
+    admit_publications(registry, principal, [body], batch=False)
+    return body
+
+
+def admitted_batch(raw: bytes, limits: Limits, most: int, registry: Registry, principal: Principal) -> list[bytes]:
+    bodies = parse_publication_batch(raw, limits, most)
+    admit_publications(registry, principal, bodies, batch=True)
+    return bodies
+
+
+def admit_publications(registry: Registry, principal: Principal, bodies: list[bytes], batch: bool) -> None:
+    """Refuse the request if a publication goes into a scope its publisher may not publish into, or
+    is sealed under a key that is not the scope's current one (security.admission)."""
+    for number, body in enumerate(bodies, start=1):
+        try:
+            reserved = reserved_of(body)
+            if reserved is not None:
+                admit_publication(registry, principal, reserved)
+        except ProtocolError as exc:
+            if not batch:
+                raise
+            raise ProtocolError(f"line {number}: {exc.field}", exc.problem, exc.status) from None
 
 
 def where_delivered(gateway: Gateway, **reply: object) -> web.Response:
@@ -55,17 +87,19 @@ def where_delivered(gateway: Gateway, **reply: object) -> web.Response:
 async def publish(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     limits = gateway.limits
-    publisher = client_of(gateway, request, request.headers.get("X-Auth-Hash"))
+    principal = principal_of(gateway, request, request.headers.get("X-Auth-Hash"))
+    publisher = principal.identity
     raw = await body_of(gateway, request)
     signature = request.headers.get("X-Signature")
     valid_for = parse_valid_for(request.headers.get("X-Valid-For"), limits)
     if request.content_type in BATCH_TYPES:
         if signature is not None:
             raise ProtocolError("X-Signature", "sign publications one per request, not a batch")
-        bodies = await parsed(gateway, raw, parse_publication_batch, limits, gateway.config.max_pending)
+        registry = gateway.registry.current
+        bodies = await parsed(gateway, raw, admitted_batch, limits, gateway.config.max_pending, registry, principal)
         offsets = await gateway.ingest.append([Publication(body, publisher, valid_for=valid_for) for body in bodies])
         return json_response({"ids": [str(o) for o in offsets]})
-    body = await parsed(gateway, raw, parse_publication, limits)
+    body = await parsed(gateway, raw, admitted_publication, limits, gateway.registry.current, principal)
     key_id = None
     if signature is not None:
         if body != raw:
@@ -89,10 +123,13 @@ async def unpublish(request: web.Request) -> web.Response:
 @routes.post("/subscribe")
 async def subscribe(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    req, body = await parsed(gateway, await body_of(gateway, request), checked_subscription, gateway.limits)
-    owner = client_of(gateway, request, req.auth_hash)
+    req, predicates = await parsed(gateway, await body_of(gateway, request), checked_subscription, gateway.limits)
+    principal = principal_of(gateway, request, req.auth_hash)
+    owner = principal.identity
     if req.topk is not None and gateway.config.partition_mode == "publications":
         raise ProtocolError("topk", "top-k/w subscriptions need the broker's --partition-mode subscriptions")
+    admitted = admit_subscription(gateway.registry.current, principal, predicates, req.scope)
+    body = encode_subscription(req.predicates, req.topk, req.scope, admitted)
     sub_id = req.subscription_id or uuid.uuid4().hex
     await gateway.threads.write(gateway.threads.store.put_subscription, sub_id, owner, body)
     return where_delivered(gateway, wsport=gateway.config.ws, subscriptionId=sub_id)
@@ -134,4 +171,5 @@ def create_app(gateway: Gateway) -> web.Application:
     app[GATEWAY] = gateway
     app.add_routes(routes)
     app.add_routes(admin_routes)
+    app.add_routes(scope_key_routes)
     return app

@@ -14,19 +14,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from veil.matching import SubscriptionIndex
+from veil.pipeline.numbering import user_number, users_numbered
+from veil.pipeline.visibility import Visibility
 from veil.security.authorization import crop
 from veil.security.registry import ANYONE, Registry
 
-_users: dict[str, int] = {}  # user ids (subscribers and publishers) as numbers, for this worker's life
 EVERYONE = -2  # the number a rule for "*" is filed under
 RULE_CHUNK = 16  # rules per user checked together
-
-
-def user_number(user: str) -> int:
-    number = _users.get(user)
-    if number is None:
-        number = _users[user] = len(_users)
-    return number
 
 
 class _Targets:
@@ -76,6 +70,7 @@ class Authorizer:
 
     def __init__(self, registry: Registry, with_authorization: bool) -> None:
         self.with_authorization = with_authorization
+        self.visibility = Visibility(registry)
         # a user's rules in chunks: a pair stops being checked at the first chunk with a rule that
         # allows it, so thousands of rules cost a chunk's worth when the first ones allow
         self._rules: list[SubscriptionIndex] = []
@@ -132,16 +127,24 @@ class Authorizer:
         publishers: Sequence[str],
         pubs: np.ndarray,
         owners: np.ndarray,
+        scopes: np.ndarray,
+        admitted: np.ndarray,
     ) -> tuple[np.ndarray, list[tuple[int, bytes]]]:
         """Which (publication position, subscriber number) pairs may be delivered, and the cropped
-        copies (pair position, bytes) some of them get instead of the publication."""
+        copies (pair position, bytes) some of them get instead of the publication. `scopes` and
+        `admitted` are the pairs' subscriptions' scope numbers and admissions by attributes."""
         keep = np.ones(len(pubs), bool)
-        if not len(pubs) or self.passes_everything:
+        if not len(pubs):
             return keep, []
-        width = len(_users) + 1
+        visible = self.visibility.visible(documents, pubs, owners, scopes, admitted)
+        if visible is not None:
+            keep = visible
+        if self.passes_everything:
+            return keep, []
+        width = users_numbered() + 1
         keys = pubs * width + owners
         if self.with_authorization:
-            keep = self._allowed(documents, pubs, keys, width)
+            keep &= self._allowed(documents, pubs, keys, width)
         publisher_numbers = np.array([user_number(p) for p in publishers], np.int64)
         if len(self._policies):
             hit_pubs, entries = self._policy.hits(self._policies, documents, publisher_numbers)

@@ -169,8 +169,9 @@ class _Run:
         pubs, slots = state.index.match_pairs(part)
         sub_nos = state.index.numbers(slots)
         keep, copies = state.authorizer.filter(
-            part, self.bodies[lo:hi], self.publishers[lo:hi], pubs, state.owners[sub_nos]
-        )
+            part, self.bodies[lo:hi], self.publishers[lo:hi], pubs, state.owners[sub_nos], state.scopes[sub_nos],
+            state.admitted[sub_nos],
+        )  # fmt: skip
         return pubs + lo, sub_nos, keep, copies
 
     def match(self, state: State, out: _Output, seconds: float = 0) -> None:
@@ -273,16 +274,18 @@ class _Output:
         plain matches ahead of those."""
         if not valid:
             return
-        predicates, _ = decode_subscription(body)
+        predicates = decode_subscription(body).predicates
         documents = [flatten(orjson.loads(published)) for _, published, _ in valid]
         found = [i for i, document in enumerate(documents) if matches(predicates, document)]
         if not found:
             return
         positions = np.array(found, np.int64)
-        owners = np.full(len(found), state.owners[number], np.int64)
+        def each(column: np.ndarray) -> np.ndarray:
+            return np.full(len(found), column[number], column.dtype)
+
         keep, copies = state.authorizer.filter(
             [documents[i] for i in found], [valid[i][1] for i in found], [valid[i][2] for i in found],
-            np.arange(len(found), dtype=np.int64), owners,
+            np.arange(len(found), dtype=np.int64), each(state.owners), each(state.scopes), each(state.admitted),
         )  # fmt: skip
         crops = dict(copies)
         for pair in np.flatnonzero(keep).tolist():

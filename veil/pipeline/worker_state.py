@@ -39,8 +39,9 @@ import numpy as np
 from veil.matching import SubscriptionIndex
 from veil.matching.stored import decode_subscription
 from veil.matching.topkw import Skyband, TopKWSet
-from veil.pipeline.authorize import Authorizer, user_number
+from veil.pipeline.authorize import Authorizer
 from veil.pipeline.guard import attempt
+from veil.pipeline.numbering import scope_number, user_number
 from veil.security.registry import registry_from_json
 from veil.store import KIND_SUBSCRIBE, PipelineStore, Quarantined, StatefulBatch
 
@@ -51,11 +52,13 @@ _cache: dict[Key, tuple[State, int]] = {}
 
 
 class State:
-    """What a matcher partition holds: its subscriptions, their owners, the registry in force."""
+    """What a matcher partition holds: its subscriptions, their owners and scopes, the registry in force."""
 
     def __init__(self, registry_body: bytes | None, with_authorization: bool) -> None:
         self.index = SubscriptionIndex()
         self.owners = np.full(1024, -1, np.int64)  # subscription number -> owner's user number
+        self.scopes = np.zeros(1024, np.int64)  # subscription number -> its scope's number (0: the world)
+        self.admitted = np.zeros(1024, bool)  # subscription number -> admitted to its scope by attributes
         self.with_authorization = with_authorization
         self.registry_body = registry_body
         self.authorizer = Authorizer(registry_from_json(registry_body), with_authorization)
@@ -67,12 +70,16 @@ class State:
         self.suspect = False
 
     def add(self, sub_id: str, number: int, owner: str, body: bytes) -> None:
-        predicates, topk = decode_subscription(body)  # before anything changes: a bad body changes nothing
+        predicates, topk, scope, admitted = decode_subscription(body)  # a bad body changes nothing
         if number >= len(self.owners):
-            size = max(number + 1, 2 * len(self.owners))
-            self.owners = np.concatenate([self.owners, np.full(size - len(self.owners), -1, np.int64)])
-            self.is_topk = np.concatenate([self.is_topk, np.zeros(size - len(self.is_topk), bool)])
+            grow = max(number + 1, 2 * len(self.owners)) - len(self.owners)
+            self.owners = np.concatenate([self.owners, np.full(grow, -1, np.int64)])
+            self.scopes = np.concatenate([self.scopes, np.zeros(grow, np.int64)])
+            self.admitted = np.concatenate([self.admitted, np.zeros(grow, bool)])
+            self.is_topk = np.concatenate([self.is_topk, np.zeros(grow, bool)])
         self.owners[number] = user_number(owner)
+        self.scopes[number] = scope_number(scope)
+        self.admitted[number] = admitted
         self.remove(sub_id)
         self.index.add(sub_id, predicates, number)
         if topk is not None:

@@ -54,6 +54,7 @@ class SubscribeRequest(NamedTuple):
     subscription_id: str | None
     predicates: list[tuple[str, str, object]]
     topk: TopK | None = None
+    scope: str | None = None  # the scope it is made in; None for the world
 
 
 class UnsubscribeRequest(NamedTuple):
@@ -69,7 +70,12 @@ def parse_subscribe(raw: bytes, limits: Limits = DEFAULT) -> SubscribeRequest:
         sub_id = subscription_id_of(doc, required=False)
     predicates = parse_constraints(doc.get("data"), "data", limits)
     topk = doc.get("topk")
-    return SubscribeRequest(auth, sub_id or None, predicates, None if topk is None else parse_topk(topk, limits))
+    scope = doc.get("scope")
+    if scope is not None and (not isinstance(scope, str) or not 0 < len(scope) <= MAX_ID_LENGTH):
+        raise ProtocolError("scope", f"the name of a scope: a non-empty string of at most {MAX_ID_LENGTH} characters")
+    return SubscribeRequest(
+        auth, sub_id or None, predicates, None if topk is None else parse_topk(topk, limits), scope or None
+    )
 
 
 def parse_constraints(data: object, field: str, limits: Limits = DEFAULT) -> list[tuple[str, str, object]]:

@@ -2,7 +2,8 @@
 semantics that the pipeline's vectorised authorize stage is tested against, and the cropping of a
 delivered copy.
 
-A pair passes when (with authorization on) some rule of the subscriber, or of anyone ("*"), matches
+A pair passes when the publication is visible in the subscription's scope and the subscriber is in
+that scope (`security.scopes`), when (with authorization on) some rule of the subscriber, or of anyone ("*"), matches
 the publication, and, if the publication matches policies of its publisher, the subscriber is in the
 group of at least one of them ("*" = anyone, anonymous included). Cropping rules of the publisher
 that match the publication and name the subscriber or one of its groups remove their fields.
@@ -15,14 +16,30 @@ from collections.abc import Mapping
 import orjson
 
 from veil.matching import matches
+from veil.protocol.reserved import scope_of
 from veil.security.registry import ANYONE, Registry
+from veil.security.scopes import WORLD
 
 
 def decide(
-    registry: Registry, with_authorization: bool, publisher: str, attributes: Mapping[str, object], subscriber: str
+    registry: Registry,
+    with_authorization: bool,
+    publisher: str,
+    attributes: Mapping[str, object],
+    subscriber: str,
+    scope: str = WORLD,
+    admitted: bool = False,
 ) -> tuple[bool, frozenset[str]]:
-    """(may the subscriber receive it, the fields removed from its copy) for one matched pair."""
+    """(may the subscriber receive it, the fields removed from its copy) for one matched pair; `scope`
+    is the subscription's, `admitted` whether its owner's attributes admitted it there."""
     groups = registry.groups_of(subscriber)
+    origin = scope_of(attributes)  # type: ignore[arg-type]
+    origin = WORLD if origin is None else origin
+    reach = registry.scopes.reach(origin, attributes) if isinstance(origin, str) else frozenset()
+    if scope not in reach:
+        return False, frozenset()
+    if not registry.scopes.is_member(scope, subscriber, groups, frozenset({scope}) if admitted else frozenset()):
+        return False, frozenset()
     if with_authorization and not any(matches(list(rule), attributes) for rule in registry.rules_of(subscriber)):
         return False, frozenset()
     applying = [p for p in registry.policies.get(publisher, ()) if matches(list(p.data), attributes)]

@@ -1,0 +1,123 @@
+"""Scopes at the gateway, in-process: who may publish into a scope and subscribe in one, allowed
+filters, sealed publications only under the current key held by current members, and the scope key
+endpoints."""
+
+import base64
+
+import orjson
+import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from tests.gateway.conftest import ALICE, BOB, REGISTRY, ROOT
+from tests.gateway.test_rest import post
+from veil.security.sealing import RAW, ScopeKey, seal, wrap
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+CAROL = "carol-secret-1"
+PRIVATE = {user: X25519PrivateKey.generate() for user in ("alice", "bob", "carol")}
+
+
+def registry(members: list[str], **scope: object) -> dict:
+    return {
+        **REGISTRY,
+        "hashes": {**REGISTRY["hashes"], CAROL: "carol"},
+        "recipients": {u: base64.b64encode(k.public_key().public_bytes(*RAW)).decode() for u, k in PRIVATE.items()},
+        "scopes": {"customs": {"users": members, "managers": ["carol"], **scope}},
+    }
+
+
+async def put_registry(http, doc: dict) -> None:
+    response = await http.put("/admin/registry", data=orjson.dumps(doc), headers={"X-Auth-Hash": ROOT})
+    assert response.status == 200, await response.text()
+
+
+async def put_key(http, key: ScopeKey, members: list[str], auth: str = CAROL) -> tuple[int, dict]:
+    envelopes = {m: base64.b64encode(wrap(key, PRIVATE[m].public_key())).decode() for m in members}
+    response = await http.put(
+        f"/scopes/customs/keys/{key.version}", data=orjson.dumps({"envelopes": envelopes}), headers={"X-Auth-Hash": auth}
+    )
+    return response.status, await response.json()
+
+
+def sealed(key: ScopeKey, **attributes: object) -> dict:
+    doc = {**attributes, "veil:scope": "customs"}
+    return {**doc, "veil:sealed": base64.b64encode(seal(b"secret", key, orjson.dumps(doc))).decode()}
+
+
+async def test_only_members_publish_into_a_scope(http):
+    await put_registry(http, registry(["alice"]))
+    assert (await post(http, "/publish", {"n": 1, "veil:scope": "customs"}))[0] == 200
+    status, reply = await post(http, "/publish", {"n": 1, "veil:scope": "customs"}, auth=BOB)
+    assert (status, reply["field"]) == (403, "veil:scope")
+    status, reply = await post(http, "/publish", {"n": 1, "veil:scope": "nowhere"})
+    assert (status, reply["field"]) == (403, "veil:scope")
+    assert (await post(http, "/publish", {"n": 1, "veil:scope": 7}))[1]["field"] == "veil:scope"
+    status, reply = await post(http, "/publish", {"n": 1, "veil:sealed": "AAAA"})
+    assert (status, reply["field"]) == (400, "veil:scope")
+    status, reply = await post(http, "/publish", {"n": 1, "veil:scope": "customs", "veil:sealed": "not base64!"})
+    assert (status, reply["field"]) == (400, "veil:sealed")
+    escaped = b'{"n": 1, "veil\\u003ascope": "customs"}'  # the same member, spelled with an escape
+    response = await http.post("/publish", data=escaped, headers={"X-Auth-Hash": BOB})
+    assert response.status == 403
+    batch = b'{"n":1}\n{"n":2,"veil:scope":"customs"}\n'
+    response = await http.post(
+        "/publish", data=batch, headers={"X-Auth-Hash": BOB, "Content-Type": "application/x-ndjson"}
+    )
+    assert (response.status, (await response.json())["field"]) == (403, "line 2: veil:scope")
+
+
+async def test_sealed_publications_need_the_current_key_held_by_current_members_only(http):
+    await put_registry(http, registry(["alice", "bob"]))
+    first = ScopeKey.new("customs")
+    status, reply = await post(http, "/publish", sealed(first, n=1))
+    assert (status, reply["field"]) == (409, "veil:sealed") and "no key yet" in reply["error"]
+    assert (await put_key(http, first, ["alice", "bob"]))[0] == 200
+    assert (await post(http, "/publish", sealed(first, n=1)))[0] == 200
+    await put_registry(http, registry(["alice"]) | {"scopes": {"customs": {
+        **registry(["alice"])["scopes"]["customs"], "keys": (await current_keys(http))}}})  # fmt: skip
+    status, reply = await post(http, "/publish", sealed(first, n=2))
+    assert status == 409 and "former member" in reply["error"] and "bob" in reply["error"]
+    second = first.rotate()
+    assert (await put_key(http, second, ["alice"]))[0] == 200
+    assert (await post(http, "/publish", sealed(second, n=3)))[0] == 200
+    status, reply = await post(http, "/publish", sealed(first, n=4))
+    assert status == 409 and "the current one is 2" in reply["error"]
+
+
+async def current_keys(http) -> dict:
+    response = await http.get("/admin/registry", headers={"X-Auth-Hash": ROOT})
+    return (await response.json())["scopes"]["customs"].get("keys", {})
+
+
+async def test_scope_keys_are_stored_by_managers_and_fetched_by_their_holders(http):
+    await put_registry(http, registry(["alice", "bob"]))
+    key = ScopeKey.new("customs")
+    assert (await put_key(http, key, ["alice"], auth=ALICE))[0] == 403  # a member, not a manager
+    assert (await put_key(http, key._replace(version=2), ["alice"]))[0] == 409  # versions do not skip
+    status, reply = await put_key(http, key, ["alice", "carol"])
+    assert (status, reply["field"]) == (409, "envelopes.carol")  # not a member
+    assert (await put_key(http, key, ["alice"]))[0] == 200
+    assert (await put_key(http, key, ["alice"]))[0] == 409  # alice holds it already
+    assert (await put_key(http, key, ["bob"]))[0] == 200  # the same version, for one more member
+    response = await http.get("/scopes/customs", headers={"X-Auth-Hash": CAROL})
+    described = await response.json()
+    assert described["version"] == 1 and set(described["members"]) == {"alice", "bob"}
+    assert (await http.get("/scopes/customs", headers={"X-Auth-Hash": BOB})).status == 403
+    response = await http.get("/scopes/customs/key", headers={"X-Auth-Hash": BOB})
+    fetched = await response.json()
+    assert (fetched["version"], len(base64.b64decode(fetched["envelope"]))) == (1, 80)
+    assert (await http.get("/scopes/customs/key", headers={"X-Auth-Hash": CAROL})).status == 404
+    assert (await http.get("/scopes/customs/key?version=x", headers={"X-Auth-Hash": BOB})).status == 400
+    assert (await http.get("/scopes/nowhere/key", headers={"X-Auth-Hash": BOB})).status == 404
+
+
+async def test_subscriptions_in_a_scope_are_admitted_only_inside_its_filters(http):
+    await put_registry(http, registry(["alice"], subscribe=[[{"key": "country", "op": "eq", "val": "FR"}]]))
+    fr = [{"key": "country", "op": "eq", "val": "FR"}, {"key": "lat", "op": "gt", "val": 3}]
+    assert (await post(http, "/subscribe", {"data": fr, "scope": "customs"}))[0] == 200
+    status, reply = await post(http, "/subscribe", {"data": [], "scope": "customs"})
+    assert (status, reply["field"]) == (403, "data") and "scope 'customs' allows" in reply["error"]
+    status, reply = await post(http, "/subscribe", {"data": fr, "scope": "customs"}, auth=BOB)
+    assert (status, reply["field"]) == (403, "scope")
+    assert (await post(http, "/subscribe", {"data": [], "scope": 5}))[1]["field"] == "scope"
+    assert (await post(http, "/subscribe", {"data": []}, auth=BOB))[0] == 200  # the world is open

@@ -1,0 +1,59 @@
+"""The publication members Veil reserves: `veil:scope`, the scope a publication is published into,
+and `veil:sealed`, a payload sealed for that scope's members (base64; see security.sealing).
+
+They travel inside the publication, so a publisher's signature covers them and the broker cannot
+move a publication to another scope unnoticed; the gateway reads them to check that the publisher
+may publish there, and the pipeline reads the scope to bound who sees it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import struct
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import orjson
+
+from veil.protocol.errors import ProtocolError
+
+SCOPE = "veil:scope"
+SEALED = "veil:sealed"
+SEALED_HEADER = 4 + 16 + 16  # key version, salt, tag: the least a sealed payload is
+MAX_SCOPE_NAME = 256
+
+
+class Reserved(NamedTuple):
+    scope: str
+    sealed_version: int | None  # the scope key version a sealed payload needs
+
+
+def reserved_of(body: bytes) -> Reserved | None:
+    """The reserved members of a validated publication, None without any. A body can only hold one
+    if it has the bytes `veil` or a `\\u` escape, so most publications are not parsed again."""
+    if b"veil" not in body and b"\\u" not in body:
+        return None
+    doc = orjson.loads(body)
+    scope, sealed = doc.get(SCOPE), doc.get(SEALED)
+    if scope is None and sealed is None:
+        return None
+    if not isinstance(scope, str) or not 0 < len(scope) <= MAX_SCOPE_NAME:
+        problem = "a sealed payload is sealed for a scope: name it" if scope is None else "a scope's name"
+        raise ProtocolError(SCOPE, problem)
+    version = None
+    if sealed is not None:
+        try:
+            raw = base64.b64decode(sealed, validate=True) if isinstance(sealed, str) else b""
+        except (binascii.Error, ValueError):
+            raw = b""
+        if len(raw) < SEALED_HEADER:
+            raise ProtocolError(SEALED, "base64 of a sealed payload (key version, salt, ciphertext and tag)")
+        version = struct.unpack(">I", raw[:4])[0]
+    return Reserved(scope, version)
+
+
+def scope_of(attributes: Mapping[str, object]) -> object:
+    """The scope a (flattened) publication is published into; None for the world. A value that is
+    not a name, which the gateway never lets in, is returned as it is so that it matches no scope."""
+    return attributes.get(SCOPE)
