@@ -1,9 +1,10 @@
-"""`veil serve | publish | unpublish | edge | subscribe | unsubscribe | certs`."""
+"""`veil serve | publish | unpublish | edge | subscribe | unsubscribe | scope rotate | keygen | certs`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import logging
 import os
 import re
@@ -25,14 +26,36 @@ def _client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ca", help="CA file to verify the broker (https)")
     parser.add_argument("--cert", help="client certificate (mutual TLS)")
     parser.add_argument("--key", help="private key of the client certificate")
+    parser.add_argument(
+        "--recipient-key",
+        default=os.environ.get("VEIL_RECIPIENT_KEY"),
+        help="your X25519 private key (PEM, from `veil keygen`): seals and opens scope payloads",
+    )
 
 
 def _client(args: argparse.Namespace):
     from veil.client import VeilClient
 
     return VeilClient(
-        args.url, auth_hash=args.auth_hash, token=args.token, ca_file=args.ca, cert_file=args.cert, key_file=args.key
-    )
+        args.url, auth_hash=args.auth_hash, token=args.token, ca_file=args.ca, cert_file=args.cert, key_file=args.key,
+        recipient_key=_recipient_key(args.recipient_key),
+    )  # fmt: skip
+
+
+def _recipient_key(path: str | None):
+    if path is None:
+        return None
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    try:
+        with open(path, "rb") as handle:
+            key = serialization.load_pem_private_key(handle.read(), None)
+    except (OSError, ValueError, TypeError) as exc:
+        raise SystemExit(f"veil: --recipient-key {path}: {exc}") from None
+    if not isinstance(key, X25519PrivateKey):
+        raise SystemExit(f"veil: --recipient-key {path}: not an X25519 private key")
+    return key
 
 
 def parse_constraint(text: str) -> dict[str, Any]:
@@ -66,10 +89,24 @@ def parse_score_term(text: str) -> dict[str, Any]:
 
 
 async def _publish(args: argparse.Namespace) -> int:
+    if args.seal is None and (args.payload is not None or args.payload_file is not None):
+        raise SystemExit("veil publish: --payload and --payload-file go with --seal SCOPE")
+    if args.seal is not None and args.recipient_key is None:
+        raise SystemExit("veil publish: --seal needs --recipient-key (your X25519 private key)")
+    payload = args.payload.encode() if args.payload is not None else None
+    if args.payload_file is not None:
+        with open(args.payload_file, "rb") as handle:
+            payload = handle.read()
     async with _client(args) as client:
         documents = args.publication or [line for line in sys.stdin if line.strip()]
         for document in documents:
-            print(await client.publish(document.encode(), valid_for=args.valid_for))
+            if args.seal is None:
+                print(await client.publish(document.encode(), valid_for=args.valid_for))
+                continue
+            attributes = orjson.loads(document)
+            if not isinstance(attributes, dict):
+                raise SystemExit("veil publish: with --seal, a publication is a JSON object of routing attributes")
+            print(await client.publish(attributes, valid_for=args.valid_for, seal=args.seal, payload=payload))
     return 0
 
 
@@ -109,14 +146,51 @@ async def _subscribe(args: argparse.Namespace) -> int:
             topk = None
             if args.top_k is not None:
                 topk = {"k": args.top_k, "w": args.window, "score": [parse_score_term(t) for t in args.score]}
-            response = await client.subscribe(data, args.id, topk=topk)
+            response = await client.subscribe(data, args.id, topk=topk, scope=args.scope)
             subscription_id = response["subscriptionId"]
             print(orjson.dumps(response).decode(), file=sys.stderr, flush=True)
         async with client.deliveries(subscription_id, transport=args.transport, envelope=not args.plain) as stream:
             async for delivery in stream:
                 out = delivery.publication if args.plain else delivery._asdict()
+                if not args.plain and delivery.payload is not None:
+                    out["payload"] = _printable(delivery.payload)
                 sys.stdout.write(orjson.dumps(out).decode() + "\n")
                 sys.stdout.flush()
+    return 0
+
+
+def _printable(payload: bytes) -> str:
+    """A payload as text where it is UTF-8, otherwise as base64 (marked so)."""
+    try:
+        return payload.decode()
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(payload).decode()
+
+
+async def _rotate(args: argparse.Namespace) -> int:
+    async with _client(args) as client:
+        version, missing = await client.rotate_scope_key(args.scope)
+    print(f"scope {args.scope}: key version {version}")
+    if missing:
+        print(f"without a recipient key in the registry, so without the key: {', '.join(missing)}", file=sys.stderr)
+    return 0
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    key = X25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    try:
+        fd = os.open(args.out, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError as exc:
+        raise SystemExit(f"veil keygen: --out {args.out}: {exc.strerror}") from None
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(pem)
+    public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    print(f"wrote {args.out}; list this public key under the registry's recipients:")
+    print(base64.b64encode(public).decode())
     return 0
 
 
@@ -189,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument(
         "--valid-for", type=int, help="milliseconds it stays valid: subscriptions made meanwhile receive it too"
     )
+    publish.add_argument("--seal", metavar="SCOPE", help="seal a payload for SCOPE's members (and publish into it)")
+    publish.add_argument("--payload", help="the payload to seal (text)")
+    publish.add_argument("--payload-file", help="the payload to seal (a file's bytes)")
     publish.set_defaults(run=lambda a: asyncio.run(_publish(a)))
 
     unpublish = commands.add_parser("unpublish", help="withdraw a publication of yours that is still valid")
@@ -217,7 +294,19 @@ def build_parser() -> argparse.ArgumentParser:
     subscribe.add_argument(
         "--score", action="append", default=[], help="top-k/w scoring term: KEY:high, KEY:low or KEY=TARGET[*WEIGHT]"
     )
+    subscribe.add_argument("--scope", help="subscribe in this scope (you must be a member) instead of the world")
     subscribe.set_defaults(run=lambda a: asyncio.run(_subscribe(a)))
+
+    scope = commands.add_parser("scope", help="manage a scope's sealing key (its managers)")
+    scope_commands = scope.add_subparsers(dest="scope_command", required=True)
+    rotate = scope_commands.add_parser("rotate", help="a new key version, wrapped for every current member")
+    _client_arguments(rotate)
+    rotate.add_argument("scope", help="the scope's name")
+    rotate.set_defaults(run=lambda a: asyncio.run(_rotate(a)))
+
+    keygen = commands.add_parser("keygen", help="create your X25519 recipient key for sealed payloads")
+    keygen.add_argument("--out", default="recipient-key.pem", help="where the private key goes (not overwritten)")
+    keygen.set_defaults(run=_keygen)
 
     unsubscribe = commands.add_parser("unsubscribe", help="remove a subscription")
     _client_arguments(unsubscribe)

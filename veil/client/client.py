@@ -14,16 +14,27 @@ import contextlib
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import orjson
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from veil.client.channels import Channel, TcpChannel, WebSocketChannel
-from veil.client.errors import FATAL, TamperedPublication, VeilError, error_from_body, error_from_document
+from veil.client.errors import (
+    FATAL,
+    NotFound,
+    Replaced,
+    TamperedPublication,
+    VeilError,
+    error_from_body,
+    error_from_document,
+)
+from veil.client.sealed import ScopeKeyring, seal_publication
 from veil.protocol.envelope import published_bytes
 from veil.security import signatures
+from veil.security.sealing import ScopeKey, SealError, wrap
 from veil.security.tls import client_context
 
 ERROR_KEYS = frozenset({"error", "field", "status"})
@@ -38,6 +49,7 @@ class Delivery(NamedTuple):
     publisher: str | None = None
     verified: bool = False  # its signature verified against a key the application trusts
     cropped: bool = False  # fields were removed from this copy for this subscriber
+    payload: bytes | None = None  # its sealed payload, opened (None: none, or not sealed for us)
 
 
 class VeilClient:
@@ -53,8 +65,11 @@ class VeilClient:
         key_file: str | None = None,
         tcp_port: int | None = None,
         ws_port: int | None = None,
+        recipient_key: X25519PrivateKey | None = None,
         timeout: float = 30.0,
     ) -> None:
+        """`recipient_key` is the private half of the X25519 key the registry lists for this client
+        under `recipients`: scope keys are wrapped for it, so it seals and opens payloads."""
         parts = urlsplit(url)
         self.url = url.rstrip("/")
         self.host = parts.hostname or "127.0.0.1"
@@ -75,6 +90,7 @@ class VeilClient:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._http: aiohttp.ClientSession | None = None
         self.positions: dict[str, int] = {}  # last consumed sequence number per subscription
+        self.keyring = ScopeKeyring(recipient_key, self._envelope) if recipient_key is not None else None
 
     async def __aenter__(self) -> VeilClient:
         return self
@@ -122,10 +138,15 @@ class VeilClient:
         *,
         signing_key: tuple[str, Ed25519PrivateKey] | None = None,
         valid_for: int | None = None,
+        seal: str | None = None,
+        payload: bytes | None = None,
     ) -> str:
         """Publish; with `signing_key` (key id, private key) the exact bytes sent are signed; with
         `valid_for` (milliseconds) the publication is kept that long and subscriptions made meanwhile
-        receive it too."""
+        receive it too; with `seal` (a scope), `payload` is sealed for the scope's members beside the
+        publication's attributes (a dict), which route it in clear."""
+        if seal is not None:
+            return await self._publish_sealed(publication, seal, payload or b"", signing_key, valid_for)
         body = publication if isinstance(publication, bytes) else orjson.dumps(publication)
         extra: dict[str, str] = {}
         if signing_key is not None:
@@ -134,6 +155,61 @@ class VeilClient:
         if valid_for is not None:
             extra["X-Valid-For"] = str(valid_for)
         return (await self.request("/publish", body, extra=extra or None))["id"]
+
+    async def _publish_sealed(
+        self,
+        attributes: object,
+        scope: str,
+        payload: bytes,
+        signing_key: tuple[str, Ed25519PrivateKey] | None,
+        valid_for: int | None,
+    ) -> str:
+        if not isinstance(attributes, dict):
+            raise TypeError("a sealed publication's attributes are a dict")
+        if self.keyring is None:
+            raise VeilError("veil:sealed", "sealing needs the client's recipient_key", 0)
+        keyring = self.keyring
+
+        async def sealed_and_published() -> str:
+            key = await keyring.key(scope)
+            if key is None:
+                raise VeilError("veil:sealed", f"the broker has no key of scope {scope!r} for this client", 0)
+            body = orjson.dumps(seal_publication(attributes, payload, key))
+            return await self.publish(body, signing_key=signing_key, valid_for=valid_for)
+
+        try:
+            return await sealed_and_published()
+        except Replaced as exc:  # the key was rotated since we fetched it: once more with the newest
+            if exc.field != "veil:sealed":
+                raise
+            keyring.forget_newest(scope)
+            return await sealed_and_published()
+
+    async def _envelope(self, scope: str, version: int | None) -> tuple[int, bytes] | None:
+        query = "" if version is None else f"?version={version}"
+        try:
+            reply = await self.request(f"/scopes/{quote(scope, safe='')}/key{query}", b"", method="GET")
+        except NotFound:
+            return None
+        return reply["version"], base64.b64decode(reply["envelope"])
+
+    async def rotate_scope_key(self, scope: str) -> tuple[int, list[str]]:
+        """As the scope's manager: a new key version, wrapped for every member the registry lists a
+        recipient key for. Returns the version and the members left without it (no recipient key)."""
+        path = f"/scopes/{quote(scope, safe='')}"
+        described = await self.request(path, b"", method="GET")
+        key = ScopeKey.new(scope, described["version"] + 1)
+        envelopes, missing = {}, []
+        for member, recipient in described["members"].items():
+            if recipient is None:
+                missing.append(member)
+                continue
+            public = X25519PublicKey.from_public_bytes(base64.b64decode(recipient))
+            envelopes[member] = base64.b64encode(wrap(key, public)).decode()
+        if not envelopes:
+            raise VeilError("members", f"no member of scope {scope!r} has a recipient key in the registry", 0)
+        await self.request(f"{path}/keys/{key.version}", orjson.dumps({"envelopes": envelopes}), method="PUT")
+        return key.version, missing
 
     async def announce(self, data: list[dict], announcement_id: str | None = None) -> dict:
         """As an edge broker: announce what its publishers can produce (constraints, as `data` of a
@@ -171,12 +247,20 @@ class VeilClient:
         return (await self.request("/publish", body, "application/x-ndjson"))["ids"]
 
     async def subscribe(
-        self, data: list[dict], subscription_id: str | None = None, *, topk: dict | None = None
+        self,
+        data: list[dict],
+        subscription_id: str | None = None,
+        *,
+        topk: dict | None = None,
+        scope: str | None = None,
     ) -> dict:
-        """`topk` makes it a top-k/w subscription: {"k": K, "w": MILLISECONDS, "score": [TERM, ...]}."""
+        """`topk` makes it a top-k/w subscription: {"k": K, "w": MILLISECONDS, "score": [TERM, ...]};
+        `scope` makes it in that scope (the world by default)."""
         doc: dict[str, Any] = {"data": data}
         if topk is not None:
             doc["topk"] = topk
+        if scope is not None:
+            doc["scope"] = scope
         if self.auth_hash is not None:
             doc["authHash"] = self.auth_hash
         if subscription_id:
@@ -267,6 +351,11 @@ class DeliveryStream:
             if delivery.seq is not None:
                 self.last_seq = self.client.positions[self.subscription_id] = delivery.seq
                 self._unacked += 1
+            if self.client.keyring is not None and isinstance(delivery.publication, dict):
+                try:
+                    delivery = delivery._replace(payload=await self.client.keyring.open(delivery.publication))
+                except SealError as exc:
+                    raise TamperedPublication("veil:sealed", f"publication {delivery.id}: {exc}", 0) from None
             return delivery
 
     def _parse(self, line: bytes) -> Delivery | None:

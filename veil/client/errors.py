@@ -33,7 +33,8 @@ class NotFound(VeilError):
 
 
 class Replaced(VeilError):
-    """409: another connection took over the subscription."""
+    """409: another connection took over the subscription, or a scope key version is not (or no
+    longer) the one to seal with."""
 
 
 class Gone(VeilError):

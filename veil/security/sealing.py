@@ -39,8 +39,8 @@ class ScopeKey(NamedTuple):
     secret: bytes  # 32 bytes
 
     @classmethod
-    def new(cls, scope: str) -> ScopeKey:
-        return cls(scope, 1, os.urandom(32))
+    def new(cls, scope: str, version: int = 1) -> ScopeKey:
+        return cls(scope, version, os.urandom(32))
 
     def rotate(self) -> ScopeKey:
         """The next version, with a fresh secret: for after a member left."""
