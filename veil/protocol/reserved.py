@@ -1,5 +1,6 @@
 """The publication members Veil reserves: `veil:scope`, the scope a publication is published into,
-and `veil:sealed`, a payload sealed for that scope's members (base64; see security.sealing).
+`veil:sealed`, a payload sealed for that scope's members (base64; see security.sealing), and
+`veil:forward`, what one broker carries of a secret-forwarded publication.
 
 They travel inside the publication, so a publisher's signature covers them and the broker cannot
 move a publication to another scope unnoticed; the gateway reads them to check that the publisher
@@ -20,6 +21,7 @@ from veil.protocol.errors import ProtocolError
 
 SCOPE = "veil:scope"
 SEALED = "veil:sealed"
+FORWARD = "veil:forward"  # a secret-forwarded copy's share and sealed payload (client.forwarding): opaque here
 SEALED_HEADER = 4 + 16 + 16  # key version, salt, tag: the least a sealed payload is
 MAX_SCOPE_NAME = 256
 

@@ -1,0 +1,73 @@
+"""Secret forwarding's subscriber side without brokers: copies arrive from n brokers in any order,
+some missing, some altered; every publication opens once with the right payload while at most
+n - k brokers misbehave, and the altered shares are reported."""
+
+from __future__ import annotations
+
+import base64
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from veil.client.forwarding import ForwardedStream, split_publication
+from veil.protocol.reserved import FORWARD
+from veil.security import shamir
+
+
+def altered(document: dict) -> dict:
+    """The copy a lying broker forwards: its share's value changed."""
+    fields = dict(document[FORWARD])
+    share = shamir.Share.from_bytes(base64.b64decode(fields["share"]))
+    fields["share"] = base64.b64encode(share._replace(value=(share.value + 1) % shamir.PRIME).to_bytes()).decode()
+    return {**document, FORWARD: fields}
+
+
+def opened(stream: ForwardedStream) -> list:
+    out = []
+    while not stream._out.empty():
+        out.append(stream._out.get_nowait())
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 5), st.integers(0, 3), st.data())
+def test_any_k_honest_copies_open_it_and_wrong_shares_are_reported(k, extra, data):
+    n = k + extra
+    payload = data.draw(st.binary(max_size=64))
+    documents = split_publication({"lat": 1.5, "id": "t-1"}, payload, k, n)
+    misbehaving = data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n - k))
+    liars = {b for b in misbehaving if data.draw(st.booleans())}  # the others are down
+    order = data.draw(st.permutations(range(n)))
+    stream = ForwardedStream([], k)
+    for broker in order:
+        if broker in misbehaving and broker not in liars:
+            continue
+        stream.take(broker, altered(documents[broker]) if broker in liars else documents[broker])
+    [publication] = opened(stream)
+    assert publication.payload == payload
+    assert publication.attributes == {"lat": 1.5, "id": "t-1"}
+    assert not set(publication.brokers) & liars
+    assert {broker for _, broker in stream.corrupted} == liars  # each wrong share, once it arrived
+
+
+def test_fewer_than_k_honest_shares_open_nothing():
+    documents = split_publication({"n": 1}, b"secret", 2, 3)
+    stream = ForwardedStream([], 2)
+    stream.take(0, documents[0])
+    stream.take(1, altered(documents[1]))
+    stream.take(2, altered(documents[2]))
+    assert opened(stream) == []
+
+
+def test_a_copy_is_taken_once_per_broker_and_junk_is_ignored():
+    documents = split_publication({"n": 1}, b"secret", 2, 3)
+    stream = ForwardedStream([], 2)
+    stream.take(0, documents[0])
+    stream.take(0, documents[1])  # a second copy through the same broker counts once
+    stream.take(1, {"n": 1, FORWARD: {"id": documents[0][FORWARD]["id"], "share": "??"}})
+    stream.take(1, {"plain": True})
+    assert opened(stream) == []
+    stream.take(2, documents[2])
+    [publication] = opened(stream)
+    assert publication.payload == b"secret" and publication.brokers == (0, 2)
+    assert stream.corrupted == []  # an unreadable copy counts as dropped, not as a wrong share

@@ -1,0 +1,236 @@
+"""Secret forwarding (seed 002, SPEC §7) over n independently operated Veil deployments.
+
+The publisher seals the payload under a fresh key used for this one publication, splits the key
+into n Shamir shares (any k reconstruct it, any k - 1 say nothing about it) and publishes to broker
+i the routing attributes, the sealed payload, share i and the SHA-256 digests of all n shares (its
+commitments to them), all under one forwarding id; the digests are part of what the seal
+authenticates. A subscriber subscribes on every broker, gathers the copies of each forwarding id,
+and opens the payload with the first k shares that reconstruct a key under which a sealed copy
+authenticates with its digests. The digests are then the publisher's, and a share that does not
+match its digest is reported as corrupted (Shamir alone could not tell: wrong shares can even
+combine to the right key). So up to n - k brokers may be down, drop publications or alter what they
+forward, and fewer than k colluding brokers learn nothing of the payload.
+
+Seed 002 forwards shares over several hops of virtual nodes, re-splitting each share at every hop
+(its Algorithm 2). Here the publisher reaches every broker directly and each broker delivers to the
+subscriber directly: one hop, so there is nothing to re-split; the brokers' replicas are the n
+deployments themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import itertools
+import os
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import orjson
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+from veil.client.client import DeliveryStream, VeilClient
+from veil.client.errors import VeilError
+from veil.protocol.reserved import FORWARD
+from veil.security import shamir
+
+NONCE = bytes(12)  # each payload key seals exactly one payload
+MAX_PENDING = 10_000  # forwarding ids gathered at once: a lying broker's inventions are dropped oldest first
+
+
+class Forwarded(NamedTuple):
+    id: str
+    attributes: dict  # the routing attributes, as published
+    payload: bytes
+    brokers: tuple[int, ...]  # the brokers whose shares were the publisher's, by the time it opened
+    corrupted: tuple[int, ...]  # those whose shares were not (later ones go to ForwardedStream.corrupted)
+
+
+def _associated(attributes: dict, forward_id: str, k: int, n: int, digests: Sequence[str]) -> bytes:
+    """What the sealed payload is bound to: what every broker's copy has in common."""
+    doc = {"attributes": attributes, "id": forward_id, "k": k, "n": n, "digests": list(digests)}
+    return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+
+
+def digest(share: shamir.Share) -> str:
+    return base64.b64encode(hashlib.sha256(share.to_bytes()).digest()).decode()
+
+
+def split_publication(attributes: dict, payload: bytes, k: int, n: int) -> list[dict]:
+    """The n documents, one per broker."""
+    if FORWARD in attributes:
+        raise ValueError(f"{FORWARD} is where the forwarding fields go; the attributes cannot have it")
+    forward_id = uuid.uuid4().hex
+    key = os.urandom(32)
+    shares = shamir.split(key, k, n)
+    digests = [digest(share) for share in shares]
+    sealed = ChaCha20Poly1305(key).encrypt(NONCE, payload, _associated(attributes, forward_id, k, n, digests))
+    sealed_text = base64.b64encode(sealed).decode()
+    documents = []
+    for share in shares:
+        shared = base64.b64encode(share.to_bytes()).decode()
+        fields = {"id": forward_id, "k": k, "n": n, "share": shared, "digests": digests, "sealed": sealed_text}
+        documents.append({**attributes, FORWARD: fields})
+    return documents
+
+
+class ForwardingPublisher:
+    """Publishes through n brokers (the clients, in broker order); a publication is accepted when at
+    least k of them acknowledged it."""
+
+    def __init__(self, brokers: Sequence[VeilClient], k: int) -> None:
+        if not 1 <= k <= len(brokers):
+            raise ValueError(f"need 1 <= k <= {len(brokers)} brokers; got k={k}")
+        self.brokers = list(brokers)
+        self.k = k
+
+    async def publish(self, attributes: dict, payload: bytes) -> tuple[str, list[BaseException | None]]:
+        """The forwarding id, and per broker None or why it did not take its share."""
+        documents = split_publication(attributes, payload, self.k, len(self.brokers))
+        results = await asyncio.gather(
+            *(broker.publish(doc) for broker, doc in zip(self.brokers, documents, strict=True)), return_exceptions=True
+        )
+        failures = [r if isinstance(r, BaseException) else None for r in results]
+        taken = sum(f is None for f in failures)
+        if taken < self.k:
+            problem = f"only {taken} of {len(self.brokers)} brokers took their share; {self.k} needed"
+            raise VeilError("brokers", problem, 0)
+        return documents[0][FORWARD]["id"], failures
+
+
+@dataclass
+class _Gathering:
+    attributes: dict
+    k: int
+    n: int
+    shares: dict[int, shamir.Share] = field(default_factory=dict)  # broker -> its share
+    copies: dict[tuple[bytes, tuple[str, ...]], None] = field(default_factory=dict)  # distinct (sealed, digests)
+    tried: set[tuple[int, ...]] = field(default_factory=set)
+    digests: tuple[str, ...] | None = None  # the publisher's, once a copy opened with them
+
+
+class ForwardedStream:
+    """The forwarded publications of one subscription made on every broker, each once, opened."""
+
+    def __init__(self, streams: Sequence[DeliveryStream | None], k: int) -> None:
+        self.streams = streams  # per broker; None for one that could not be subscribed on
+        self.k = k
+        self.corrupted: list[tuple[str, int]] = []  # (forwarding id, broker) of every wrong share seen
+        self._gatherings: OrderedDict[str, _Gathering] = OrderedDict()
+        self._out: asyncio.Queue[Forwarded] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> ForwardedStream:
+        for broker, stream in enumerate(self.streams):
+            if stream is not None:
+                self._tasks.append(asyncio.create_task(self._read(broker, stream)))
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for stream in self.streams:
+            if stream is not None:
+                await stream.aclose()
+
+    def __aiter__(self) -> AsyncIterator[Forwarded]:
+        return self
+
+    async def __anext__(self) -> Forwarded:
+        return await self._out.get()
+
+    async def _read(self, broker: int, stream: DeliveryStream) -> None:
+        """One broker's deliveries; a broker that fails for good is one of the n - k tolerated."""
+        with contextlib.suppress(VeilError, OSError):
+            async for delivery in stream:
+                self.take(broker, delivery.publication)
+
+    def take(self, broker: int, publication: object) -> None:
+        """One broker's copy of a forwarded publication (anything else it delivers is ignored)."""
+        if not isinstance(publication, dict) or not isinstance(publication.get(FORWARD), dict):
+            return
+        fields = publication[FORWARD]
+        try:
+            forward_id, k, n = str(fields["id"]), int(fields["k"]), int(fields["n"])
+            share = shamir.Share.from_bytes(base64.b64decode(fields["share"]))
+            sealed = base64.b64decode(fields["sealed"])
+            digests = tuple(str(d) for d in fields["digests"])
+        except (KeyError, TypeError, ValueError):
+            return  # not a forwarded copy we can read: as if this broker had dropped it
+        gathering = self._gatherings.get(forward_id)
+        if gathering is None:
+            attributes = {key: value for key, value in publication.items() if key != FORWARD}
+            gathering = self._gatherings[forward_id] = _Gathering(attributes, k, n)
+            while len(self._gatherings) > MAX_PENDING:
+                self._gatherings.popitem(last=False)
+        if broker in gathering.shares or (k, n) != (gathering.k, gathering.n):
+            return
+        gathering.shares[broker] = share
+        gathering.copies.setdefault((sealed, digests))
+        if gathering.digests is not None:
+            self._check(forward_id, gathering, broker)
+        else:
+            self._try_open(forward_id, gathering)
+        if len(gathering.shares) == gathering.n:
+            del self._gatherings[forward_id]
+
+    def _check(self, forward_id: str, gathering: _Gathering, broker: int) -> bool:
+        """Whether a broker's share is the one the publisher committed to (reported if not)."""
+        assert gathering.digests is not None
+        share = gathering.shares[broker]
+        if 1 <= share.index <= len(gathering.digests) and digest(share) == gathering.digests[share.index - 1]:
+            return True
+        self.corrupted.append((forward_id, broker))
+        return False
+
+    def _try_open(self, forward_id: str, gathering: _Gathering) -> None:
+        """Every untried k-subset of the shares so far, until one opens a sealed copy."""
+        brokers = sorted(gathering.shares)
+        for subset in itertools.combinations(brokers, gathering.k):
+            if subset in gathering.tried:
+                continue
+            gathering.tried.add(subset)
+            shares = [gathering.shares[b] for b in subset]
+            try:
+                key = shamir.combine(shares)
+            except ValueError:
+                continue
+            if len(key) != 32:
+                continue
+            for sealed, digests in gathering.copies:
+                associated = _associated(gathering.attributes, forward_id, gathering.k, gathering.n, digests)
+                try:
+                    payload = ChaCha20Poly1305(key).decrypt(NONCE, sealed, associated)
+                except InvalidTag:
+                    continue
+                gathering.digests = digests
+                honest = tuple(b for b in brokers if self._check(forward_id, gathering, b))
+                corrupted = tuple(b for b in brokers if b not in honest)
+                self._out.put_nowait(Forwarded(forward_id, gathering.attributes, payload, honest, corrupted))
+                return
+
+
+async def subscribe_forwarded(
+    brokers: Sequence[VeilClient], data: list[dict], k: int, subscription_id: str | None = None
+) -> ForwardedStream:
+    """Subscribe with the same filter on every broker (the same id on each) and gather what they
+    forward. Brokers that cannot be reached now are skipped, up to n - k of them."""
+    subscription_id = subscription_id or uuid.uuid4().hex
+    results = await asyncio.gather(
+        *(broker.subscribe(data, subscription_id) for broker in brokers), return_exceptions=True
+    )
+    reached = [not isinstance(r, BaseException) for r in results]
+    if sum(reached) < k:
+        problem = f"only {sum(reached)} of {len(brokers)} brokers took the subscription; {k} needed"
+        raise VeilError("brokers", problem, 0)
+    streams = [broker.deliveries(subscription_id) if ok else None for broker, ok in zip(brokers, reached, strict=True)]
+    return ForwardedStream(streams, k)
