@@ -1,0 +1,293 @@
+"""Privacy against the infrastructure (SPEC §7), over three independently run brokers: sealed
+payloads for a scope's members and secret-forwarded ones (n = 3, k = 2) reach their subscribers
+while no broker's store, checkpoint or log holds the plaintext, a key that opens it, or another
+broker's share; forwarded publications survive a broker that alters every share it forwards and a
+broker that is down; scopes keep publications inside except through their interface, and a member
+removed from a scope neither receives nor can open what is sealed after its removal."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+
+import orjson
+import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from tests.integration.helpers import nothing_more, run_id, take
+from veil.client import VeilClient
+from veil.client.forwarding import ForwardingPublisher, split_publication, subscribe_forwarded
+from veil.client.sealed import associated_data
+from veil.harness import BrokerProcess
+from veil.harness.broker import free_ports
+from veil.protocol.reserved import FORWARD, SEALED
+from veil.security import shamir
+from veil.security.sealing import RAW, SealError, open_sealed
+
+pytestmark = pytest.mark.slow
+USERS = ("alice", "bob", "carol", "dave", "erin", "root")
+RECIPIENT = {user: X25519PrivateKey.generate() for user in USERS}
+
+
+def secret(user: str) -> str:
+    return f"{user}-secret-1"
+
+
+def registry(customs: list[str]) -> dict:
+    return {
+        "admins": ["root"],
+        "hashes": {secret(u): u for u in USERS},
+        "rules": {"*": [[]]},
+        "recipients": {u: base64.b64encode(k.public_key().public_bytes(*RAW)).decode() for u, k in RECIPIENT.items()},
+        "scopes": {
+            "customs": {
+                "users": customs,
+                "managers": ["carol"],
+                "export": [[{"key": "kind", "op": "eq", "val": "summary"}]],
+            }
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def brokers(tmp_path_factory):
+    """Three deployments, each with its own store, Spark and registry (the same content)."""
+    processes = []
+    for i in range(3):
+        directory = str(tmp_path_factory.mktemp(f"broker{i}"))
+        path = os.path.join(directory, "registry.json")
+        with open(path, "w") as handle:
+            json.dump(registry(["alice", "bob", "carol"]), handle)
+        processes.append(
+            BrokerProcess(
+                os.path.join(directory, "data"), "--registry", path, "--auth", "hash", "--anonymous", "false"
+            ).start(wait_ready=False)
+        )
+    for process in processes:
+        process.wait_ready()
+    yield processes
+    for process in processes:
+        process.close()
+
+
+def client(broker: BrokerProcess, user: str, tcp_port: int | None = None) -> VeilClient:
+    return VeilClient(
+        broker.url, auth_hash=secret(user), tcp_port=tcp_port or broker.tcp_port, ws_port=broker.ws_port,
+        recipient_key=RECIPIENT[user],
+    )  # fmt: skip
+
+
+def encodings(value: bytes) -> list[bytes]:
+    """The ways a secret could sit in a file: raw, hex, and base64 at each of the three alignments it
+    could have inside a longer base64 text."""
+    found = [value, value.hex().encode()]
+    for pad in range(3):
+        text = base64.b64encode(b"\0" * pad + value + b"\0\0")
+        found.append(text[-(-pad * 4 // 3) : ((pad + len(value)) * 4) // 3])
+    return found
+
+
+def files_holding(directory: str, secrets: list[bytes]) -> list[str]:
+    held = []
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as handle:
+                content = handle.read()
+            held += [f"{path}: {s[:12]!r}..." for s in secrets if s in content]
+    return held
+
+
+async def test_no_broker_holds_a_sealed_or_forwarded_canary(brokers):
+    rid = run_id()
+    sealed_canary = f"canary sealed {rid} {os.urandom(8).hex()}".encode()
+    forwarded_canary = f"canary forwarded {rid} {os.urandom(8).hex()}".encode()
+    scope_keys = []
+    for broker in brokers:
+        async with client(broker, "carol") as carol:
+            await carol.rotate_scope_key("customs")
+    members = [client(b, "bob") for b in brokers]
+    publishers = [client(b, "alice") for b in brokers]
+    erin = [client(b, "erin") for b in brokers]
+    try:
+        streams = []
+        for bob in members:
+            await bob.subscribe([{"key": "rid", "op": "eq", "val": rid}], f"sealed-{rid}", scope="customs")
+            streams.append(bob.deliveries(f"sealed-{rid}"))
+        forwarded = await subscribe_forwarded(erin, [{"key": "rid", "op": "eq", "val": rid}], 2, f"fw-{rid}")
+        async with forwarded:
+            for stream in streams:
+                await stream.__aenter__()
+            for alice in publishers:
+                await alice.publish({"rid": rid, "kind": "detail"}, seal="customs", payload=sealed_canary)
+                scope_keys.append((await alice.keyring.key("customs")).secret)
+            documents = split_publication({"rid": rid}, forwarded_canary, 2, 3)
+            for alice, document in zip(publishers, documents, strict=True):
+                await alice.publish(document)  # what ForwardingPublisher does, with the shares in sight
+            forward_id = documents[0][FORWARD]["id"]
+            forwarded_shares = [base64.b64decode(d[FORWARD]["share"]) for d in documents]
+            for stream in streams:
+                [delivery] = await take(stream, 1)
+                assert delivery.payload == sealed_canary
+                assert SEALED in delivery.publication and sealed_canary.decode() not in orjson.dumps(delivery.publication).decode()
+            async with asyncio.timeout(60):
+                opened = await forwarded.__anext__()
+            assert (opened.id, opened.payload, opened.corrupted) == (forward_id, forwarded_canary, ())
+            for stream in streams:
+                await stream.aclose()
+    finally:
+        for c in [*members, *publishers, *erin]:
+            await c.close()
+    payload_key = shamir.combine([shamir.Share.from_bytes(s) for s in forwarded_shares[:2]])
+    for i, broker in enumerate(brokers):
+        broker.wait_processed()
+        others = [s for j, s in enumerate(forwarded_shares) if j != i]
+        secrets = [*encodings(sealed_canary), *encodings(forwarded_canary), *encodings(payload_key)]
+        secrets += [e for key in scope_keys for e in encodings(key)] + [e for s in others for e in encodings(s)]
+        assert files_holding(broker.data_dir, secrets) == []
+        assert files_holding(broker.data_dir, encodings(forwarded_shares[i])), "the test looks in the right place"
+
+
+class LyingRelay:
+    """A broker's delivery port as seen through an operator who alters every share it forwards."""
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream = upstream
+        self.port = free_ports(1)[0]
+        self.altered = 0
+
+    async def __aenter__(self) -> LyingRelay:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+
+        async def upward() -> None:
+            while data := await reader.read(65536):
+                up_writer.write(data)
+                await up_writer.drain()
+
+        task = asyncio.create_task(upward())
+        try:
+            while line := await up_reader.readline():
+                writer.write(self._alter(line))
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            task.cancel()
+            up_writer.close()
+            writer.close()
+
+    def _alter(self, line: bytes) -> bytes:
+        try:
+            doc = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return line
+        fields = doc.get("publication", {}).get(FORWARD) if isinstance(doc, dict) else None
+        if not isinstance(fields, dict):
+            return line
+        share = shamir.Share.from_bytes(base64.b64decode(fields["share"]))
+        fields["share"] = base64.b64encode(share._replace(value=(share.value * 3 + 1) % shamir.PRIME).to_bytes()).decode()
+        self.altered += 1
+        return orjson.dumps(doc) + b"\n"
+
+
+async def test_forwarded_publications_open_although_one_broker_alters_every_share(brokers):
+    rid, count = run_id(), 20
+    async with LyingRelay(brokers[2].tcp_port) as relay:
+        readers = [client(brokers[0], "erin"), client(brokers[1], "erin"), client(brokers[2], "erin", relay.port)]
+        publishers = [client(b, "dave") for b in brokers]
+        try:
+            forwarded = await subscribe_forwarded(readers, [{"key": "rid", "op": "eq", "val": rid}], 2)
+            readers[2].tcp_port = relay.port  # the subscribe reply named the broker's own port
+            async with forwarded:
+                sent = {}
+                for n in range(count):
+                    payload = f"{rid} #{n}".encode()
+                    forward_id, _ = await ForwardingPublisher(publishers, 2).publish({"rid": rid, "n": n}, payload)
+                    sent[forward_id] = payload
+                got = {}
+                async with asyncio.timeout(60):
+                    while len(got) < count:
+                        opened = await forwarded.__anext__()
+                        got[opened.id] = opened.payload
+                        assert 2 not in opened.brokers
+                    while len(forwarded.corrupted) < count:  # the liar's shares that came after opening
+                        await asyncio.sleep(0.1)
+                assert got == sent
+                assert sorted(forwarded.corrupted) == sorted((forward_id, 2) for forward_id in sent)
+                assert relay.altered >= count
+        finally:
+            for c in [*readers, *publishers]:
+                await c.close()
+
+
+async def test_a_scope_keeps_its_publications_and_a_removed_member_loses_them(brokers):
+    broker, rid = brokers[0], run_id()
+    mine = [{"key": "rid", "op": "eq", "val": rid}]
+    alice, bob, carol, dave, root = (client(broker, u) for u in ("alice", "bob", "carol", "dave", "root"))
+    try:
+        await carol.rotate_scope_key("customs")
+        await bob.subscribe(mine, f"bob-{rid}", scope="customs")
+        await carol.subscribe(mine, f"carol-{rid}", scope="customs")
+        await dave.subscribe(mine, f"dave-{rid}")  # the world
+        async with (
+            bob.deliveries(f"bob-{rid}") as bob_stream,
+            carol.deliveries(f"carol-{rid}") as carol_stream,
+            dave.deliveries(f"dave-{rid}") as dave_stream,
+        ):
+            await alice.publish({"rid": rid, "kind": "detail"}, seal="customs", payload=b"for members")
+            await alice.publish({"rid": rid, "kind": "summary"}, seal="customs", payload=b"exported")
+            assert [d.payload for d in await take(bob_stream, 2)] == [b"for members", b"exported"]
+            await take(carol_stream, 2)
+            [outside] = await take(dave_stream, 1)  # only what the interface lets out, and sealed
+            assert (outside.publication["kind"], outside.payload) == ("summary", None)
+
+            document = await root.registry()
+            document["scopes"]["customs"]["users"] = ["alice", "carol"]
+            await root.registry(document)
+            old_key = await bob.keyring.key("customs")
+            await carol.rotate_scope_key("customs")
+            await alice.publish({"rid": rid, "kind": "detail"}, seal="customs", payload=b"after bob left")
+            [later] = await take(carol_stream, 1)
+            assert later.payload == b"after bob left"
+            await nothing_more(bob_stream)
+            assert await bob.keyring.open(later.publication) is None  # no envelope of the new key for bob
+            raw = base64.b64decode(later.publication[SEALED])
+            with pytest.raises(SealError):
+                open_sealed(raw, old_key, associated_data(later.publication))
+            await nothing_more(dave_stream)
+    finally:
+        for c in (alice, bob, carol, dave, root):
+            await c.close()
+
+
+async def test_forwarded_publications_open_with_one_broker_down(brokers):
+    rid, count = run_id(), 10
+    readers = [client(b, "erin") for b in brokers]
+    publishers = [client(b, "dave") for b in brokers]
+    try:
+        forwarded = await subscribe_forwarded(readers, [{"key": "rid", "op": "eq", "val": rid}], 2)
+        async with forwarded:
+            brokers[1].kill()
+            sent = {}
+            for n in range(count):
+                forward_id, failures = await ForwardingPublisher(publishers, 2).publish({"rid": rid}, b"%d" % n)
+                assert failures[1] is not None and failures[0] is None and failures[2] is None
+                sent[forward_id] = b"%d" % n
+            got = {}
+            async with asyncio.timeout(60):
+                while len(got) < count:
+                    opened = await forwarded.__anext__()
+                    got[opened.id] = opened.payload
+            assert got == sent and forwarded.corrupted == []
+    finally:
+        for c in [*readers, *publishers]:
+            await c.close()
