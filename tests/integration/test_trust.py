@@ -36,8 +36,10 @@ class IdentityProvider:
         jwk = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(self.key.public_key()))
         return {"keys": [{**jwk, "kid": self.kid, "alg": "ES256", "use": "sig"}]}
 
-    def token(self, subject: str, ttl: float = 600, audience: str = AUDIENCE, issuer: str = ISSUER) -> str:
-        claims = {"sub": subject, "exp": int(time.time() + ttl), "aud": audience, "iss": issuer}
+    def token(
+        self, subject: str, ttl: float = 600, audience: str = AUDIENCE, issuer: str = ISSUER, **extra: object
+    ) -> str:
+        claims = {"sub": subject, "exp": int(time.time() + ttl), "aud": audience, "iss": issuer, **extra}
         return jwt.encode(claims, self.key, algorithm="ES256", headers={"kid": self.kid})
 
 
@@ -57,10 +59,12 @@ def setting(tmp_path_factory):
             "agency-gb": [[SALE, {"key": "country", "val": "GB", "type": "string", "op": "eq"}]],
             "client-a": [[]],
             "client-b": [[]],
+            "inspector": [[]],
         },
         "policies": {"fleet": [{"data": [{"key": "id", "val": "truck-bcd", "op": "eq"}], "group": "A"}]},
         "cropping": {"company": [{"data": [SALE], "fields": ["amount"], "groups": ["auditors"]}]},
         "keys": {"fleet": {"k1": fleet_public}},
+        "scopes": {"customs": {"users": ["agency-fr"]}},
     }
     with open(f"{directory}/registry.yaml", "w") as handle:
         json.dump(registry, handle)  # JSON is YAML
@@ -76,9 +80,9 @@ def setting(tmp_path_factory):
     broker.close()
 
 
-def client(setting, subject: str | None, **kw) -> VeilClient:
+def client(setting, subject: str | None, claims: dict | None = None, **kw) -> VeilClient:
     broker, directory, idp, *_ = setting
-    token = idp.token(subject) if subject else None
+    token = idp.token(subject, **(claims or {})) if subject else None
     return VeilClient(
         broker.url, token=token, ca_file=f"{directory}/ca.pem", tcp_port=broker.tcp_port, ws_port=broker.ws_port, **kw
     )
@@ -237,3 +241,29 @@ async def test_admin_api_changes_apply_to_later_publications(setting):
                     await company.publish({"run": rid, "n": n})
             assert (await take(stream, 1))[0].publication["n"] == 3
             await nothing_more(stream)
+
+
+async def test_a_token_claim_admits_into_a_scope_and_bounds_what_may_be_asked(setting):
+    """Seed 003's attribute certificates: the identity provider states the scopes and the filters a
+    client may subscribe with; the scope's publications reach it, and a filter beyond what it was
+    allowed is refused before it exists."""
+    rid = run_id()
+    allowed = [{"key": "country", "val": "FR", "op": "eq"}]
+    claims = {"veil": {"scopes": ["customs"], "subscribe": [allowed]}}
+    want = [*allowed, {"key": "run", "val": rid, "op": "eq"}]
+    async with client(setting, "inspector", claims) as inspector, client(setting, "agency-fr") as member:
+        reply = await inspector.subscribe(want, scope="customs")
+        with pytest.raises(VeilError) as refused:
+            await inspector.subscribe([{"key": "run", "val": rid, "op": "eq"}], scope="customs")
+        assert (refused.value.status, refused.value.field) == (403, "data")
+        async with client(setting, "outsider") as outsider:
+            with pytest.raises(VeilError) as refused:
+                await outsider.subscribe(want, scope="customs")
+            assert (refused.value.status, refused.value.field) == (403, "scope")
+        async with inspector.deliveries(reply["subscriptionId"]) as stream:
+            await stream.connected.wait()
+            await member.publish({"country": "FR", "run": rid, "veil:scope": "customs"})
+            await member.publish({"country": "FR", "run": rid, "note": "in the world"})
+            [delivery] = await take(stream, 1)
+            await nothing_more(stream)
+    assert delivery.publication["veil:scope"] == "customs"
