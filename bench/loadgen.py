@@ -48,11 +48,13 @@ class _Connection:
         self.reader, self.writer, self.head = reader, writer, head
 
     @classmethod
-    async def open(cls, url: str, path: str, content_type: str) -> _Connection:
+    async def open(cls, url: str, path: str, content_type: str, auth_hash: str | None = None) -> _Connection:
         parts = urllib.parse.urlsplit(url)
         reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
-        head = f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: {content_type}\r\n".encode()
-        return cls(reader, writer, head)
+        head = f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: {content_type}\r\n"
+        if auth_hash is not None:
+            head += f"X-Auth-Hash: {auth_hash}\r\n"
+        return cls(reader, writer, head.encode())
 
     async def post(self, body: bytes) -> tuple[int, float]:
         """The status, and the Retry-After seconds (0 when absent)."""
@@ -71,15 +73,16 @@ class _Connection:
 
 
 async def _publish(
-    url: str, run: str, seconds: float, rate: float | None, connections: int, batch: int, seed: int, make
-) -> PublishResult:
+    url: str, run: str, seconds: float, rate: float | None, connections: int, batch: int, seed: int, make,
+    auth_hash: str | None,
+) -> PublishResult:  # fmt: skip
     rng = random.Random(seed)
     result = PublishResult(started=time.time())
     stop_at = time.monotonic() + seconds
     content_type = "application/x-ndjson" if batch > 1 else "application/json"
 
     async def worker(index: int) -> None:
-        connection = await _Connection.open(url, "/publish", content_type)
+        connection = await _Connection.open(url, "/publish", content_type, auth_hash)
         sent = 0
         begin = time.monotonic()
         while time.monotonic() < stop_at:
@@ -184,9 +187,11 @@ class Processes:
         batch: int = 1,
         make=lat_lon,
         seed: int = 0,
+        auth_hash: str | None = None,
     ) -> None:
+        """`make(rng, run)` makes each publication (a picklable callable: it runs in the process)."""
         process = self.context.Process(
-            target=_run_publisher, args=(self.queue, url, run, seconds, rate, connections, batch, seed, make)
+            target=_run_publisher, args=(self.queue, url, run, seconds, rate, connections, batch, seed, make, auth_hash)
         )
         process.start()
         self.processes.append(process)

@@ -51,6 +51,9 @@ def build_session(config: Config):
     )
     if config.master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+        # Spark's scratch space (block manager, broadcasts) beside the broker's data rather than in
+        # /tmp: one place for an operator to secure, and where the privacy tests look
+        builder = builder.config("spark.local.dir", os.path.join(os.path.abspath(config.data_dir), "spark-local"))
     for key, value in config.spark_settings.items():  # the operator's --spark-conf go last: they win
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
