@@ -29,9 +29,9 @@ import time
 import orjson
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from bench.loadgen import Processes, lat_lon
+from bench.loadgen import lat_lon
 from bench.report import print_table
-from bench.selis import box, finished_matching
+from bench.selis import box, saturated
 from veil.client import VeilClient
 from veil.client.forwarding import ForwardingPublisher, subscribe_forwarded
 from veil.client.sealed import seal_publication
@@ -60,12 +60,9 @@ async def sealed_case(broker: BrokerProcess, make, seconds: float, label: str) -
         replies = [await client.subscribe(box(rng, run), scope="customs") for _ in range(SUBSCRIPTIONS)]
     subs = [reply["subscriptionId"] for reply in replies]
     handshakes = [orjson.dumps({"authHash": "bench", "subscriptionId": s}) for s in subs]
-    processes = Processes()
-    processes.subscribers(broker.tcp_port, handshakes, seconds + 120)
-    processes.publisher(broker.url, run, seconds, None, make=make, seed=11, auth_hash="bench")
-    processed_at = await finished_matching(broker, seconds)
-    published, drained = sorted(processes.results(), key=lambda r: hasattr(r, "lines"))
-    elapsed = max(drained.last, processed_at) - published.started
+    published, drained, elapsed = await saturated(
+        broker, broker.tcp_port, handshakes, run, seconds, make=make, seed=11, auth_hash="bench"
+    )
     async with VeilClient(broker.url, auth_hash="bench") as client:
         for sub in subs:
             await client.unsubscribe(sub)

@@ -20,11 +20,12 @@ import os
 import random
 import statistics
 import time
+from typing import Any
 
 import orjson
 
 from bench.brokers import add_broker_arguments, benched_broker, subscription_counts
-from bench.loadgen import Processes
+from bench.loadgen import Processes, PublishResult, SubscribeResult
 from bench.report import figure, print_table
 from veil.client import VeilClient
 from veil.harness import BrokerProcess
@@ -50,6 +51,20 @@ async def finished_matching(broker: BrokerProcess, seconds: float) -> float:
     return await asyncio.to_thread(broker.wait_processed, 300)
 
 
+async def saturated(
+    broker: BrokerProcess, tcp_port: int, handshakes: list[bytes], run: str, seconds: float, **publisher: Any
+) -> tuple[PublishResult, SubscribeResult, float]:
+    """Subscribers connected over TCP and a publisher sending as fast as acknowledgements come for
+    `seconds`: what each saw, and the seconds until the last delivery arrived and the pipeline had
+    matched everything (end to end, not just acknowledged)."""
+    processes = Processes()
+    processes.subscribers(tcp_port, handshakes, seconds + 120)
+    processes.publisher(broker.url, run, seconds, None, **publisher)
+    processed_at = await finished_matching(broker, seconds)
+    published, drained = sorted(processes.results(), key=lambda r: hasattr(r, "lines"))
+    return published, drained, max(drained.last, processed_at) - published.started
+
+
 def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) > 2 else float("nan")
 
@@ -72,11 +87,7 @@ async def run_case(
     steady, listened = sorted(processes.results(), key=lambda r: hasattr(r, "lines"))
     latencies = sorted(listened.latencies)
 
-    processes.subscribers(tcp_port, handshakes, seconds + 120)
-    processes.publisher(broker.url, run, seconds, None, batch=batch, seed=n + 1)
-    processed_at = await finished_matching(broker, seconds)
-    flat_out, drained = sorted(processes.results(), key=lambda r: hasattr(r, "lines"))
-    elapsed = max(drained.last, processed_at) - flat_out.started
+    flat_out, drained, elapsed = await saturated(broker, tcp_port, handshakes, run, seconds, batch=batch, seed=n + 1)
     async with VeilClient(broker.url, auth_hash="bench") as client:
         for sub_id in sub_ids:
             await client.unsubscribe(sub_id)

@@ -11,10 +11,12 @@ import asyncio
 import base64
 import json
 import os
+import sys
 
 import orjson
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from tests.integration.helpers import nothing_more, run_id, take
 from veil.client import VeilClient
@@ -267,6 +269,37 @@ async def test_a_scope_keeps_its_publications_and_a_removed_member_loses_them(br
     finally:
         for c in (alice, bob, carol, dave, root):
             await c.close()
+
+
+def pem(user: str, directory) -> str:
+    path = os.path.join(directory, f"{user}.pem")
+    with open(path, "wb") as handle:
+        handle.write(RECIPIENT[user].private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    return path
+
+
+async def test_the_command_line_rotates_seals_and_opens(brokers, tmp_path):
+    broker, rid = brokers[0], run_id()
+    flags = ["--url", broker.url]
+
+    async def veil(user: str, *args: str) -> str:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "veil.cli", *args, *flags, "--auth-hash", secret(user),
+            "--recipient-key", pem(user, tmp_path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+        return out.decode()
+
+    assert "key version" in await veil("carol", "scope", "rotate", "customs")
+    async with client(broker, "bob") as bob:
+        await bob.subscribe([{"key": "rid", "op": "eq", "val": rid}], f"cli-{rid}", scope="customs")
+        async with bob.deliveries(f"cli-{rid}") as stream:
+            await stream.connected.wait()
+            await veil("alice", "publish", "--seal", "customs", "--payload", "from the shell", orjson.dumps({"rid": rid}).decode())
+            [delivery] = await take(stream, 1)
+    assert delivery.payload == b"from the shell"
+    assert delivery.publication["veil:scope"] == "customs" and "from the shell" not in str(delivery.publication)
 
 
 async def test_forwarded_publications_open_with_one_broker_down(brokers):
