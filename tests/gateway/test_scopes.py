@@ -2,6 +2,7 @@
 filters, sealed publications only under the current key held by current members, and the scope key
 endpoints."""
 
+import asyncio
 import base64
 
 import orjson
@@ -10,6 +11,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from tests.gateway.conftest import ALICE, BOB, REGISTRY, ROOT
 from tests.gateway.test_rest import post
+from veil.gateway import registry as registry_module
+from veil.gateway.registry import CurrentRegistry
+from veil.security.registry import parse_registry
 from veil.security.sealing import RAW, ScopeKey, seal, wrap
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -121,3 +125,16 @@ async def test_subscriptions_in_a_scope_are_admitted_only_inside_its_filters(htt
     assert (status, reply["field"]) == (403, "scope")
     assert (await post(http, "/subscribe", {"data": [], "scope": 5}))[1]["field"] == "scope"
     assert (await post(http, "/subscribe", {"data": []}, auth=BOB))[0] == 200  # the world is open
+
+
+async def test_a_gateway_adopts_the_versions_another_gateway_stored(gateway, monkeypatch):
+    """A scope key stored through one gateway is known to the others on the store within moments."""
+    other = CurrentRegistry(gateway.threads)
+    await other.load(None)
+    await gateway.registry.replace(parse_registry(registry(["alice"])))
+    await gateway.registry.amend(lambda _, doc: doc["scopes"]["customs"]["users"].append("bob"))
+    monkeypatch.setattr(registry_module, "FOLLOW_INTERVAL", 0.01)
+    following = asyncio.create_task(other.follow())
+    await asyncio.sleep(0.2)
+    following.cancel()
+    assert other.current.scopes.by_name["customs"].users == {"alice", "bob"}

@@ -1,7 +1,7 @@
 """The gateway's loops besides serving requests, started and stopped as one: fanning out the
 pipeline's feed, saving cursors, following the pipeline's progress and health, logging clock ticks
 for top-k/w windows, compacting the store, renewing this gateway's row among those sharing the
-store, and supervising the pipeline process."""
+store, adopting registry versions other gateways stored, and supervising the pipeline process."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class Background:
         hub = self.gateway.hub
         loops: list[Coroutine[None, None, None]] = [
             hub.poll(), hub.save_cursors_periodically(), self._track_progress(), self._compact(),
-            membership.stay_alive(self.gateway),
+            membership.stay_alive(self.gateway), self.gateway.registry.follow(),
         ]  # fmt: skip
         if self.pipeline is not None:
             loops.append(self.pipeline.supervise())

@@ -280,6 +280,7 @@ class _Output:
         if not found:
             return
         positions = np.array(found, np.int64)
+
         def each(column: np.ndarray) -> np.ndarray:
             return np.full(len(found), column[number], column.dtype)
 

@@ -63,9 +63,6 @@ class TokenVerifier:
             except (OSError, ValueError, jwt.PyJWKError, jwt.PyJWKSetError) as exc:
                 raise ValueError(f"--jwks {jwks}: {exc}") from None
 
-    def subject(self, token: str) -> str:
-        return self.verify(token).identity
-
     def verify(self, token: str) -> Principal:
         """The token's subject and the attributes of its `veil` claim."""
         known = self._verified.get(token)
