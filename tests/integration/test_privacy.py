@@ -292,9 +292,9 @@ async def test_the_command_line_rotates_seals_and_opens(brokers, tmp_path):
         return out.decode()
 
     assert "key version" in await veil("carol", "scope", "rotate", "customs")
-    async with client(broker, "bob") as bob:
-        await bob.subscribe([{"key": "rid", "op": "eq", "val": rid}], f"cli-{rid}", scope="customs")
-        async with bob.deliveries(f"cli-{rid}") as stream:
+    async with client(broker, "carol") as carol:  # a member whichever tests ran before
+        await carol.subscribe([{"key": "rid", "op": "eq", "val": rid}], f"cli-{rid}", scope="customs")
+        async with carol.deliveries(f"cli-{rid}") as stream:
             await stream.connected.wait()
             await veil("alice", "publish", "--seal", "customs", "--payload", "from the shell", orjson.dumps({"rid": rid}).decode())
             [delivery] = await take(stream, 1)
