@@ -123,6 +123,11 @@ class Config:
         ("VEIL_AUTH",),
     )
     anonymous: bool = _opt(False, "let clients without credentials in, as anonymous", ("VEIL_ANONYMOUS",))
+    dev: bool = _opt(
+        False, "development profile, the SELIS server's behaviour: any claimed authHash is an identity, anonymous "
+        "clients are let in, and everyone receives everything (explicit options still win); never in production",
+        ("VEIL_DEV",),
+    )  # fmt: skip
     jwks: str | None = _opt(
         None, "identity provider's public keys for bearer tokens: JWKS file or URL", ("VEIL_JWKS",), str
     )
@@ -290,11 +295,42 @@ def _convert(f: dataclasses.Field, raw: Any, source: str) -> Any:
         raise ValueError(f"{source}: {exc}") from None
 
 
+DEV_PROFILE = {"auth": "certificate,token,any-hash", "anonymous": True, "with_authorization": False}
+
+
+class _Switch(argparse.Action):
+    """An on/off option: `--name` turns it on, `--no-name` off, and `--name true|false` (how SELIS's
+    scripts and older command lines write it) still works."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs="?", metavar="true|false", **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None):
+        if str(option).startswith("--no-"):
+            if values is not None:
+                parser.error(f"{option} takes no value")
+            setattr(namespace, self.dest, False)
+        else:
+            setattr(namespace, self.dest, True if values is None else values)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML configuration file (also VEIL_CONFIG)")
     for f in dataclasses.fields(Config):
+        flag = _flag(f.name)
+        shown = f"{f.metadata['help']} (default: {_shown(f.default)}"
+        shown += f"; environment {', '.join(f.metadata['env'])})" if f.metadata["env"] else ")"
+        if (f.metadata["kind"] or type(f.default)) is bool:
+            parser.add_argument(f"--{flag}", f"--no-{flag}", dest=f.name, default=None, action=_Switch, help=shown)
+            continue
         repeated = "append" if f.metadata["kind"] is tuple else "store"
-        parser.add_argument(f"--{_flag(f.name)}", dest=f.name, default=None, action=repeated, help=f.metadata["help"])
+        parser.add_argument(f"--{flag}", dest=f.name, default=None, action=repeated, help=shown)
+
+
+def _shown(default: Any) -> str:
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    return "none" if default is None or default == () else str(default)
 
 
 def load(args: argparse.Namespace | None = None, environ: dict[str, str] | None = None) -> Config:
@@ -321,6 +357,9 @@ def load(args: argparse.Namespace | None = None, environ: dict[str, str] | None 
         raw = getattr(args, f.name, None) if args is not None else None
         if raw is not None:
             values[f.name] = _convert(f, raw, f"--{_flag(f.name)}")
+    if values.get("dev"):
+        for name, value in DEV_PROFILE.items():
+            values.setdefault(name, value)
     config = Config(**values)
     config.validate()
     return config

@@ -77,3 +77,29 @@ def test_a_cluster_master_with_the_sqlite_store_is_refused_before_anything_start
     assert result.returncode == 2
     assert "--spark-master spark://127.0.0.1:7077" in result.stderr and "--store postgresql://" in result.stderr
     assert not data.exists()
+
+
+def test_on_off_options_are_switches_and_still_take_a_value():
+    assert config.load(parse(["--anonymous"]), {}).anonymous is True
+    assert config.load(parse(["--anonymous", "false"]), {}).anonymous is False
+    assert config.load(parse(["--allow-plain-remote=true", "--bind", "0.0.0.0"]), {}).allow_plain_remote is True
+    assert config.load(parse(["--no-with-authorization"]), {}).with_authorization is False
+    assert config.load(parse([]), {"WITH_AUTHORIZATION": "false"}).with_authorization is False  # SELIS's name
+    with pytest.raises(SystemExit):
+        parse(["--no-anonymous", "true"])
+
+
+def test_the_development_profile_in_one_flag_and_what_is_given_explicitly_wins():
+    dev = config.load(parse(["--dev"]), {})
+    assert (dev.auth, dev.anonymous, dev.with_authorization) == ("certificate,token,any-hash", True, False)
+    assert config.load(parse(["--dev", "--no-anonymous"]), {}).anonymous is False
+    assert config.load(parse([]), {"VEIL_DEV": "1", "VEIL_AUTH": "hash"}).auth == "hash"
+    assert config.load(parse([]), {}).auth == "certificate,token,hash"
+
+
+def test_help_shows_every_default():
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    text = parser.format_help()
+    assert "(default: 20000; environment VEIL_PORT, PORT)" in " ".join(text.split())
+    assert "--no-with-authorization" in text and "(default: on;" in text

@@ -142,7 +142,25 @@ class _OneLine(logging.Filter):
 logging.getLogger("aiohttp.server").addFilter(_OneLine())
 
 
+def announce_profile(config: Config) -> None:
+    """Say at start what a newcomer would otherwise find out from a 401: how clients get in."""
+    if config.dev:
+        log.warning(
+            "development profile (--dev): any claimed authHash is an identity, anonymous clients are let in%s; "
+            "do not run it where anyone else can reach it",
+            "" if config.with_authorization else " and everyone receives everything",
+        )
+    elif config.registry is None:
+        log.info(
+            "no --registry given: clients prove themselves with certificates (%s) or tokens, and receive only "
+            "what the stored registry's rules allow; give --registry FILE (users, rules, static hashes: see "
+            "the README's Trust section), or --dev to try the SELIS examples",
+            "--client-ca" if config.client_ca is None else config.client_ca,
+        )
+
+
 async def serve(config: Config) -> None:
+    announce_profile(config)
     broker = Broker(config, run_pipeline=config.role == "all")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
