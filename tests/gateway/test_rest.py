@@ -113,3 +113,33 @@ async def test_health_reports_a_gateway_without_a_running_pipeline_as_not_ready(
     health = await http.get("/health")
     assert health.status == 200 and (await health.json())["pipeline"] == "starting"
     assert (await http.get("/ready")).status == 503
+
+
+async def test_metrics_in_prometheus_format_agree_with_the_traffic(http, gateway):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def samples(text: str) -> dict[tuple[str, tuple], float]:
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+    before = samples(await (await http.get("/metrics")).text())
+    for n in range(3):
+        assert (await post(http, "/publish", {"n": n}))[0] == 200
+    assert (await post(http, "/publish", [1, 2]))[0] == 400
+    response = await http.get("/metrics")
+    assert response.status == 200 and response.content_type == "text/plain"
+    after = samples(await response.text())
+
+    def grew(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after[key] - before.get(key, 0.0)
+
+    assert grew("veil_publications_total") == 3
+    assert grew("veil_http_responses_total", route="/publish", status="200") == 3
+    assert grew("veil_http_responses_total", route="/publish", status="400") == 1
+    health = await (await http.get("/health")).json()
+    assert after[("veil_log_head", ())] == health["head"]
+    assert after[("veil_pipeline_state", (("state", health["pipeline"]),))] == 1

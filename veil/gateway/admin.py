@@ -100,6 +100,13 @@ async def health(request: web.Request) -> web.Response:
     return json_response(request.app[GATEWAY].health.report())
 
 
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus' exposition format, for anyone who can reach the port (like /health)."""
+    figures = request.app[GATEWAY].metrics
+    return web.Response(body=figures.exposition(), headers={"Content-Type": figures.content_type})
+
+
 @routes.get("/ready")
 async def ready(request: web.Request) -> web.Response:
     health = request.app[GATEWAY].health

@@ -16,6 +16,7 @@ from veil.gateway.health import Health
 from veil.gateway.ingest import Ingest
 from veil.gateway.registry import CurrentRegistry
 from veil.gateway.store_threads import StoreThreads
+from veil.monitoring.metrics import Metrics
 from veil.protocol.limits import Limits
 from veil.security.identity import Authenticator
 
@@ -33,6 +34,7 @@ class Gateway:
     parsing: ThreadPoolExecutor  # large bodies are parsed here, off the event loop
     edges: EdgeChannels
     health: Health
+    metrics: Metrics
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -76,18 +76,27 @@ async def errors(request: web.Request, handler: Callable[[web.Request], Awaitabl
     """While a request is being handled its connection is not a waiting one; between requests a
     keep-alive connection counts as waiting again (untimed: the keep-alive timer closes it), so that
     the bound on waiting connections also covers those that send one request and idle."""
-    admission = request.app[GATEWAY].admission
+    gateway = request.app[GATEWAY]
+    admission = gateway.admission
     connection = request.protocol
     admission.settle(connection)
+    response: web.StreamResponse | None = None
     try:
-        return await handler(request)
+        response = await handler(request)
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return _answer(request, exc)
+        response = _answer(request, exc)
+        return response
     except Exception as exc:
-        return _answer(request, exc)
+        response = _answer(request, exc)
+        return response
     finally:
+        if response is not None:  # counted by the route's pattern: paths carry ids, routes do not
+            resource = request.match_info.route.resource
+            route = resource.canonical if resource is not None else "unmatched"
+            gateway.metrics.responses.labels(route, str(response.status)).inc()
         transport = request.transport
         if transport is not None and not transport.is_closing():
             admission.admit(connection, transport.close, timed=False)

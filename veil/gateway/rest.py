@@ -98,6 +98,7 @@ async def publish(request: web.Request) -> web.Response:
         registry = gateway.registry.current
         bodies = await parsed(gateway, raw, admitted_batch, limits, gateway.config.max_pending, registry, principal)
         offsets = await gateway.ingest.append([Publication(body, publisher, valid_for=valid_for) for body in bodies])
+        gateway.metrics.publications.inc(len(offsets))
         return json_response({"ids": [str(o) for o in offsets]})
     body = await parsed(gateway, raw, admitted_publication, limits, gateway.registry.current, principal)
     key_id = None
@@ -107,6 +108,7 @@ async def publish(request: web.Request) -> web.Response:
         key_id = request.headers.get("X-Key-Id")
         signatures.check(gateway.registry.current.keys.get(publisher, {}), key_id, signature, raw)
     offsets = await gateway.ingest.append([Publication(body, publisher, key_id, signature, valid_for)])
+    gateway.metrics.publications.inc()
     return json_response({"id": str(offsets[0])})
 
 

@@ -28,6 +28,7 @@ from veil.gateway.rest import create_app
 from veil.gateway.store_threads import StoreThreads
 from veil.gateway.tcp import start_tcp
 from veil.gateway.websocket import create_ws_app
+from veil.monitoring.metrics import Metrics
 from veil.security.identity import Authenticator, TokenVerifier
 from veil.security.tls import server_context
 from veil.store import open_store
@@ -42,6 +43,9 @@ def build_gateway(config: Config) -> Gateway:
     hub = DeliveryHub(threads)
     registry = CurrentRegistry(threads)
     tokens = TokenVerifier(config.jwks, config.token_issuer, config.token_audience) if config.jwks else None
+    health = Health(threads, ingest, hub)
+    metrics = Metrics()
+    metrics.watch(health.report)
     return Gateway(
         config=config,
         limits=config.limits,
@@ -53,7 +57,8 @@ def build_gateway(config: Config) -> Gateway:
         admission=Admission(config.max_unauthenticated, config.read_timeout),
         parsing=ThreadPoolExecutor(1, thread_name_prefix="parse"),
         edges=EdgeChannels(),
-        health=Health(threads, ingest, hub),
+        health=health,
+        metrics=metrics,
     )
 
 
