@@ -216,7 +216,7 @@ class Config:
                 raise ValueError(f"--{_flag(name)}: {value} is not a port number")
         if (self.certificate is None) != (self.private_key is None):
             raise ValueError("--certificate and --private-key go together")
-        for name in ("certificate", "private_key", "client_ca"):
+        for name in ("certificate", "private_key", "client_ca", "metrics_auth_hash_file"):
             path = getattr(self, name)
             if path is not None and not os.path.isfile(path):
                 raise ValueError(f"--{_flag(name)}: no such file {path!r}")

@@ -13,6 +13,7 @@ from veil.store import (
     NotOwner,
     Publication,
     StatefulBatch,
+    Totals,
     UnknownPublication,
     UnknownSubscription,
     open_store,
@@ -310,3 +311,16 @@ def test_one_pipeline_per_store_and_a_standby_takes_over(request, store):
         assert standby.claim_pipeline()
     finally:
         standby.close()
+
+
+def test_totals_count_the_work_in_the_transactions_that_do_it(store):
+    """Received, matched, queued and forwarded deliveries, kept in the store (they survive restarts);
+    a replayed batch counts nothing twice."""
+    for sub_id, owner in (("s", "alice"), ("t", "bob"), ("u", "bob")):
+        store.put_subscription(sub_id, owner, b"[]")
+    s, t = store.subscription_number("s"), store.subscription_number("t")
+    pubs = store.append_publications(published(b"{}", b"{}", b"{}"))
+    store.record_deliveries(0, [s, t, s], [pubs[0], pubs[0], pubs[1]], pubs[2])
+    store.record_deliveries(0, [s, t, s], [pubs[0], pubs[0], pubs[1]], pubs[2])  # replayed
+    store.save_cursors({"s": pubs[1]}, forwarded=3)
+    assert store.totals() == Totals(received=3, matched=2, matches=3, forwarded=3, subscriptions=3, subscribers=2)

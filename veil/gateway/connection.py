@@ -12,6 +12,7 @@ from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
 from veil.gateway.delivery import Session
 from veil.gateway.edge import run_edge
+from veil.monitoring import selis as monitoring
 from veil.protocol import Handshake, ProtocolError, parse_ack, parse_handshake
 from veil.security.identity import Credentials
 
@@ -60,6 +61,9 @@ async def serve_connection(
     gateway: Gateway, handshake: bytes | str, identity: str | None, send: Send, close: Close, receive: Receive
 ) -> None:
     """Serve one delivery connection until either side ends it."""
+    if monitoring.is_monitor(gateway, handshake):
+        await monitoring.serve(gateway, send, close, receive)
+        return
     try:
         parsed = parse_handshake(handshake)
         if parsed.announcement_id:

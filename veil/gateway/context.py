@@ -35,6 +35,7 @@ class Gateway:
     edges: EdgeChannels
     health: Health
     metrics: Metrics
+    metrics_hash: str | None  # the SELIS monitoring client's authHash (None: monitoring off)
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

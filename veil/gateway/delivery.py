@@ -120,6 +120,7 @@ class Session:
                 frames.extend(chunk.bodies)
             last = int(chunk.pubs[-1])
         await self._send(frames)
+        self.hub.forwarded += len(frames)
         self.sent = last
         if not self.acks:
             self.hub.save_cursor(self.sub_id, self.sent)
@@ -150,6 +151,7 @@ class DeliveryHub:
         self._connected = np.zeros(1024, bool)  # indexed by subscription number
         self.last_seq = 0
         self._cursors: dict[str, int] = {}
+        self.forwarded = 0  # deliveries sent and not yet counted in the store
         self._stopping = asyncio.Event()
 
     async def start(self) -> None:
@@ -256,12 +258,15 @@ class DeliveryHub:
             await self.flush_cursors()
 
     async def flush_cursors(self) -> None:
-        if self._cursors:
+        """Save the cursors that moved, and count the deliveries sent since the last flush."""
+        if self._cursors or self.forwarded:
             cursors, self._cursors = self._cursors, {}
+            forwarded, self.forwarded = self.forwarded, 0
             try:
-                await self.threads.write(self.threads.store.save_cursors, cursors)
+                await self.threads.write(self.threads.store.save_cursors, cursors, forwarded)
             except Exception:
                 log.exception("saving cursors failed; they are retried")
+                self.forwarded += forwarded
                 for sub_id, pub in cursors.items():
                     self.save_cursor(sub_id, pub)
 

@@ -29,6 +29,7 @@ from veil.gateway.store_threads import StoreThreads
 from veil.gateway.tcp import start_tcp
 from veil.gateway.websocket import create_ws_app
 from veil.monitoring.metrics import Metrics
+from veil.monitoring.selis import read_hash
 from veil.security.identity import Authenticator, TokenVerifier
 from veil.security.tls import server_context
 from veil.store import open_store
@@ -59,6 +60,7 @@ def build_gateway(config: Config) -> Gateway:
         edges=EdgeChannels(),
         health=health,
         metrics=metrics,
+        metrics_hash=read_hash(config.metrics_auth_hash_file),
     )
 
 

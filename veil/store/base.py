@@ -99,6 +99,18 @@ class QuarantineRecord(NamedTuple):
     time: float
 
 
+class Totals(NamedTuple):
+    """What the broker has done since its store was created (SELIS's operations summary): kept in
+    the store, written in the transactions that do the work, so that restarts lose none of it."""
+
+    received: int = 0  # publications acknowledged
+    matched: int = 0  # publications that matched at least one subscription (and were authorized)
+    matches: int = 0  # deliveries queued: (publication, subscription) pairs
+    forwarded: int = 0  # deliveries sent to subscribers (again after a reconnect, if unacknowledged)
+    subscriptions: int = 0  # live now
+    subscribers: int = 0  # their distinct owners
+
+
 class PipelineStatus(NamedTuple):
     """What the pipeline last said of itself: the process id it registered (0: none runs, or one is
     expected to start) and when, and the start of the micro-batch it was in at its last heartbeat
@@ -255,7 +267,11 @@ class GatewayStore(LogReader):
     def cursor(self, sub_id: str) -> int: ...
 
     @abstractmethod
-    def save_cursors(self, cursors: dict[str, int]) -> None: ...
+    def save_cursors(self, cursors: dict[str, int], forwarded: int = 0) -> None:
+        """Save cursors, and count `forwarded` deliveries sent since the last call."""
+
+    @abstractmethod
+    def totals(self) -> Totals: ...
 
     @abstractmethod
     def renew_gateway(self, gateway: str, fanned_out: int) -> None:

@@ -18,6 +18,7 @@ from veil.store.relational.dialect import (
     SPILLED,
     Db,
     Dialect,
+    add_status,
     count_change,
     now_ms,
     set_status,
@@ -110,8 +111,10 @@ class DeliverySql(Dialect):
             row = db.execute("SELECT pub FROM cursors WHERE sub_id = ?", (sub_id,)).fetchone()
         return row[0] if row else 0
 
-    def save_cursors(self, cursors: dict[str, int]) -> None:
+    def save_cursors(self, cursors: dict[str, int], forwarded: int = 0) -> None:
         with self._tx() as db:
+            if forwarded:
+                add_status(db, "forwarded", forwarded)
             db.executemany(
                 "INSERT INTO cursors(sub_id, pub) SELECT ?, ? WHERE EXISTS "
                 "(SELECT 1 FROM subscriptions WHERE sub_id = ? AND deleted IS NULL) "
@@ -150,6 +153,8 @@ class DeliverySql(Dialect):
                 pubs = np.concatenate([pubs, np.array([p for _, p in logged], np.int64)])
                 copies += [(n, p, copy) for n, p, copy in stateful.initials if copy is not None]
             if len(pubs):
+                add_status(db, "matched", len(np.unique(pubs)))
+                add_status(db, "matches", len(pubs))
                 pairs, first = pack(sub_nos, pubs)
                 seq = db.execute(
                     "INSERT INTO feed(pairs, first, created, cropped) VALUES (?, ?, ?, ?) RETURNING seq",

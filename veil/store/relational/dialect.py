@@ -92,13 +92,17 @@ def set_status(db: Db, name: str, value: int) -> None:
     )
 
 
+def add_status(db: Db, name: str, amount: int) -> None:
+    db.execute(
+        "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) "
+        "ON CONFLICT (name) DO UPDATE SET value = status.value + excluded.value, updated = excluded.updated",
+        (name, amount, time.time()),
+    )
+
+
 def count_change(db: Db) -> None:
     """Count a change of subscriptions or cursors, in its own transaction."""
-    db.execute(
-        "INSERT INTO status(name, value, updated) VALUES ('changes', 1, ?) "
-        "ON CONFLICT (name) DO UPDATE SET value = status.value + 1, updated = excluded.updated",
-        (time.time(),),
-    )
+    add_status(db, "changes", 1)
 
 
 class Transaction:

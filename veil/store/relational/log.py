@@ -19,7 +19,7 @@ from veil.store.base import (
     UnknownSubscription,
 )
 from veil.store.queues import NEVER
-from veil.store.relational.dialect import Db, Dialect, count_change, get_status, now_ms, set_status
+from veil.store.relational.dialect import Db, Dialect, add_status, count_change, get_status, now_ms, set_status
 
 NOT_QUARANTINED = 'NOT EXISTS (SELECT 1 FROM quarantine q WHERE q."offset" = s.created)'
 SUBSCRIPTION_ROWS = (
@@ -32,6 +32,7 @@ class LogSql(Dialect):
         now = now_ms()
         with self._tx() as db:
             offsets = self._insert_publications(db, now, publications)
+            add_status(db, "received", len(offsets))
             db.executemany(
                 "INSERT INTO validity(pub, until) VALUES (?, ?)",
                 [(o, now + p.valid_for) for o, p in zip(offsets, publications, strict=True) if p.valid_for],

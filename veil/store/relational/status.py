@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from veil.store.base import KIND_SUBSCRIBE, PipelineStatus, Quarantined, QuarantineRecord
+from veil.store.base import KIND_SUBSCRIBE, PipelineStatus, Quarantined, QuarantineRecord, Totals
 from veil.store.relational.dialect import Db, Dialect, get_status, set_status
 
 QUARANTINE_PREVIEW = 4096  # bytes of a quarantined entry kept for the operator to look at
@@ -48,6 +48,19 @@ class StatusSql(Dialect):
                 f"SELECT number, blob FROM topk_bands WHERE number {self.IN_IDS}", (self._ids(numbers),)
             ).fetchall()
         return dict(rows)
+
+    def totals(self) -> Totals:
+        with self._read() as db:
+            counted = dict(
+                db.execute(
+                    "SELECT name, value FROM status WHERE name IN ('received', 'matched', 'matches', 'forwarded')"
+                ).fetchall()
+            )
+            subscriptions, subscribers = db.execute(
+                "SELECT COUNT(*), COUNT(DISTINCT owner) FROM subscriptions WHERE deleted IS NULL"
+            ).fetchone()
+        return Totals(**{name: int(value) for name, value in counted.items()}, subscriptions=subscriptions,
+                      subscribers=subscribers)  # fmt: skip
 
     def processed_offset(self) -> int:
         with self._read() as db:
