@@ -1,0 +1,44 @@
+"""Publisher self-service, in-process: a publisher manages the policies and cropping rules of its
+own publications without admin rights, and cannot touch anyone else's."""
+
+import orjson
+import pytest
+
+from tests.gateway.conftest import ALICE, BOB, ROOT
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+POLICY = {"data": [{"key": "id", "val": "truck-bcd", "op": "eq"}], "group": "A"}
+CROP = {"data": [], "fields": ["amount"], "groups": ["auditors"]}
+
+
+async def call(http, method: str, auth: str, body: object = None):
+    response = await http.request(
+        method, "/publisher/rules", data=None if body is None else orjson.dumps(body), headers={"X-Auth-Hash": auth}
+    )
+    return response.status, await response.json()
+
+
+async def registry(http) -> dict:
+    return await (await http.get("/admin/registry", headers={"X-Auth-Hash": ROOT})).json()
+
+
+async def test_a_publisher_manages_its_own_rules_and_no_one_elses(http):
+    assert await call(http, "GET", ALICE) == (200, {"policies": [], "cropping": []})
+    status, reply = await call(http, "PUT", ALICE, {"policies": [POLICY], "cropping": [CROP]})
+    assert (status, reply) == (200, {"policies": [POLICY], "cropping": [CROP]})
+    assert (await call(http, "PUT", BOB, {"policies": []}))[0] == 200  # bob's own, alice's untouched
+    stored = await registry(http)
+    assert stored["policies"] == {"alice": [POLICY], "bob": []} and stored["cropping"] == {"alice": [CROP]}
+    assert stored["admins"] == ["root"]  # nothing else changed
+    assert await call(http, "GET", BOB) == (200, {"policies": [], "cropping": []})
+    assert (await call(http, "PUT", ALICE, {"cropping": []}))[1] == {"policies": [POLICY], "cropping": []}
+
+
+async def test_mistakes_name_the_field_and_change_nothing(http):
+    before = await registry(http)
+    status, reply = await call(http, "PUT", ALICE, {"policies": [{"data": [], "group": ""}]})
+    assert (status, reply["field"]) == (400, "policies.alice[0].group")
+    status, reply = await call(http, "PUT", ALICE, {"rules": {"*": [[]]}})  # not a publisher's to set
+    assert (status, reply["field"]) == (400, "body")
+    assert (await call(http, "PUT", "nobody-secret"))[0] == 401
+    assert await registry(http) == before
