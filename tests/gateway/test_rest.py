@@ -143,3 +143,18 @@ async def test_metrics_in_prometheus_format_agree_with_the_traffic(http, gateway
     health = await (await http.get("/health")).json()
     assert after[("veil_log_head", ())] == health["head"]
     assert after[("veil_pipeline_state", (("state", health["pipeline"]),))] == 1
+
+
+async def test_the_grafana_dashboard_asks_only_for_metrics_the_gateway_exposes(http):
+    import json
+    import pathlib
+    import re
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    await http.get("/health")  # an answer counted, so that the labelled counters have samples
+    exposed = {s.name for f in text_string_to_metric_families(await (await http.get("/metrics")).text()) for s in f.samples}
+    dashboard = json.loads((pathlib.Path(__file__).parents[2] / "deploy" / "grafana-dashboard.json").read_text())
+    asked = {name for panel in dashboard["panels"] for target in panel["targets"]
+             for name in re.findall(r"\bveil_[a-z_]+", target["expr"])}  # fmt: skip
+    assert asked and asked <= exposed, asked - exposed
