@@ -138,3 +138,15 @@ async def test_a_gateway_adopts_the_versions_another_gateway_stored(gateway, mon
     await asyncio.sleep(0.2)
     following.cancel()
     assert other.current.scopes.by_name["customs"].users == {"alice", "bob"}
+
+
+async def test_a_huge_subscription_is_admitted_or_refused_without_holding_anyone_else(http):
+    """A body of ~1 MB of `in` values against a scope's allowed filters: checked on the parsing
+    thread (as large bodies are parsed), answered with the reason, while other requests are served."""
+    await put_registry(http, registry(["alice"], subscribe=[[{"key": "k", "op": "in", "val": list(range(100))}]]))
+    common = list(range(1_000, 1_999))
+    data = [{"key": "k", "op": "in", "val": [*common, 10_000 + i]} for i in range(100)]
+    hostile = asyncio.create_task(post(http, "/subscribe", {"data": data, "scope": "customs"}))
+    assert (await http.get("/health")).status == 200
+    status, reply = await hostile
+    assert (status, reply["field"]) == (403, "data")

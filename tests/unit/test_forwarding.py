@@ -71,3 +71,20 @@ def test_a_copy_is_taken_once_per_broker_and_junk_is_ignored():
     [publication] = opened(stream)
     assert publication.payload == b"secret" and publication.brokers == (0, 2)
     assert stream.corrupted == []  # an unreadable copy counts as dropped, not as a wrong share
+
+
+def test_a_lying_copy_that_comes_first_cannot_stand_in_for_the_honest_ones():
+    """Its attributes, parameters and sealed payload are its own: the honest copies still open, with
+    their attributes, and its share is reported."""
+    documents = split_publication({"n": 1}, b"secret", 2, 3)
+    forged = altered(documents[2])
+    forged = {**forged, "n": 2, FORWARD: {**forged[FORWARD], "n": 2, "sealed": base64.b64encode(b"x" * 40).decode()}}
+    stream = ForwardedStream([], 2)
+    stream.take(2, forged)
+    stream.take(0, documents[0])
+    stream.take(1, documents[1])
+    [publication] = opened(stream)
+    assert (publication.payload, publication.attributes, publication.brokers) == (b"secret", {"n": 1}, (0, 1))
+    assert publication.corrupted == (2,)
+    stream.take(1, {**documents[1], FORWARD: {**documents[1][FORWARD], "k": -1}})  # parameters it cannot use
+    assert opened(stream) == []

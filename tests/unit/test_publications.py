@@ -7,20 +7,20 @@ from veil.protocol import ProtocolError, flatten, parse_publication, parse_publi
 def test_defined_form_converts_by_type():
     raw = b'{"publication": [{"key": "lat", "val": "57", "type": "int"}, {"key": "q", "val": "0.8", "type": "double"},'
     raw += b' {"key": "ok", "val": "true", "type": "boolean"}, {"key": "s", "val": 5, "type": "string"}]}'
-    assert orjson.loads(parse_publication(raw)) == {"lat": 57, "q": 0.8, "ok": True, "s": "5"}
+    assert orjson.loads(parse_publication(raw).body) == {"lat": 57, "q": 0.8, "ok": True, "s": "5"}
 
 
 def test_raw_form_is_kept_as_published():
     raw = b'{"OrdAgencyCode": "", "OrdAgencyDescr": "MED FRIGO", "lat": 51.05}'
-    assert parse_publication(raw) == raw
+    assert parse_publication(raw).body == raw
 
 
 def test_raw_form_with_newlines_becomes_one_line():
-    assert parse_publication(b'{"a":\n 1}') == b'{"a":1}'
+    assert parse_publication(b'{"a":\n 1}').body == b'{"a":1}'
 
 
 def test_row_form_becomes_an_object():
-    assert orjson.loads(parse_publication(b'[{"key": "a", "val": 1}, {"key": "b", "val": "x"}]')) == {"a": 1, "b": "x"}
+    assert orjson.loads(parse_publication(b'[{"key": "a", "val": 1}, {"key": "b", "val": "x"}]').body) == {"a": 1, "b": "x"}
 
 
 def test_batch_refuses_all_when_one_line_is_bad():

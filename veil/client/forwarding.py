@@ -104,15 +104,22 @@ class ForwardingPublisher:
         return documents[0][FORWARD]["id"], failures
 
 
+class _Copy(NamedTuple):
+    """What one broker forwarded besides its share: trusted only once it opens."""
+
+    attributes: dict
+    n: int
+    digests: tuple[str, ...]
+    sealed: bytes
+    associated: bytes  # what the seal must authenticate, were this copy the publisher's
+
+
 @dataclass
 class _Gathering:
-    attributes: dict
-    k: int
-    n: int
     shares: dict[int, shamir.Share] = field(default_factory=dict)  # broker -> its share
-    copies: dict[tuple[bytes, tuple[str, ...]], None] = field(default_factory=dict)  # distinct (sealed, digests)
+    copies: dict[int, _Copy] = field(default_factory=dict)  # broker -> the rest of its copy
     tried: set[tuple[int, ...]] = field(default_factory=set)
-    digests: tuple[str, ...] | None = None  # the publisher's, once a copy opened with them
+    opened: _Copy | None = None  # the copy that opened: its digests are the publisher's
 
 
 class ForwardedStream:
@@ -155,67 +162,71 @@ class ForwardedStream:
                 self.take(broker, delivery.publication)
 
     def take(self, broker: int, publication: object) -> None:
-        """One broker's copy of a forwarded publication (anything else it delivers is ignored)."""
+        """One broker's copy of a forwarded publication (anything else it delivers is ignored). Every
+        copy keeps its own attributes and parameters until one opens, so a lying broker whose copy
+        comes first cannot stand in for the others'."""
         if not isinstance(publication, dict) or not isinstance(publication.get(FORWARD), dict):
             return
         fields = publication[FORWARD]
         try:
             forward_id, k, n = str(fields["id"]), int(fields["k"]), int(fields["n"])
             share = shamir.Share.from_bytes(base64.b64decode(fields["share"]))
-            sealed = base64.b64decode(fields["sealed"])
+            attributes = {key: value for key, value in publication.items() if key != FORWARD}
             digests = tuple(str(d) for d in fields["digests"])
+            sealed = base64.b64decode(fields["sealed"])
         except (KeyError, TypeError, ValueError):
             return  # not a forwarded copy we can read: as if this broker had dropped it
+        if k != self.k or not k <= n <= shamir.MAX_SHARES:
+            return  # not what this subscriber reconstructs with: as if dropped
+        copy = _Copy(attributes, n, digests, sealed, _associated(attributes, forward_id, k, n, digests))
         gathering = self._gatherings.get(forward_id)
         if gathering is None:
-            attributes = {key: value for key, value in publication.items() if key != FORWARD}
-            gathering = self._gatherings[forward_id] = _Gathering(attributes, k, n)
+            gathering = self._gatherings[forward_id] = _Gathering()
             while len(self._gatherings) > MAX_PENDING:
                 self._gatherings.popitem(last=False)
-        if broker in gathering.shares or (k, n) != (gathering.k, gathering.n):
+        if broker in gathering.shares:
             return
         gathering.shares[broker] = share
-        gathering.copies.setdefault((sealed, digests))
-        if gathering.digests is not None:
+        gathering.copies[broker] = copy
+        if gathering.opened is not None:
             self._check(forward_id, gathering, broker)
         else:
             self._try_open(forward_id, gathering)
-        if len(gathering.shares) == gathering.n:
+        if gathering.opened is not None and len(gathering.shares) == gathering.opened.n:
             del self._gatherings[forward_id]
 
     def _check(self, forward_id: str, gathering: _Gathering, broker: int) -> bool:
         """Whether a broker's share is the one the publisher committed to (reported if not)."""
-        assert gathering.digests is not None
-        share = gathering.shares[broker]
-        if 1 <= share.index <= len(gathering.digests) and digest(share) == gathering.digests[share.index - 1]:
+        assert gathering.opened is not None
+        digests, share = gathering.opened.digests, gathering.shares[broker]
+        if 1 <= share.index <= len(digests) and digest(share) == digests[share.index - 1]:
             return True
         self.corrupted.append((forward_id, broker))
         return False
 
     def _try_open(self, forward_id: str, gathering: _Gathering) -> None:
-        """Every untried k-subset of the shares so far, until one opens a sealed copy."""
+        """Every untried k-subset of the shares so far, until one opens one of the copies."""
         brokers = sorted(gathering.shares)
-        for subset in itertools.combinations(brokers, gathering.k):
+        copies = list({(c.sealed, c.associated): c for c in gathering.copies.values()}.values())
+        for subset in itertools.combinations(brokers, self.k):
             if subset in gathering.tried:
                 continue
             gathering.tried.add(subset)
-            shares = [gathering.shares[b] for b in subset]
             try:
-                key = shamir.combine(shares)
+                key = shamir.combine([gathering.shares[b] for b in subset])
             except ValueError:
                 continue
             if len(key) != 32:
                 continue
-            for sealed, digests in gathering.copies:
-                associated = _associated(gathering.attributes, forward_id, gathering.k, gathering.n, digests)
+            for copy in copies:
                 try:
-                    payload = ChaCha20Poly1305(key).decrypt(NONCE, sealed, associated)
+                    payload = ChaCha20Poly1305(key).decrypt(NONCE, copy.sealed, copy.associated)
                 except InvalidTag:
                     continue
-                gathering.digests = digests
+                gathering.opened = copy
                 honest = tuple(b for b in brokers if self._check(forward_id, gathering, b))
                 corrupted = tuple(b for b in brokers if b not in honest)
-                self._out.put_nowait(Forwarded(forward_id, gathering.attributes, payload, honest, corrupted))
+                self._out.put_nowait(Forwarded(forward_id, copy.attributes, payload, honest, corrupted))
                 return
 
 

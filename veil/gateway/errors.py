@@ -80,23 +80,18 @@ async def errors(request: web.Request, handler: Callable[[web.Request], Awaitabl
     admission = gateway.admission
     connection = request.protocol
     admission.settle(connection)
-    response: web.StreamResponse | None = None
     try:
         response = await handler(request)
-        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         response = _answer(request, exc)
-        return response
     except Exception as exc:
         response = _answer(request, exc)
-        return response
     finally:
-        if response is not None:  # counted by the route's pattern: paths carry ids, routes do not
-            resource = request.match_info.route.resource
-            route = resource.canonical if resource is not None else "unmatched"
-            gateway.metrics.responses.labels(route, str(response.status)).inc()
         transport = request.transport
         if transport is not None and not transport.is_closing():
             admission.admit(connection, transport.close, timed=False)
+    resource = request.match_info.route.resource  # counted by route: paths carry ids, routes do not
+    gateway.metrics.responses.labels(resource.canonical if resource else "unmatched", str(response.status)).inc()
+    return response

@@ -47,7 +47,8 @@ def client_of(gateway: Gateway, request: web.Request, claimed: str | None) -> st
 
 def principal_of(gateway: Gateway, request: web.Request, claimed: str | None) -> Principal:
     """Who sent the request and what its credentials say it may do."""
-    credentials = Credentials(identity_of(request), bearer_token(request), claimed, certificate_of(request))
+    der = certificate_of(request)
+    credentials = Credentials(fingerprint(der) if der else None, bearer_token(request), claimed, der)
     return gateway.auth.principal(credentials)
 
 
@@ -66,6 +67,12 @@ async def body_of(gateway: Gateway, request: web.Request) -> bytes:
 
 async def parsed(gateway: Gateway, raw: bytes, parse: Callable[..., T], *args: object) -> T:
     """`parse(raw, *args)`, on the parsing thread when the body is large."""
-    if len(raw) <= PARSE_OFF_LOOP:
-        return parse(raw, *args)
-    return await asyncio.get_running_loop().run_in_executor(gateway.parsing, parse, raw, *args)
+    return await sized(gateway, len(raw), parse, raw, *args)
+
+
+async def sized(gateway: Gateway, size: int, work: Callable[..., T], *args: object) -> T:
+    """`work(*args)`, on the parsing thread when it works on a request body of `size` bytes that is
+    large: what takes time in proportion to a body a client chose is kept off the event loop."""
+    if size <= PARSE_OFF_LOOP:
+        return work(*args)
+    return await asyncio.get_running_loop().run_in_executor(gateway.parsing, work, *args)

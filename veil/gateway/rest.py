@@ -12,7 +12,7 @@ from aiohttp import web
 from veil.gateway.admin import routes as admin_routes
 from veil.gateway.context import GATEWAY, Gateway
 from veil.gateway.errors import errors, json_response
-from veil.gateway.http import body_of, client_of, parsed, principal_of
+from veil.gateway.http import body_of, client_of, parsed, principal_of, sized
 from veil.gateway.publisher_rules import routes as publisher_rule_routes
 from veil.gateway.scope_keys import routes as scope_key_routes
 from veil.matching import Predicate, Unsatisfiable, check_satisfiable
@@ -30,7 +30,7 @@ from veil.protocol import (
     parse_valid_for,
 )
 from veil.protocol.limits import Limits
-from veil.protocol.reserved import reserved_of
+from veil.protocol.publications import Routed
 from veil.security import signatures
 from veil.security.admission import admit_publication, admit_subscription
 from veil.security.identity import Principal
@@ -52,30 +52,18 @@ def checked_subscription(raw: bytes, limits: Limits) -> tuple[SubscribeRequest, 
     return req, predicates
 
 
-def admitted_publication(raw: bytes, limits: Limits, registry: Registry, principal: Principal) -> bytes:
-    body = parse_publication(raw, limits)
-    admit_publications(registry, principal, [body], batch=False)
-    return body
-
-
-def admitted_batch(raw: bytes, limits: Limits, most: int, registry: Registry, principal: Principal) -> list[bytes]:
-    bodies = parse_publication_batch(raw, limits, most)
-    admit_publications(registry, principal, bodies, batch=True)
-    return bodies
-
-
-def admit_publications(registry: Registry, principal: Principal, bodies: list[bytes], batch: bool) -> None:
+def admit_publications(registry: Registry, principal: Principal, routed: list[Routed], batch: bool) -> None:
     """Refuse the request if a publication goes into a scope its publisher may not publish into, or
     is sealed under a key that is not the scope's current one (security.admission)."""
-    for number, body in enumerate(bodies, start=1):
+    for publication in routed:
+        if publication.reserved is None:
+            continue
         try:
-            reserved = reserved_of(body)
-            if reserved is not None:
-                admit_publication(registry, principal, reserved)
+            admit_publication(registry, principal, publication.reserved)
         except ProtocolError as exc:
             if not batch:
                 raise
-            raise ProtocolError(f"line {number}: {exc.field}", exc.problem, exc.status) from None
+            raise ProtocolError(f"line {publication.line}: {exc.field}", exc.problem, exc.status) from None
 
 
 def where_delivered(gateway: Gateway, **reply: object) -> web.Response:
@@ -96,12 +84,14 @@ async def publish(request: web.Request) -> web.Response:
     if request.content_type in BATCH_TYPES:
         if signature is not None:
             raise ProtocolError("X-Signature", "sign publications one per request, not a batch")
-        registry = gateway.registry.current
-        bodies = await parsed(gateway, raw, admitted_batch, limits, gateway.config.max_pending, registry, principal)
-        offsets = await gateway.ingest.append([Publication(body, publisher, valid_for=valid_for) for body in bodies])
+        routed = await parsed(gateway, raw, parse_publication_batch, limits, gateway.config.max_pending)
+        admit_publications(gateway.registry.current, principal, routed, batch=True)
+        offsets = await gateway.ingest.append([Publication(r.body, publisher, valid_for=valid_for) for r in routed])
         gateway.metrics.publications.inc(len(offsets))
         return json_response({"ids": [str(o) for o in offsets]})
-    body = await parsed(gateway, raw, admitted_publication, limits, gateway.registry.current, principal)
+    routed = await parsed(gateway, raw, parse_publication, limits)
+    admit_publications(gateway.registry.current, principal, [routed], batch=False)
+    body = routed.body
     key_id = None
     if signature is not None:
         if body != raw:
@@ -126,12 +116,14 @@ async def unpublish(request: web.Request) -> web.Response:
 @routes.post("/subscribe")
 async def subscribe(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    req, predicates = await parsed(gateway, await body_of(gateway, request), checked_subscription, gateway.limits)
+    raw = await body_of(gateway, request)
+    req, predicates = await parsed(gateway, raw, checked_subscription, gateway.limits)
     principal = principal_of(gateway, request, req.auth_hash)
     owner = principal.identity
     if req.topk is not None and gateway.config.partition_mode == "publications":
         raise ProtocolError("topk", "top-k/w subscriptions need the broker's --partition-mode subscriptions")
-    admitted = admit_subscription(gateway.registry.current, principal, predicates, req.scope)
+    registry = gateway.registry.current
+    admitted = await sized(gateway, len(raw), admit_subscription, registry, principal, predicates, req.scope)
     body = encode_subscription(req.predicates, req.topk, req.scope, admitted)
     sub_id = req.subscription_id or uuid.uuid4().hex
     await gateway.threads.write(gateway.threads.store.put_subscription, sub_id, owner, body)

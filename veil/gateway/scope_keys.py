@@ -33,6 +33,12 @@ def _scope(registry: Registry, name: str) -> Scope:
     return scope
 
 
+def _version(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and len(text) < 10):
+        raise ProtocolError("version", "a key version is a whole number from 1")
+    return int(text)
+
+
 def _manage(registry: Registry, user: str, scope: Scope) -> None:
     if user not in scope.managers and user not in registry.admins:
         raise ProtocolError("authHash", f"not a manager of scope {scope.name!r} or an administrator", 403)
@@ -57,10 +63,7 @@ async def describe(request: web.Request) -> web.Response:
 async def store_version(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     user = client_of(gateway, request, request.headers.get("X-Auth-Hash"))
-    name, raw_version = request.match_info["scope"], request.match_info["version"]
-    if not (raw_version.isascii() and raw_version.isdigit() and len(raw_version) < 10):
-        raise ProtocolError("version", "a key version is a whole number from 1")
-    version = int(raw_version)
+    name, version = request.match_info["scope"], _version(request.match_info["version"])
     doc = await parsed(gateway, await body_of(gateway, request), load_json, "body", gateway.limits)
     envelopes = doc.get("envelopes") if isinstance(doc, dict) else None
     if not isinstance(envelopes, dict) or not envelopes:
@@ -95,9 +98,7 @@ async def envelope(request: web.Request) -> web.Response:
     user = client_of(gateway, request, request.headers.get("X-Auth-Hash"))
     scope = _scope(gateway.registry.current, request.match_info["scope"])
     asked = request.query.get("version")
-    if asked is not None and not (asked.isascii() and asked.isdigit() and len(asked) < 10):
-        raise ProtocolError("version", "a key version is a whole number from 1")
-    version = int(asked) if asked is not None else max(scope.keys, default=0)
+    version = _version(asked) if asked is not None else max(scope.keys, default=0)
     wrapped = scope.keys.get(version, {}).get(user)
     if wrapped is None:
         raise ProtocolError("version", f"no envelope of version {version} of scope {scope.name!r} for you", 404)

@@ -12,6 +12,7 @@ import orjson
 
 from veil.protocol.errors import ProtocolError
 from veil.protocol.limits import DEFAULT, INT64_MAX, Limits, load_json
+from veil.protocol.reserved import Reserved, reserved_of
 from veil.protocol.subscriptions import auth_hash_of, load_object
 from veil.protocol.values import canonical_type, convert, type_of
 
@@ -47,11 +48,19 @@ def parse_unpublish(raw: bytes) -> UnpublishRequest:
     return UnpublishRequest(auth_hash_of(doc), pub)
 
 
-def parse_publication(raw: bytes, limits: Limits = DEFAULT) -> bytes:
+class Routed(NamedTuple):
+    """A publication's bytes, and the reserved members it carries (read from this one parse)."""
+
+    body: bytes
+    reserved: Reserved | None
+    line: int = 1  # in a batch, the line it came from (blank lines count)
+
+
+def parse_publication(raw: bytes, limits: Limits = DEFAULT) -> Routed:
     return _normalise(load_json(raw, "body", limits, publication=True), raw, "")
 
 
-def parse_publication_batch(raw: bytes, limits: Limits = DEFAULT, max_lines: int | None = None) -> list[bytes]:
+def parse_publication_batch(raw: bytes, limits: Limits = DEFAULT, max_lines: int | None = None) -> list[Routed]:
     """NDJSON: one publication per non-empty line; all are refused if any line is invalid, and a batch
     of more than `max_lines` publications (what the broker could ever take in one commit) with 413."""
     lines = [(number, line) for number, line in enumerate(raw.splitlines(), start=1) if line.strip()]
@@ -59,6 +68,7 @@ def parse_publication_batch(raw: bytes, limits: Limits = DEFAULT, max_lines: int
         raise ProtocolError("body", f"{len(lines)} publications in one batch; at most {max_lines}", 413)
     bodies = [
         _normalise(load_json(line, f"line {number}: body", limits, publication=True), line, f"line {number}: ")
+        ._replace(line=number)
         for number, line in lines
     ]
     if not bodies:
@@ -66,16 +76,17 @@ def parse_publication_batch(raw: bytes, limits: Limits = DEFAULT, max_lines: int
     return bodies
 
 
-def _normalise(doc: object, raw: bytes, prefix: str) -> bytes:
+def _normalise(doc: object, raw: bytes, prefix: str) -> Routed:
     if isinstance(doc, dict):
         entries = doc.get("publication")
         if len(doc) == 1 and isinstance(entries, list):
-            return orjson.dumps(_from_entries(entries, f"{prefix}publication", typed=True))
-        if b"\n" in raw or b"\r" in raw:
-            return orjson.dumps(doc)
-        return raw.strip()
+            converted = _from_entries(entries, f"{prefix}publication", typed=True)
+            return Routed(orjson.dumps(converted), reserved_of(converted, prefix))
+        body = orjson.dumps(doc) if b"\n" in raw or b"\r" in raw else raw.strip()
+        return Routed(body, reserved_of(doc, prefix))
     if isinstance(doc, list):
-        return orjson.dumps(_from_entries(doc, f"{prefix}body", typed=False))
+        converted = _from_entries(doc, f"{prefix}body", typed=False)
+        return Routed(orjson.dumps(converted), reserved_of(converted, prefix))
     raise ProtocolError(
         f"{prefix}body",
         'a publication is a JSON object, an array of {key, val} pairs, or {"publication": [...]}',

@@ -3,8 +3,9 @@
 `veil:forward`, what one broker carries of a secret-forwarded publication.
 
 They travel inside the publication, so a publisher's signature covers them and the broker cannot
-move a publication to another scope unnoticed; the gateway reads them to check that the publisher
-may publish there, and the pipeline reads the scope to bound who sees it.
+move a publication to another scope unnoticed; the gateway reads them from the parse that validates
+the publication, to check that the publisher may publish there, and the pipeline reads the scope to
+bound who sees it.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import binascii
 import struct
 from collections.abc import Mapping
 from typing import NamedTuple
-
-import orjson
 
 from veil.protocol.errors import ProtocolError
 
@@ -31,18 +30,15 @@ class Reserved(NamedTuple):
     sealed_version: int | None  # the scope key version a sealed payload needs
 
 
-def reserved_of(body: bytes) -> Reserved | None:
-    """The reserved members of a validated publication, None without any. A body can only hold one
-    if it has the bytes `veil` or a `\\u` escape, so most publications are not parsed again."""
-    if b"veil" not in body and b"\\u" not in body:
-        return None
-    doc = orjson.loads(body)
-    scope, sealed = doc.get(SCOPE), doc.get(SEALED)
+def reserved_of(publication: Mapping[str, object], prefix: str = "") -> Reserved | None:
+    """The reserved members of a publication as parsed (an escaped spelling of a key is the key),
+    None without any; errors name the member after `prefix` (a batch's line)."""
+    scope, sealed = publication.get(SCOPE), publication.get(SEALED)
     if scope is None and sealed is None:
         return None
     if not isinstance(scope, str) or not 0 < len(scope) <= MAX_SCOPE_NAME:
         problem = "a sealed payload is sealed for a scope: name it" if scope is None else "a scope's name"
-        raise ProtocolError(SCOPE, problem)
+        raise ProtocolError(f"{prefix}{SCOPE}", problem)
     version = None
     if sealed is not None:
         try:
@@ -50,7 +46,8 @@ def reserved_of(body: bytes) -> Reserved | None:
         except (binascii.Error, ValueError):
             raw = b""
         if len(raw) < SEALED_HEADER:
-            raise ProtocolError(SEALED, "base64 of a sealed payload (key version, salt, ciphertext and tag)")
+            problem = "base64 of a sealed payload (key version, salt, ciphertext and tag)"
+            raise ProtocolError(f"{prefix}{SEALED}", problem)
         version = struct.unpack(">I", raw[:4])[0]
     return Reserved(scope, version)
 
