@@ -57,32 +57,18 @@ def split_int(secret: int, k: int, n: int, prime: int = PRIME) -> list[tuple[int
 
 def combine_int(points: Sequence[tuple[int, int]], prime: int = PRIME) -> int:
     """f(0) of the polynomial of degree len(points) - 1 through the points (Lagrange at zero)."""
-    return evaluate_at(points, 0, prime)
-
-
-def evaluate_at(points: Sequence[tuple[int, int]], x: int, prime: int = PRIME) -> int:
-    """f(x) of the polynomial of degree len(points) - 1 through the points: at 0 the secret, at a
-    share's index what that share must hold (how a wrong share is found once a right set is known)."""
-    xs = [p % prime for p, _ in points]
+    xs = [x % prime for x, _ in points]
     if len(set(xs)) != len(xs) or 0 in xs:
         raise ValueError("shares need distinct, nonzero indices")
-    value = 0
+    secret = 0
     for i, (x_i, y_i) in enumerate(points):
         numerator, denominator = 1, 1
         for j, (x_j, _) in enumerate(points):
             if i != j:
-                numerator = numerator * (x_j - x) % prime
+                numerator = numerator * x_j % prime
                 denominator = denominator * (x_j - x_i) % prime
-        value = (value + y_i * numerator * pow(denominator, -1, prime)) % prime
-    return value
-
-
-def consistent(shares: Sequence[Share], share: Share) -> bool:
-    """Whether `share` lies on the polynomial that the first k of `shares` determine."""
-    k = shares[0].threshold
-    if share.threshold != k:
-        return False
-    return evaluate_at([(s.index, s.value) for s in shares[:k]], share.index) == share.value
+        secret = (secret + y_i * numerator * pow(denominator, -1, prime)) % prime
+    return secret
 
 
 def split(secret: bytes, k: int, n: int) -> list[Share]:
