@@ -1,6 +1,8 @@
 """REST behaviour of the gateway, in-process: answers, errors naming their field, ownership,
 the admin API and health, and what reaches the store."""
 
+import asyncio
+
 import orjson
 import pytest
 
@@ -118,6 +120,8 @@ async def test_health_reports_a_gateway_without_a_running_pipeline_as_not_ready(
 async def test_metrics_in_prometheus_format_agree_with_the_traffic(http, gateway):
     from prometheus_client.parser import text_string_to_metric_families
 
+    from veil.monitoring.metrics import STORE_FRESH
+
     def samples(text: str) -> dict[tuple[str, tuple], float]:
         return {
             (sample.name, tuple(sorted(sample.labels.items()))): sample.value
@@ -129,6 +133,7 @@ async def test_metrics_in_prometheus_format_agree_with_the_traffic(http, gateway
     for n in range(3):
         assert (await post(http, "/publish", {"n": n}))[0] == 200
     assert (await post(http, "/publish", [1, 2]))[0] == 400
+    await asyncio.sleep(STORE_FRESH)  # the store's figures are read at most once a second
     response = await http.get("/metrics")
     assert response.status == 200 and response.content_type == "text/plain"
     after = samples(await response.text())
@@ -140,6 +145,8 @@ async def test_metrics_in_prometheus_format_agree_with_the_traffic(http, gateway
     assert grew("veil_publications_total") == 3
     assert grew("veil_http_responses_total", route="/publish", status="200") == 3
     assert grew("veil_http_responses_total", route="/publish", status="400") == 1
+    assert grew("veil_received_publications_total") == 3  # the store's count
+    assert after[("veil_batch_duration_seconds_count", ())] == 0  # no pipeline here
     health = await (await http.get("/health")).json()
     assert after[("veil_log_head", ())] == health["head"]
     assert after[("veil_pipeline_state", (("state", health["pipeline"]),))] == 1

@@ -10,6 +10,7 @@ from veil.store import (
     KIND_PUBLICATION,
     KIND_SUBSCRIBE,
     KIND_UNSUBSCRIBE,
+    BatchDurations,
     NotOwner,
     Publication,
     StatefulBatch,
@@ -67,7 +68,8 @@ def test_replayed_batches_deliver_once(store):
     assert watermark == store.last_feed_seq() == 1 and store.processed_offset() == pub
     feed = store.feed_since(0, 10)
     assert [(e.sub_nos.tolist(), e.pubs.tolist()) for e in feed] == [([s], [pub])]
-    assert store.bodies(feed[0].pubs) == {pub: (b'{"a":1}', Origin())}
+    ((body, origin, logged),) = store.bodies(feed[0].pubs).values()
+    assert (body, origin) == (b'{"a":1}', Origin()) and abs(logged / 1000 - time.time()) < 60
 
 
 def test_feed_entries_are_sorted_by_subscription(store):
@@ -246,6 +248,10 @@ def test_the_pipeline_status_is_what_it_registered_and_beat(store):
     store.heartbeat(1234)
     status = store.pipeline_status()
     assert (status.pid, status.batch_since) == (4242, 1234) and abs(status.heartbeat - time.time()) < 5
+    assert store.batch_durations() == BatchDurations()
+    store.heartbeat(0, [40, 50, 51, 70_000])  # a bucket holds durations up to its bound, inclusive
+    store.heartbeat(0, [100])
+    assert store.batch_durations() == BatchDurations((2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 1), 70_241)
     store.expect_pipeline()
     assert store.pipeline_status().pid == 0
     assert store.registry_file_digest() is None
@@ -276,8 +282,8 @@ def test_a_store_that_kept_envelope_fragments_is_migrated(tmp_path):
     store = open_store(f"sqlite:///{path}")
     try:
         bodies = store.bodies(np.array([1, 2]))
-        assert bodies[1] == (b"{}", Origin("bob", "k", "x"))
-        assert bodies[2] == (b'{"a":1}', Origin("bob", None, None, copy_of=1, cropped=True))
+        assert bodies[1] == (b"{}", Origin("bob", "k", "x"), 0)  # 0: the old store kept no time
+        assert bodies[2] == (b'{"a":1}', Origin("bob", None, None, copy_of=1, cropped=True), 0)
         assert store.log_range(2, 3)[0].number == 7
     finally:
         store.close()

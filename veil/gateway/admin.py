@@ -104,7 +104,7 @@ async def health(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus' exposition format, for anyone who can reach the port (like /health)."""
     figures = request.app[GATEWAY].metrics
-    return web.Response(body=figures.exposition(), headers={"Content-Type": figures.content_type})
+    return web.Response(body=await figures.exposition(), headers={"Content-Type": figures.content_type})
 
 
 @routes.get("/ready")

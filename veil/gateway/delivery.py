@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from typing import NamedTuple
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from veil.gateway.channel import Close, Send
 from veil.gateway.store_threads import StoreThreads
+from veil.monitoring.histogram import LATENCY_BOUNDS, Histogram
 from veil.protocol import Handshake, ProtocolError
 from veil.protocol.envelope import fields, wrap
 from veil.store.base import FeedEntry
@@ -33,12 +35,16 @@ FEED_WAIT = 0.5  # seconds the hub waits for a store's signal of new deliveries 
 
 class Chunk(NamedTuple):
     """Deliveries for one session in publication order: offsets, the bytes delivered and their
-    envelope fields (`envelope.fields`). A session queues chunks rather than single deliveries so that the work per
-    delivery stays in numpy and in bytes.join, not in Python statements."""
+    envelope fields (`envelope.fields`), and when each publication was logged (ms; for the latency
+    histogram, so only for deliveries taken live from the feed: a backlog read after a reconnect says
+    how long the subscriber was away, not how fast the broker is). A session queues chunks rather
+    than single deliveries so that the work per delivery stays in numpy and in bytes.join, not in
+    Python statements."""
 
     pubs: np.ndarray
     bodies: list[bytes]
     envelopes: list[bytes]
+    logged: np.ndarray | None = None
 
 
 class Session:
@@ -77,7 +83,8 @@ class Session:
             self.caught_up = False  # the rest waits in the store; the session refills from there
         take = slice(skip, skip + min(room, len(chunk.pubs) - skip))
         if take.stop > take.start:
-            self._queue(Chunk(chunk.pubs[take], chunk.bodies[take], chunk.envelopes[take]))
+            logged = None if chunk.logged is None else chunk.logged[take]
+            self._queue(Chunk(chunk.pubs[take], chunk.bodies[take], chunk.envelopes[take], logged))
         self._wake.set()
 
     def resync(self) -> None:
@@ -111,6 +118,7 @@ class Session:
 
     async def _send_some(self) -> None:
         frames: list[bytes] = []
+        logged: list[np.ndarray] = []
         while self.pending and len(frames) < SEND_BATCH:
             chunk = self.pending.popleft()
             self.queued -= len(chunk.pubs)
@@ -118,9 +126,15 @@ class Session:
                 frames.extend(map(wrap, chunk.pubs.tolist(), chunk.bodies, chunk.envelopes))
             else:
                 frames.extend(chunk.bodies)
+            if chunk.logged is not None:
+                logged.append(chunk.logged)
             last = int(chunk.pubs[-1])
         await self._send(frames)
         self.hub.forwarded += len(frames)
+        if logged:
+            at = np.concatenate(logged)
+            since = time.time_ns() // 1_000_000 - at[at > 0]  # 0: a store too old to have logged the time
+            self.hub.latency.observe(np.maximum(since, 0) / 1000)  # clocks of other gateways may be ahead
         self.sent = last
         if not self.acks:
             self.hub.save_cursor(self.sub_id, self.sent)
@@ -152,6 +166,7 @@ class DeliveryHub:
         self.last_seq = 0
         self._cursors: dict[str, int] = {}
         self.forwarded = 0  # deliveries sent and not yet counted in the store
+        self.latency = Histogram(LATENCY_BOUNDS)  # publish (logged) -> delivery (written to the connection), s
         self._stopping = asyncio.Event()
 
     async def start(self) -> None:
@@ -231,12 +246,15 @@ class DeliveryHub:
         store = self.threads.store
         found = await self.threads.read(store.bodies, wanted)
         rows = np.searchsorted(wanted, pubs)
-        looked_up = [found.get(pub, (None, None)) for pub in wanted.tolist()]
-        bodies = np.array([body for body, _ in looked_up], object)[rows]
-        envelopes = np.array([b"" if origin is None else fields(origin) for _, origin in looked_up], object)[rows]
+        looked_up = [found.get(pub, (None, None, 0)) for pub in wanted.tolist()]
+        bodies = np.array([body for body, _, _ in looked_up], object)[rows]
+        envelopes = np.array([b"" if origin is None else fields(origin) for _, origin, _ in looked_up], object)[rows]
+        logged = np.array([at for _, _, at in looked_up], np.int64)[rows]
         if len(found) < len(wanted):  # publications compacted away meanwhile: nobody is owed them
             kept = bodies != None  # noqa: E711 (elementwise on an object array)
-            sub_nos, pubs, bodies, envelopes = sub_nos[kept], pubs[kept], bodies[kept], envelopes[kept]
+            sub_nos, pubs, bodies, envelopes, logged = (
+                sub_nos[kept], pubs[kept], bodies[kept], envelopes[kept], logged[kept]
+            )  # fmt: skip
             if not len(pubs):
                 return
         if entry.cropped:
@@ -249,7 +267,9 @@ class DeliveryHub:
         for low, high in zip([0, *cuts.tolist()], [*cuts.tolist(), len(sub_nos)], strict=True):
             session = self._by_number.get(int(sub_nos[low]))
             if session is not None:
-                session.offer(Chunk(pubs[low:high], bodies[low:high].tolist(), envelopes[low:high].tolist()))
+                session.offer(
+                    Chunk(pubs[low:high], bodies[low:high].tolist(), envelopes[low:high].tolist(), logged[low:high])
+                )
 
     async def save_cursors_periodically(self, interval: float = 0.1) -> None:
         while not self._stopping.is_set():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,7 @@ from veil.gateway.rest import create_app
 from veil.gateway.store_threads import StoreThreads
 from veil.gateway.tcp import start_tcp
 from veil.gateway.websocket import create_ws_app
+from veil.monitoring.figures import store_figures
 from veil.monitoring.metrics import Metrics
 from veil.monitoring.selis import read_hash
 from veil.security.identity import Authenticator, TokenVerifier
@@ -46,8 +48,7 @@ def build_gateway(config: Config) -> Gateway:
     tokens = TokenVerifier(config.jwks, config.token_issuer, config.token_audience) if config.jwks else None
     health = Health(threads, ingest, hub)
     metrics = Metrics()
-    metrics.watch(health.report)
-    return Gateway(
+    gateway = Gateway(
         config=config,
         limits=config.limits,
         threads=threads,
@@ -62,6 +63,8 @@ def build_gateway(config: Config) -> Gateway:
         metrics=metrics,
         metrics_hash=read_hash(config.metrics_auth_hash_file),
     )
+    metrics.watch(health.report, hub, functools.partial(store_figures, gateway))
+    return gateway
 
 
 class Broker:

@@ -1,27 +1,48 @@
 """The gateway's figures in Prometheus' exposition format (`GET /metrics`, SPEC §8).
 
-Counters are incremented where the work happens (publications as they are acknowledged, answers by
-status as the error middleware writes them); what the gateway already keeps for /health (the log's
-head and progress, the pipeline's lag and state, connections, the quarantine) is read at scrape
-time by a collector, so that /health and /metrics never disagree.
+Counters this gateway keeps are incremented where the work happens (publications as they are
+acknowledged, answers by status as the error middleware writes them); what the gateway already
+keeps for /health (the log's head and progress, the pipeline's lag and state, connections, the
+quarantine) is read at scrape time, so that /health and /metrics never disagree; the delivery hub's
+queues and its publish -> delivery latency histogram are read from the hub. The deployment's totals
+and the pipeline's micro-batch durations live in the store: they are read at most once a second
+however often anyone scrapes, so that scraping cannot load the store.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from veil.gateway.delivery import DeliveryHub
+from veil.monitoring.figures import StoreFigures
+from veil.monitoring.histogram import family
+from veil.store import BATCH_BOUNDS_MS
+
+log = logging.getLogger("veil.gateway")
 PIPELINE_STATES = ("starting", "running", "restarting", "stuck")
+STORE_FRESH = 1.0  # seconds the store's figures are reused for
 
 
-class _HealthFigures(Collector):
-    def __init__(self, report: Callable[[], dict[str, object]]) -> None:
+class _Figures(Collector):
+    def __init__(self, report: Callable[[], dict[str, object]], hub: DeliveryHub) -> None:
         self._report = report
+        self._hub = hub
+        self.stored: StoreFigures | None = None
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
+        yield from self._health()
+        yield from self._hub_figures()
+        if self.stored is not None:
+            yield from self._store_figures(self.stored)
+
+    def _health(self) -> Iterator[Metric]:
         report = self._report()
         for name, key, text in (
             ("veil_log_head", "head", "offset of the newest entry in the event log"),
@@ -36,6 +57,44 @@ class _HealthFigures(Collector):
         for name in PIPELINE_STATES:
             state.add_metric([name], 1.0 if report["pipeline"] == name else 0.0)
         yield state
+
+    def _hub_figures(self) -> Iterator[Metric]:
+        hub = self._hub
+        sessions = list(hub.sessions.values())
+        yield GaugeMetricFamily(
+            "veil_session_queue_depth", "deliveries queued in this gateway's memory for connected subscriptions",
+            value=float(sum(session.queued for session in sessions)),
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "veil_sessions_behind", "connected subscriptions reading their backlog from the store",
+            value=float(sum(not session.caught_up for session in sessions)),
+        )  # fmt: skip
+        yield hub.latency.family(
+            "veil_delivery_latency_seconds",
+            "from a publication's acknowledgement to its delivery being written to a subscriber's connection "
+            "(deliveries taken live from the pipeline's feed)",
+        )
+
+    def _store_figures(self, stored: StoreFigures) -> Iterator[Metric]:
+        totals, batches = stored
+        for name, value, text in (
+            ("veil_received_publications", totals.received, "publications acknowledged by every gateway of the store"),
+            ("veil_matched_publications", totals.matched, "publications that matched at least one subscription"),
+            ("veil_matches", totals.matches, "deliveries queued: (publication, subscription) pairs"),
+            ("veil_deliveries", totals.forwarded, "deliveries sent to subscribers (again after a reconnect)"),
+        ):
+            yield CounterMetricFamily(name, text + " (kept in the store: survives restarts)", value=float(value))
+        for name, value, text in (
+            ("veil_subscriptions", totals.subscriptions, "live subscriptions"),
+            ("veil_subscribers", totals.subscribers, "distinct owners of live subscriptions"),
+            ("veil_queued_deliveries", max(0, totals.matches - totals.forwarded),
+             "deliveries queued and not yet sent, store-wide (a lower bound: resends count as sent)"),
+        ):  # fmt: skip
+            yield GaugeMetricFamily(name, text, value=float(value))
+        yield family(
+            "veil_batch_duration_seconds", "the pipeline's micro-batches, as long as Spark measured them",
+            [bound / 1000 for bound in BATCH_BOUNDS_MS], batches.counts, batches.total_ms / 1000,
+        )  # fmt: skip
 
 
 class Metrics:
@@ -53,9 +112,25 @@ class Metrics:
             "veil_http_responses", "REST answers by route and status (503: load shed)", ["route", "status"],
             registry=self.registry,
         )  # fmt: skip
+        self._figures: _Figures | None = None
+        self._read: Callable[[], Awaitable[StoreFigures]] | None = None
+        self._read_at = -STORE_FRESH
+        self._reading = asyncio.Lock()
 
-    def watch(self, report: Callable[[], dict[str, object]]) -> None:
-        self.registry.register(_HealthFigures(report))
+    def watch(
+        self, report: Callable[[], dict[str, object]], hub: DeliveryHub, read: Callable[[], Awaitable[StoreFigures]]
+    ) -> None:
+        self._figures = _Figures(report, hub)
+        self._read = read
+        self.registry.register(self._figures)
 
-    def exposition(self) -> bytes:
+    async def exposition(self) -> bytes:
+        if self._figures is not None and self._read is not None and time.monotonic() - self._read_at >= STORE_FRESH:
+            async with self._reading:  # scrapes arriving together share one read
+                if time.monotonic() - self._read_at >= STORE_FRESH:
+                    self._read_at = time.monotonic()
+                    try:
+                        self._figures.stored = await self._read()
+                    except Exception:  # the store's figures stay as last read; /health says why
+                        log.exception("reading the store's figures for /metrics failed")
         return generate_latest(self.registry)

@@ -22,6 +22,7 @@ import orjson
 
 from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
+from veil.monitoring.figures import totals
 from veil.store import Totals
 
 
@@ -47,11 +48,6 @@ def is_monitor(gateway: Gateway, handshake: bytes | str) -> bool:
         return False
     claimed = doc.get("authHash") if isinstance(doc, dict) else None
     return isinstance(claimed, str) and hmac.compare_digest(claimed.encode(), secret.encode())
-
-
-async def totals(gateway: Gateway) -> Totals:
-    stored = await gateway.threads.read(gateway.threads.store.totals)
-    return stored._replace(forwarded=stored.forwarded + gateway.hub.forwarded)
 
 
 def message(gateway: Gateway, now: Totals, before: Totals, seconds: float) -> bytes:

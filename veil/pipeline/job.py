@@ -24,6 +24,8 @@ from veil.store import PipelineStore, StoreUnavailable
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
+    from veil.pipeline.batch_times import BatchTimes
+
 log = logging.getLogger("veil.pipeline")
 HEARTBEAT = 0.5  # seconds
 STORE_RETRY = 2.0  # seconds between looks for a store that is not there yet
@@ -115,10 +117,12 @@ def _exit_with_parent(stop: threading.Event) -> None:
 
 class Heartbeat:
     """What the gateway's health check reads: that this process is alive, and since when the current
-    micro-batch runs (0 when none does), written every HEARTBEAT seconds."""
+    micro-batch runs (0 when none does), written every HEARTBEAT seconds with the durations of the
+    batches finished since the last beat."""
 
-    def __init__(self, store: PipelineStore) -> None:
+    def __init__(self, store: PipelineStore, batch_times: BatchTimes) -> None:
         self.store = store
+        self.batch_times = batch_times
         self.batch_since = 0
         self._failing = False
 
@@ -128,9 +132,11 @@ class Heartbeat:
             self.batch_since = 0
         elif not self.batch_since:
             self.batch_since = time.time_ns() // 1_000_000
+        finished = self.batch_times.drain()
         try:
-            self.store.heartbeat(self.batch_since)
+            self.store.heartbeat(self.batch_since, finished)
         except StoreUnavailable as exc:  # the gateway sees the silence; the query goes on
+            self.batch_times.restore(finished)
             if not self._failing:
                 log.error("cannot write the pipeline's heartbeat: %s", exc)
             self._failing = True
@@ -196,9 +202,13 @@ def run(config: Config, watch_parent: bool = True) -> int:
     if not _claim(store, stop):
         return 0
     started = time.monotonic()
+    from veil.pipeline.batch_times import BatchTimes
+
     spark = build_session(config)
+    batch_times = BatchTimes()
+    spark.streams.addListener(batch_times)
     query = start_query(spark, config)
-    heartbeat = Heartbeat(store)
+    heartbeat = Heartbeat(store, batch_times)
     store.register_pipeline(os.getpid())
     log.info(
         "pipeline running (%s, %d partitions by %s) after %.1f s",

@@ -1,6 +1,7 @@
 """Durable state behind one interface: the event log, subscriptions, delivery queues, cursors."""
 
 from veil.store.base import (
+    BATCH_BOUNDS_MS,
     KIND_CANCEL,
     KIND_COPY,
     KIND_PUBLICATION,
@@ -8,6 +9,7 @@ from veil.store.base import (
     KIND_SUBSCRIBE,
     KIND_TICK,
     KIND_UNSUBSCRIBE,
+    BatchDurations,
     EventStore,
     GatewayStore,
     LogEntry,
@@ -54,6 +56,7 @@ def open_store(url: str, create: bool = True) -> EventStore:
 
 
 __all__ = [
+    "BATCH_BOUNDS_MS",
     "KIND_CANCEL",
     "KIND_COPY",
     "KIND_PUBLICATION",
@@ -61,6 +64,7 @@ __all__ = [
     "KIND_SUBSCRIBE",
     "KIND_TICK",
     "KIND_UNSUBSCRIBE",
+    "BatchDurations",
     "EventStore",
     "GatewayStore",
     "LogEntry",

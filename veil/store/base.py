@@ -111,6 +111,19 @@ class Totals(NamedTuple):
     subscribers: int = 0  # their distinct owners
 
 
+# Upper bounds (ms) of the micro-batch duration buckets the store counts (Prometheus' `le`); a last
+# bucket takes the longer ones.
+BATCH_BOUNDS_MS = (50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
+
+
+class BatchDurations(NamedTuple):
+    """How long the pipeline's micro-batches took, as Spark measured them: how many fell in each
+    bucket of BATCH_BOUNDS_MS (and past the last), and their sum."""
+
+    counts: tuple[int, ...] = (0,) * (len(BATCH_BOUNDS_MS) + 1)
+    total_ms: int = 0
+
+
 class PipelineStatus(NamedTuple):
     """What the pipeline last said of itself: the process id it registered (0: none runs, or one is
     expected to start) and when, and the start of the micro-batch it was in at its last heartbeat
@@ -251,8 +264,9 @@ class GatewayStore(LogReader):
         return False
 
     @abstractmethod
-    def bodies(self, pubs: np.ndarray) -> dict[int, tuple[bytes, Origin]]:
-        """The published bytes of these publications and where they came from."""
+    def bodies(self, pubs: np.ndarray) -> dict[int, tuple[bytes, Origin, int]]:
+        """The published bytes of these publications, where they came from, and when they were
+        logged (ms since the epoch)."""
 
     @abstractmethod
     def copies(self, sub_nos: np.ndarray, pubs: np.ndarray) -> dict[tuple[int, int], bytes]:
@@ -272,6 +286,9 @@ class GatewayStore(LogReader):
 
     @abstractmethod
     def totals(self) -> Totals: ...
+
+    @abstractmethod
+    def batch_durations(self) -> BatchDurations: ...
 
     @abstractmethod
     def renew_gateway(self, gateway: str, fanned_out: int) -> None:
@@ -381,8 +398,9 @@ class PipelineStore(LogReader):
         """A pipeline process (`pid`) is running the query; 0 when it stops."""
 
     @abstractmethod
-    def heartbeat(self, batch_since: int) -> None:
-        """The pipeline is alive, in a micro-batch since `batch_since` (ms), or between them (0)."""
+    def heartbeat(self, batch_since: int, batches: Sequence[int] = ()) -> None:
+        """The pipeline is alive, in a micro-batch since `batch_since` (ms), or between them (0);
+        `batches`: the durations (ms) of the micro-batches finished since the last beat."""
 
 
 class EventStore(GatewayStore, PipelineStore):

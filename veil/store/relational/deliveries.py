@@ -37,13 +37,16 @@ class DeliverySql(Dialect):
             ).fetchall()
         return [unpack(entry_seq, pairs, bool(cropped)) for entry_seq, pairs, cropped in rows]
 
-    def bodies(self, pubs: np.ndarray) -> dict[int, tuple[bytes, Origin]]:
+    def bodies(self, pubs: np.ndarray) -> dict[int, tuple[bytes, Origin, int]]:
         with self._read() as db:
             return self._bodies(db, pubs)
 
-    def _bodies(self, db: Db, pubs: np.ndarray) -> dict[int, tuple[bytes, Origin]]:
-        rows = db.execute(f'SELECT "offset", body, {ORIGIN} FROM log WHERE "offset" {self.IN_IDS}', (self._ids(pubs),))
-        return {row[0]: (row[1], _origin(row[2:])) for row in rows}
+    def _bodies(self, db: Db, pubs: np.ndarray) -> dict[int, tuple[bytes, Origin, int]]:
+        rows = db.execute(
+            f'SELECT "offset", body, COALESCE(time, 0), {ORIGIN} FROM log WHERE "offset" {self.IN_IDS}',
+            (self._ids(pubs),),
+        )
+        return {row[0]: (row[1], _origin(row[3:]), row[2]) for row in rows}
 
     def copies(self, sub_nos: np.ndarray, pubs: np.ndarray) -> dict[tuple[int, int], bytes]:
         with self._read() as db:
@@ -88,7 +91,7 @@ class DeliverySql(Dialect):
                     copies = self._copies(db, np.full(len(pubs), number, np.int64), pubs)
                     for pub in pubs.tolist():
                         copy = copies.get((number, pub))
-                        body, origin = bodies[pub]
+                        body, origin, _ = bodies[pub]
                         rows.append((pub, body, origin) if copy is None else (pub, copy, origin._replace(cropped=True)))
         return rows, watermark
 

@@ -5,8 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from veil.store.base import KIND_SUBSCRIBE, PipelineStatus, Quarantined, QuarantineRecord, Totals
-from veil.store.relational.dialect import Db, Dialect, get_status, set_status
+import numpy as np
+
+from veil.store.base import (
+    BATCH_BOUNDS_MS,
+    KIND_SUBSCRIBE,
+    BatchDurations,
+    PipelineStatus,
+    Quarantined,
+    QuarantineRecord,
+    Totals,
+)
+from veil.store.relational.dialect import Db, Dialect, add_status, get_status, set_status
 
 QUARANTINE_PREVIEW = 4096  # bytes of a quarantined entry kept for the operator to look at
 QUARANTINE_COLUMNS = 'seq, "offset", kind, sub_id, owner, error, body, time'
@@ -62,6 +72,14 @@ class StatusSql(Dialect):
         return Totals(**{name: int(value) for name, value in counted.items()}, subscriptions=subscriptions,
                       subscribers=subscribers)  # fmt: skip
 
+    def batch_durations(self) -> BatchDurations:
+        buckets = [f"batch_{i}" for i in range(len(BATCH_BOUNDS_MS) + 1)]
+        names = ", ".join(f"'{name}'" for name in [*buckets, "batch_ms"])
+        with self._read() as db:
+            kept = dict(db.execute(f"SELECT name, value FROM status WHERE name IN ({names})").fetchall())
+        counts = tuple(int(kept.get(name, 0)) for name in buckets)
+        return BatchDurations(counts, int(kept.get("batch_ms", 0)))
+
     def processed_offset(self) -> int:
         with self._read() as db:
             return get_status(db, "processed") or 0
@@ -81,9 +99,14 @@ class StatusSql(Dialect):
     def expect_pipeline(self) -> None:
         self.register_pipeline(0)
 
-    def heartbeat(self, batch_since: int) -> None:
+    def heartbeat(self, batch_since: int, batches: Sequence[int] = ()) -> None:
+        buckets = np.bincount(np.searchsorted(BATCH_BOUNDS_MS, batches), minlength=len(BATCH_BOUNDS_MS) + 1)
         with self._tx() as db:
             set_status(db, "heartbeat", batch_since)
+            for i in np.flatnonzero(buckets).tolist():
+                add_status(db, f"batch_{i}", int(buckets[i]))
+            if len(batches):
+                add_status(db, "batch_ms", int(sum(batches)))
 
     def pipeline_status(self) -> PipelineStatus | None:
         with self._read() as db:
