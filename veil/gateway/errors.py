@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 from veil.gateway.context import GATEWAY
 from veil.gateway.ingest import Overloaded
@@ -54,6 +57,36 @@ def json_response(body: object, status: int = 200) -> web.Response:
 
 def error_response(error: ProtocolError, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(body=error.to_json(), status=error.status, content_type="application/json", headers=headers)
+
+
+class _JsonParseErrors(RequestHandler):
+    """A request the HTTP layer cannot read (a header line over its limit, a malformed request line)
+    never reaches the middleware: aiohttp answers it itself, in plain text. This handler makes that
+    answer the same JSON error every other answer is (still logged, and the connection closed)."""
+
+    __slots__ = ()
+
+    def handle_error(
+        self, request: BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)
+        problem = message if message and status != 500 else HTTPStatus(status).phrase
+        answer = error_response(ProtocolError("request", problem, status))
+        answer.force_close()
+        return answer
+
+
+def json_parse_errors(factory: Callable[[], RequestHandler]) -> Callable[[], RequestHandler]:
+    """The server's protocol factory, its handlers answering unreadable requests in JSON. aiohttp
+    builds its handlers itself (no hook chooses their class), so each is given the subclass, which
+    adds behaviour only (no state: `__slots__` is empty)."""
+
+    def make() -> RequestHandler:
+        handler = factory()
+        handler.__class__ = _JsonParseErrors
+        return handler
+
+    return make
 
 
 def _answer(request: web.Request, exc: Exception) -> web.Response:

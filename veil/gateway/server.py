@@ -21,6 +21,7 @@ from veil.gateway.background import Background
 from veil.gateway.channel import EdgeChannels
 from veil.gateway.context import Gateway
 from veil.gateway.delivery import DeliveryHub
+from veil.gateway.errors import json_parse_errors
 from veil.gateway.health import Health
 from veil.gateway.ingest import Ingest
 from veil.gateway.pipeline_process import PipelineProcess
@@ -108,7 +109,8 @@ class Broker:
             await runner.setup()
             assert runner.server is not None
             server = await loop.create_server(
-                gateway.admission.tracking(runner.server), config.bind, port, ssl=context, backlog=1024
+                gateway.admission.tracking(json_parse_errors(runner.server)), config.bind, port, ssl=context,
+                backlog=1024,
             )
             self._servers.append(server)
             self._runners.append(runner)

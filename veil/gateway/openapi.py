@@ -1,0 +1,401 @@
+"""The REST API described in OpenAPI 3.1 (`GET /openapi.json`): every endpoint, its body, its
+answers and its errors, so that clients can be generated and the API fuzzed against it. The test
+suite runs schemathesis against a live broker with this document, which keeps it true: an answer
+the document does not allow (a status, a media type, a body) fails the suite.
+
+Written by hand rather than derived from the parsers: these validate by hand, to name the field at
+fault and to stop hostile input early, so there is no schema to derive from; the document states
+the shapes, the parsers the finer rules (satisfiability, limits, who may do what).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import orjson
+from aiohttp import web
+
+from veil import __version__
+from veil.protocol.limits import DEFAULT
+from veil.protocol.subscriptions import MAX_CREDENTIAL_LENGTH, MAX_ID_LENGTH, OPERATORS
+
+JSON = "application/json"
+Schema = dict[str, object]
+
+ERROR_MEANINGS = {
+    400: "the request is malformed; `field` names what is wrong",
+    401: "the credentials are missing or not proved",
+    403: "the client may not do this",
+    404: "what the request names does not exist",
+    408: "the body did not arrive within the read timeout",
+    409: "the request conflicts with the current state (a stale key version, a taken id)",
+    413: "the request is larger than a limit (body, lines of a batch, attributes, constraints)",
+    503: "the broker sheds load or its store cannot take writes now: retry after `Retry-After` seconds",
+}
+BODY_ERRORS = (400, 401, 403, 408, 413, 503)
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _object(properties: dict[str, Schema], required: tuple[str, ...] = (), closed: bool = True) -> Schema:
+    schema: Schema = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    if closed:
+        schema["additionalProperties"] = False
+    return schema
+
+
+STRING: Schema = {"type": "string"}
+INTEGER: Schema = {"type": "integer"}
+ID: Schema = {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH}
+AUTH_HASH: Schema = {
+    "type": "string", "minLength": 1, "maxLength": MAX_CREDENTIAL_LENGTH,
+    "description": "the client's static hash (SELIS), where the broker accepts those",
+}  # fmt: skip
+
+SCHEMAS: dict[str, Schema] = {
+    "Error": _object(
+        {
+            "error": {"type": "string", "description": "what is wrong, for a person"},
+            "field": {"type": "string", "description": "the request field, header or line at fault ('' for none)"},
+            "status": INTEGER,
+        },
+        ("error", "field", "status"),
+    ),
+    "Constraint": _object(
+        {
+            "key": {"type": "string", "minLength": 1, "description": "attribute; nested keys are dotted paths"},
+            "op": {"type": "string", "enum": sorted(set(OPERATORS)), "default": "eq"},
+            "val": {"description": "a scalar; [low, high] for between; an array for in; '*' with eq: any value"},
+            "value": {"description": "the same as val"},
+            "type": {"type": "string", "description": "int, float, boolean or string (inferred when missing)"},
+        },
+        ("key",),
+        closed=False,
+    ),
+    "Constraints": {"type": "array", "items": _ref("Constraint"), "maxItems": DEFAULT.constraints},
+    "TopK": _object(
+        {
+            "k": {"type": "integer", "minimum": 1, "maximum": DEFAULT.k},
+            "w": {"type": "number", "minimum": 1, "maximum": DEFAULT.window_ms, "description": "window, ms"},
+            "score": {
+                "type": "array", "minItems": 1, "maxItems": DEFAULT.constraints,
+                "items": _object(
+                    {
+                        "key": {"type": "string", "minLength": 1},
+                        "weight": {"type": "number", "exclusiveMinimum": 0},
+                        "target": {"type": "number"},
+                        "prefer": {"type": "string", "enum": ["high", "low"]},
+                    },
+                    ("key",),
+                    closed=False,
+                ),
+            },
+        },
+        ("k", "w", "score"),
+        closed=False,
+    ),
+    "SubscribeRequest": _object(
+        {
+            "authHash": AUTH_HASH,
+            "subscriptionId": {**ID, "description": "to replace a subscription of yours; new when missing"},
+            "data": _ref("Constraints"),
+            "topk": _ref("TopK"),
+            "scope": {**ID, "description": "the scope the subscription is made in (members only)"},
+        },
+        ("data",),
+        closed=False,
+    ),
+    "Where": _object(
+        {
+            "host": STRING, "port": INTEGER, "ws-port": INTEGER, "wsport": INTEGER,
+            "subscriptionId": STRING, "announcementId": STRING,
+        },
+        ("host", "port", "ws-port"),
+    ),
+    "UnsubscribeRequest": _object({"authHash": AUTH_HASH, "subscriptionId": ID}, ("subscriptionId",), closed=False),
+    "AnnounceRequest": _object(
+        {"authHash": AUTH_HASH, "announcementId": ID, "data": _ref("Constraints")}, ("data",), closed=False
+    ),
+    "RevokeRequest": _object({"authHash": AUTH_HASH, "announcementId": ID}, ("announcementId",), closed=False),
+    "UnpublishRequest": _object(
+        {"authHash": AUTH_HASH, "id": {"type": ["string", "integer"], "description": "what /publish returned"}},
+        ("id",),
+        closed=False,
+    ),
+    "Publication": {
+        "description": "a JSON object (kept byte for byte), an array of {key, val, type?} pairs, or "
+        '{"publication": [{key, val, type?}, ...]}; `veil:scope` and `veil:sealed` are reserved members',
+        "type": ["object", "array"],
+    },
+    "Published": {
+        "oneOf": [_object({"id": STRING}, ("id",)), _object({"ids": {"type": "array", "items": STRING}}, ("ids",))]
+    },
+    "Health": _object(
+        {
+            "status": {"type": "string", "enum": ["ok", "degraded"]},
+            "problems": {"type": "array", "items": STRING},
+            "pipeline": {"type": "string", "enum": ["starting", "running", "restarting", "stuck"]},
+            "head": INTEGER, "processed": INTEGER, "lag": INTEGER, "quarantined": INTEGER,
+            "connections": INTEGER, "subscriptionsConnected": INTEGER,
+        },
+        ("status", "problems", "pipeline", "head", "processed", "lag", "quarantined", "connections",
+         "subscriptionsConnected"),
+    ),
+    "Registry": {"type": "object", "description": "the registry document (SPEC §6)"},
+    "Quarantine": _object(
+        {
+            "entries": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "offset": INTEGER, "kind": STRING, "subscriptionId": {"type": ["string", "null"]},
+                        "owner": {"type": ["string", "null"]}, "error": STRING, "time": {"type": "number"},
+                        "body": {"type": ["string", "null"]},
+                    },
+                    ("offset", "kind", "subscriptionId", "owner", "error", "time", "body"),
+                ),
+            }
+        },
+        ("entries",),
+    ),
+    "Dropped": _object({"offset": INTEGER, "dropped": STRING}, ("offset", "dropped")),
+    "PublisherRules": _object(
+        {"policies": {"type": "array"}, "cropping": {"type": "array"}}, ()
+    ),
+    "ScopeMembers": _object(
+        {
+            "scope": STRING, "version": INTEGER,
+            "members": {"type": "object", "additionalProperties": {"type": ["string", "null"]},
+                        "description": "each member's X25519 recipient key, base64 (null: none registered)"},
+        },
+        ("scope", "version", "members"),
+    ),
+    "ScopeKeys": _object(
+        {"envelopes": {"type": "object", "minProperties": 1, "additionalProperties": STRING}}, ("envelopes",)
+    ),
+    "ScopeVersion": _object({"scope": STRING, "version": INTEGER}, ("scope", "version")),
+    "ScopeKey": _object({"scope": STRING, "version": INTEGER, "envelope": STRING}, ("scope", "version", "envelope")),
+}
+
+
+def _json(schema: Schema, description: str = "") -> Schema:
+    return {"description": description or "OK", "content": {JSON: {"schema": schema}}}
+
+
+def _errors(*statuses: int) -> dict[str, Schema]:
+    answers: dict[str, Schema] = {}
+    for status in statuses:
+        answer = _json(_ref("Error"), ERROR_MEANINGS[status])
+        if status == 503:
+            answer["headers"] = {"Retry-After": {"schema": INTEGER, "description": "seconds"}}
+        answers[str(status)] = answer
+    return answers
+
+
+def _body(schema: Schema, description: str = "") -> Schema:
+    body: Schema = {"required": True, "content": {JSON: {"schema": schema}}}
+    if description:
+        body["description"] = description
+    return body
+
+
+def _auth_header() -> Schema:
+    return {"name": "X-Auth-Hash", "in": "header", "required": False, "schema": AUTH_HASH}
+
+
+def _path(name: str, schema: Schema, description: str) -> Schema:
+    return {"name": name, "in": "path", "required": True, "schema": schema, "description": description}
+
+
+def _operation(summary: str, responses: dict[str, Schema], **more: object) -> Schema:
+    return {"summary": summary, "responses": responses, **more}
+
+
+PUBLISH = _operation(
+    "Publish one publication, or a batch as NDJSON (one per line, all or none)",
+    {"200": _json(_ref("Published"), "durable in the log: its id, or the ids of a batch in order"),
+     **_errors(400, 401, 403, 408, 409, 413, 503)},
+    parameters=[
+        _auth_header(),
+        {"name": "X-Signature", "in": "header", "required": False, "schema": STRING,
+         "description": "the publisher's signature over the raw body (one publication per request)"},
+        {"name": "X-Key-Id", "in": "header", "required": False, "schema": STRING},
+        {"name": "X-Valid-For", "in": "header", "required": False,
+         "schema": {"type": "string", "pattern": "^[0-9]{1,15}$"},
+         "description": f"milliseconds the publications stay valid for later subscriptions "
+                        f"(1 to {DEFAULT.validity_ms})"},
+    ],
+    requestBody={
+        "required": True,
+        "content": {
+            JSON: {"schema": _ref("Publication")},
+            "application/x-ndjson": {"schema": {"type": "string", "description": "one publication per line"}},
+        },
+    },
+)  # fmt: skip
+
+PATHS: dict[str, Schema] = {
+    "/publish": {"post": PUBLISH},
+    "/unpublish": {
+        "post": _operation(
+            "Withdraw a still-valid publication of yours from later subscriptions",
+            {"200": _json(_object({"id": STRING}, ("id",))), **_errors(*BODY_ERRORS, 404)},
+            requestBody=_body(_ref("UnpublishRequest")),
+        )
+    },
+    "/subscribe": {
+        "post": _operation(
+            "Subscribe (or replace a subscription of yours); deliveries come on the TCP or WebSocket port",
+            {"200": _json(_ref("Where"), "where the subscription's deliveries are served"), **_errors(*BODY_ERRORS)},
+            requestBody=_body(_ref("SubscribeRequest")),
+        )
+    },
+    "/unsubscribe": {
+        "post": _operation(
+            "Remove a subscription of yours and its queue",
+            {"200": _json(_object({"subscriptionId": STRING}, ("subscriptionId",))), **_errors(*BODY_ERRORS, 404)},
+            requestBody=_body(_ref("UnsubscribeRequest")),
+        )
+    },
+    "/announce": {
+        "post": _operation(
+            "An edge broker announces what its publishers can produce",
+            {"200": _json(_ref("Where")), **_errors(*BODY_ERRORS)},
+            requestBody=_body(_ref("AnnounceRequest")),
+        )
+    },
+    "/revoke": {
+        "post": _operation(
+            "An edge broker withdraws an announcement of its own",
+            {"200": _json(_object({"announcementId": STRING}, ("announcementId",))), **_errors(*BODY_ERRORS, 404)},
+            requestBody=_body(_ref("RevokeRequest")),
+        )
+    },
+    "/admin/registry": {
+        "get": _operation(
+            "The registry in force (administrators)",
+            {"200": _json(_ref("Registry")), **_errors(400, 401, 403)},
+            parameters=[_auth_header()],
+        ),
+        "put": _operation(
+            "Replace the registry: a new version in the log (administrators)",
+            {"200": _json(_ref("Registry")), **_errors(*BODY_ERRORS)},
+            parameters=[_auth_header()],
+            requestBody=_body(_ref("Registry")),
+        ),
+    },
+    "/admin/quarantine": {
+        "get": _operation(
+            "The log entries the pipeline set aside (administrators)",
+            {"200": _json(_ref("Quarantine")), **_errors(400, 401, 403)},
+            parameters=[_auth_header()],
+        )
+    },
+    "/admin/quarantine/{offset}": {
+        "delete": _operation(
+            "Drop a quarantined entry (a subscription goes with it) (administrators)",
+            {"200": _json(_ref("Dropped")), **_errors(400, 401, 403, 404, 503)},
+            parameters=[_auth_header(), _path("offset", STRING, "the offset of the quarantined entry")],
+        )
+    },
+    "/publisher/rules": {
+        "get": _operation(
+            "The subscription policies and cropping rules of your own publications",
+            {"200": _json(_ref("PublisherRules")), **_errors(400, 401, 403)},
+            parameters=[_auth_header()],
+        ),
+        "put": _operation(
+            "Replace your policies and/or cropping rules (a section left out stays as it is)",
+            {"200": _json(_ref("PublisherRules")), **_errors(*BODY_ERRORS)},
+            parameters=[_auth_header()],
+            requestBody=_body(_ref("PublisherRules")),
+        ),
+    },
+    "/scopes/{scope}": {
+        "get": _operation(
+            "A scope's newest key version and its members' recipient keys (its managers)",
+            {"200": _json(_ref("ScopeMembers")), **_errors(400, 401, 403, 404)},
+            parameters=[_auth_header(), _path("scope", STRING, "the scope's name")],
+        )
+    },
+    "/scopes/{scope}/keys/{version}": {
+        "put": _operation(
+            "Store a key version wrapped for each member (its managers)",
+            {"200": _json(_ref("ScopeVersion")), **_errors(*BODY_ERRORS, 404, 409)},
+            parameters=[
+                _auth_header(), _path("scope", STRING, "the scope's name"),
+                _path("version", STRING, "the next version, or the newest to add members"),
+            ],
+            requestBody=_body(_ref("ScopeKeys")),
+        )
+    },
+    "/scopes/{scope}/key": {
+        "get": _operation(
+            "The scope key wrapped for you (members)",
+            {"200": _json(_ref("ScopeKey")), **_errors(400, 401, 404)},
+            parameters=[
+                _auth_header(), _path("scope", STRING, "the scope's name"),
+                {"name": "version", "in": "query", "required": False, "schema": STRING,
+                 "description": "a key version (the newest when missing)"},
+            ],
+        )
+    },
+    "/health": {"get": _operation("The broker's state", {"200": _json(_ref("Health"))})},
+    "/ready": {
+        "get": _operation(
+            "Whether the broker serves its promise: a running pipeline and a store that takes writes",
+            {"200": _json(_ref("Health"), "ready"), "503": _json(_ref("Health"), "not ready; `problems` says why")},
+        )
+    },
+    "/metrics": {
+        "get": _operation(
+            "Figures in Prometheus' exposition format",
+            {"200": {"description": "OK", "content": {"text/plain": {"schema": STRING}}}},
+        )
+    },
+    "/dashboard": {
+        "get": _operation(
+            "A live dashboard over /metrics, for a browser",
+            {"200": {"description": "OK", "content": {"text/html": {"schema": STRING}}}},
+        )
+    },
+    "/openapi.json": {"get": _operation("This document", {"200": _json({"type": "object"})})},
+}
+
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/openapi.json")
+async def serve(request: web.Request) -> web.Response:
+    return web.Response(body=document(), content_type=JSON)
+
+
+@cache
+def document() -> bytes:
+    """The document, serialised once."""
+    return orjson.dumps(
+        {
+            "openapi": "3.1.0",
+            "info": {
+                "title": "Veil",
+                "version": __version__,
+                "description": "A privacy-preserving, content-based publish/subscribe broker. Deliveries are "
+                "not REST: they come on the TCP and WebSocket ports a subscription's answer names.",
+            },
+            "paths": PATHS,
+            "components": {
+                "schemas": SCHEMAS,
+                "securitySchemes": {
+                    "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
+                    "clientCertificate": {"type": "mutualTLS"},
+                },
+            },
+            # or none (an anonymous client, where allowed), or X-Auth-Hash / `authHash` in the body
+            "security": [{}, {"bearer": []}, {"clientCertificate": []}],
+        }
+    )
