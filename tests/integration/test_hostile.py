@@ -96,6 +96,19 @@ async def test_a_document_nested_1000_levels_is_refused(broker):
         await check()
 
 
+async def test_a_request_the_http_layer_cannot_read_gets_a_json_error(broker):
+    """A header line beyond the HTTP parser's limit is refused before any handler runs: in JSON too."""
+    async with canary(broker) as check:
+        reader, writer = await asyncio.open_connection("127.0.0.1", broker.port)
+        writer.write(b"POST /publish HTTP/1.1\r\nHost: x\r\nX-Auth-Hash: " + b"a" * 10_000 + b"\r\n\r\n")
+        head, _, body = (await asyncio.wait_for(reader.read(), 10)).partition(b"\r\n\r\n")
+        writer.close()
+        assert head.startswith(b"HTTP/1.0 400") and b"Content-Type: application/json" in head
+        error = orjson.loads(body)
+        assert (error["field"], error["status"]) == ("request", 400) and "8190 bytes" in error["error"]
+        await check()
+
+
 @pytest.mark.parametrize("window", [1e308, 0.0001])
 async def test_top_k_windows_beyond_the_clock_are_refused(broker, window):
     async with canary(broker) as check:
