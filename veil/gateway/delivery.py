@@ -132,9 +132,7 @@ class Session:
         await self._send(frames)
         self.hub.forwarded += len(frames)
         if logged:
-            at = np.concatenate(logged)
-            since = time.time_ns() // 1_000_000 - at[at > 0]  # 0: a store too old to have logged the time
-            self.hub.latency.observe(np.maximum(since, 0) / 1000)  # clocks of other gateways may be ahead
+            self.hub.sent(logged)
         self.sent = last
         if not self.acks:
             self.hub.save_cursor(self.sub_id, self.sent)
@@ -167,6 +165,7 @@ class DeliveryHub:
         self._cursors: dict[str, int] = {}
         self.forwarded = 0  # deliveries sent and not yet counted in the store
         self.latency = Histogram(LATENCY_BOUNDS)  # publish (logged) -> delivery (written to the connection), s
+        self._sent: list[tuple[int, list[np.ndarray]]] = []  # (when, logged times) of sends not yet observed
         self._stopping = asyncio.Event()
 
     async def start(self) -> None:
@@ -271,6 +270,21 @@ class DeliveryHub:
                     Chunk(pubs[low:high], bodies[low:high].tolist(), envelopes[low:high].tolist(), logged[low:high])
                 )
 
+    def sent(self, logged: list[np.ndarray]) -> None:
+        """Deliveries of publications logged at these times (ms) were sent now. Observed later, in
+        bulk (`observe_latency`): a send to one subscriber costs an append, not a histogram update."""
+        self._sent.append((time.time_ns() // 1_000_000, logged))
+
+    def observe_latency(self) -> None:
+        if not self._sent:
+            return
+        sent, self._sent = self._sent, []
+        at = np.concatenate([times for _, arrays in sent for times in arrays])
+        when = np.repeat([moment for moment, _ in sent], [sum(map(len, arrays)) for _, arrays in sent])
+        known = at > 0  # 0: a store too old to have logged the time
+        since = np.maximum(when[known] - at[known], 0)  # clocks of other gateways may be ahead
+        self.latency.observe(since / 1000)
+
     async def save_cursors_periodically(self, interval: float = 0.1) -> None:
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
@@ -278,7 +292,9 @@ class DeliveryHub:
             await self.flush_cursors()
 
     async def flush_cursors(self) -> None:
-        """Save the cursors that moved, and count the deliveries sent since the last flush."""
+        """Save the cursors that moved, and count the deliveries sent since the last flush (and
+        observe their latencies)."""
+        self.observe_latency()
         if self._cursors or self.forwarded:
             cursors, self._cursors = self._cursors, {}
             forwarded, self.forwarded = self.forwarded, 0

@@ -69,6 +69,7 @@ class _Figures(Collector):
             "veil_sessions_behind", "connected subscriptions reading their backlog from the store",
             value=float(sum(not session.caught_up for session in sessions)),
         )  # fmt: skip
+        hub.observe_latency()
         yield hub.latency.family(
             "veil_delivery_latency_seconds",
             "from a publication's acknowledgement to its delivery being written to a subscriber's connection "
