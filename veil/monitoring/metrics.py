@@ -60,14 +60,13 @@ class _Figures(Collector):
 
     def _hub_figures(self) -> Iterator[Metric]:
         hub = self._hub
-        sessions = list(hub.sessions.values())
         yield GaugeMetricFamily(
             "veil_session_queue_depth", "deliveries queued in this gateway's memory for connected subscriptions",
-            value=float(sum(session.queued for session in sessions)),
+            value=float(sum(session.queued for session in hub.sessions.values())),
         )  # fmt: skip
         yield GaugeMetricFamily(
             "veil_sessions_behind", "connected subscriptions reading their backlog from the store",
-            value=float(sum(not session.caught_up for session in sessions)),
+            value=float(hub.behind()),
         )  # fmt: skip
         hub.observe_latency()
         yield hub.latency.family(
@@ -88,7 +87,7 @@ class _Figures(Collector):
         for name, value, text in (
             ("veil_subscriptions", totals.subscriptions, "live subscriptions"),
             ("veil_subscribers", totals.subscribers, "distinct owners of live subscriptions"),
-            ("veil_queued_deliveries", max(0, totals.matches - totals.forwarded),
+            ("veil_queued_deliveries", totals.queued,
              "deliveries queued and not yet sent, store-wide (a lower bound: resends count as sent)"),
         ):  # fmt: skip
             yield GaugeMetricFamily(name, text, value=float(value))

@@ -61,7 +61,7 @@ def message(gateway: Gateway, now: Totals, before: Totals, seconds: float) -> by
                 "subscribers": now.subscribers,
                 "subscriptions": now.subscriptions,
                 "connections": gateway.health.connections,
-                "queued": max(0, now.matches - now.forwarded),
+                "queued": now.queued,
             },
             "operations": {"received": now.received, "matched": now.matched, "forwarded": now.forwarded},
             "performance": {

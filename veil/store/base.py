@@ -110,6 +110,11 @@ class Totals(NamedTuple):
     subscriptions: int = 0  # live now
     subscribers: int = 0  # their distinct owners
 
+    @property
+    def queued(self) -> int:
+        """Deliveries queued and not yet sent (a lower bound: sends again after a reconnect count)."""
+        return max(0, self.matches - self.forwarded)
+
 
 # Upper bounds (ms) of the micro-batch duration buckets the store counts (Prometheus' `le`); a last
 # bucket takes the longer ones.
