@@ -4,6 +4,7 @@ vendored from the npm registry, MIT), so serving it needs no build step and no n
 
 from __future__ import annotations
 
+from functools import cache
 from importlib.resources import files
 
 from aiohttp import web
@@ -18,9 +19,15 @@ CACHE = "no-cache"  # revalidated on each load, so a broker upgrade never runs a
 routes = web.RouteTableDef()
 
 
+@cache
+def _file(name: str) -> bytes:
+    """Read once: the files are part of the installed package."""
+    return (STATIC / name).read_bytes()
+
+
 @routes.get("/dashboard")
 async def page(request: web.Request) -> web.Response:
-    return web.Response(body=(STATIC / "dashboard.html").read_bytes(), content_type="text/html", charset="utf-8",
+    return web.Response(body=_file("dashboard.html"), content_type="text/html", charset="utf-8",
                         headers={"Cache-Control": CACHE})  # fmt: skip
 
 
@@ -30,5 +37,5 @@ async def asset(request: web.Request) -> web.Response:
     media = ASSETS.get(name)
     if media is None:
         raise web.HTTPNotFound()
-    return web.Response(body=(STATIC / name).read_bytes(), content_type=media, charset="utf-8",
+    return web.Response(body=_file(name), content_type=media, charset="utf-8",
                         headers={"Cache-Control": CACHE})  # fmt: skip
