@@ -21,9 +21,9 @@ def subscription_counts(text: str) -> list[int]:
 
 
 @contextlib.contextmanager
-def benched_broker(*serve_args: str, keep: bool = False) -> Iterator[BrokerProcess]:
+def benched_broker(*serve_args: str, keep: bool = False, env: dict[str, str] | None = None) -> Iterator[BrokerProcess]:
     data_dir = tempfile.mkdtemp(prefix="veil-bench-")
-    broker = BrokerProcess(data_dir, *serve_args).start()
+    broker = BrokerProcess(data_dir, *serve_args, env=env).start()
     try:
         yield broker
     finally:

@@ -1,7 +1,9 @@
 """Load generators, run as separate processes: HTTP publishers and TCP subscribers.
 
-The subscriber reads the line protocol in bulk, counts lines, and parses one delivery per read for
-its publish timestamp, so that measuring does not cost more than being measured.
+The subscriber reads the line protocol in bulk and counts lines; at saturation it parses one
+delivery per read for its publish timestamp, so that measuring does not cost more than being
+measured, and at a constant rate (`every_line`) every delivery, so that the latencies are those of
+deliveries rather than of reads.
 """
 
 from __future__ import annotations
@@ -103,7 +105,9 @@ async def _publish(
     return result
 
 
-async def _subscribe(port: int, handshakes: list[bytes], seconds: float, ready, idle: float) -> SubscribeResult:
+async def _subscribe(
+    port: int, handshakes: list[bytes], seconds: float, ready, idle: float, every_line: bool
+) -> SubscribeResult:
     """Read until `seconds` pass, or `idle` seconds pass without a delivery once deliveries began."""
     result = SubscribeResult()
     deadline = time.monotonic() + seconds
@@ -116,6 +120,7 @@ async def _subscribe(port: int, handshakes: list[bytes], seconds: float, ready, 
     ready.set()
 
     async def read(reader: asyncio.StreamReader) -> None:
+        carried = b""  # the start of a line the last read ended in
         while (remaining := deadline - time.monotonic()) > 0:
             if result.lines and time.time() - result.last > idle:
                 return
@@ -127,7 +132,13 @@ async def _subscribe(port: int, handshakes: list[bytes], seconds: float, ready, 
                 return
             now = time.time()
             lines = chunk.count(b"\n")
-            if lines:
+            if lines and every_line:
+                result.lines += lines
+                result.last = now
+                *complete, carried = (carried + chunk).split(b"\n")
+                with contextlib.suppress(orjson.JSONDecodeError, KeyError, TypeError):
+                    result.latencies.extend(now - orjson.loads(line)["t"] for line in complete)
+            elif lines:
                 result.lines += lines
                 result.last = now
                 # one latency sample per read: the oldest line known to start in this chunk (a read
@@ -150,8 +161,8 @@ def _run_publisher(queue, *args) -> None:
     queue.put(asyncio.run(_publish(*args)))
 
 
-def _run_subscriber(queue, ready, port, handshakes, seconds, idle) -> None:
-    queue.put(asyncio.run(_subscribe(port, handshakes, seconds, ready, idle)))
+def _run_subscriber(queue, ready, port, handshakes, seconds, idle, every_line) -> None:
+    queue.put(asyncio.run(_subscribe(port, handshakes, seconds, ready, idle, every_line)))
 
 
 class Processes:
@@ -163,13 +174,21 @@ class Processes:
         self.processes: list[multiprocessing.Process] = []
 
     def subscribers(
-        self, port: int, handshakes: list[bytes], seconds: float, processes: int = 1, idle: float = 10.0
+        self,
+        port: int,
+        handshakes: list[bytes],
+        seconds: float,
+        processes: int = 1,
+        idle: float = 10.0,
+        every_line: bool = False,
     ) -> None:
         events = []
         for i in range(processes):
             ready = self.context.Event()
             share = handshakes[i::processes]
-            process = self.context.Process(target=_run_subscriber, args=(self.queue, ready, port, share, seconds, idle))
+            process = self.context.Process(
+                target=_run_subscriber, args=(self.queue, ready, port, share, seconds, idle, every_line)
+            )
             process.start()
             self.processes.append(process)
             events.append(ready)

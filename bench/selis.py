@@ -82,7 +82,7 @@ async def run_case(
     handshakes = [orjson.dumps({"authHash": "bench", "subscriptionId": s}) for s in sub_ids]
     processes = Processes()
 
-    processes.subscribers(tcp_port, handshakes, seconds + 60)
+    processes.subscribers(tcp_port, handshakes, seconds + 60, every_line=True)
     processes.publisher(broker.url, run, seconds, rate, seed=n)
     steady, listened = sorted(processes.results(), key=lambda r: hasattr(r, "lines"))
     latencies = sorted(listened.latencies)

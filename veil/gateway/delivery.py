@@ -21,6 +21,7 @@ import numpy as np
 
 from veil.gateway.channel import Close, Send
 from veil.gateway.store_threads import StoreThreads
+from veil.monitoring import trace
 from veil.monitoring.histogram import LATENCY_BOUNDS, Histogram
 from veil.protocol import Handshake, ProtocolError
 from veil.protocol.envelope import fields, wrap
@@ -133,6 +134,7 @@ class Session:
         self.hub.forwarded += len(frames)
         if logged:
             self.hub.sent(logged)
+            trace.mark("written", self.sent, last)
         self.sent = last
         if not self.acks:
             self.hub.save_cursor(self.sub_id, self.sent)
@@ -221,6 +223,8 @@ class DeliveryHub:
                         await asyncio.wait_for(self._stopping.wait(), self.poll_interval)
                 continue
             for entry in entries:
+                if trace.DIRECTORY and len(entry.pubs):
+                    trace.mark("notified", int(entry.pubs.min()) - 1, int(entry.pubs.max()))
                 if entry.seq > self.last_seq + 1:
                     # rows this hub never offered went (another gateway's compaction spilled them while
                     # this one counted as gone): its sessions read their queues from the store again

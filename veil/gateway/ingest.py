@@ -10,8 +10,10 @@ up in RAM or on disk.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from veil.gateway.store_threads import StoreThreads
+from veil.monitoring import trace
 from veil.store import Publication
 
 MIN_SESSIONS = 8  # fewer connected subscriptions never count as delivery overload
@@ -28,7 +30,7 @@ class Ingest:
         self._threads = threads
         self._max_pending = max_pending
         self._max_lag = max_lag
-        self._waiting: list[tuple[list[Publication], asyncio.Future[list[int]]]] = []
+        self._waiting: list[tuple[list[Publication], asyncio.Future[list[int]], int]] = []  # (.., received ns)
         self._pending = 0
         self._flusher: asyncio.Task[None] | None = None
         self.head = 0
@@ -50,7 +52,7 @@ class Ingest:
         if connected >= MIN_SESSIONS and 2 * behind > connected:
             raise Overloaded(f"delivery is behind for {behind} of {connected} connected subscriptions")
         future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        self._waiting.append((bodies, future))
+        self._waiting.append((bodies, future, time.time_ns()))
         self._pending += len(bodies)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
@@ -59,17 +61,19 @@ class Ingest:
     async def _flush(self) -> None:
         while self._waiting:
             group, self._waiting = self._waiting, []
-            everything = [body for bodies, _ in group for body in bodies]
+            everything = [body for bodies, _, _ in group for body in bodies]
             try:
                 offsets = await self._threads.write(self._threads.store.append_publications, everything)
             except Exception as exc:  # the store failed: every waiter learns it, none is acknowledged
-                for _, future in group:
+                for _, future, _ in group:
                     if not future.done():
                         future.set_exception(exc)
             else:
                 self.head = max(self.head, offsets[-1])
+                if trace.DIRECTORY:
+                    _trace_commit(group, offsets)
                 position = 0
-                for bodies, future in group:
+                for bodies, future, _ in group:
                     if not future.done():
                         future.set_result(offsets[position : position + len(bodies)])
                     position += len(bodies)
@@ -80,3 +84,11 @@ class Ingest:
         """Wait for every accepted publication to be committed (graceful shutdown)."""
         while self._flusher is not None and not self._flusher.done():
             await asyncio.shield(self._flusher)
+
+
+def _trace_commit(group: list[tuple[list[Publication], asyncio.Future[list[int]], int]], offsets: list[int]) -> None:
+    position = 0
+    for bodies, _, received in group:
+        trace.mark("received", offsets[position] - 1, offsets[position + len(bodies) - 1], received)
+        position += len(bodies)
+    trace.mark("committed", offsets[0] - 1, offsets[-1])

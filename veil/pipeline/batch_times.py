@@ -14,6 +14,8 @@ from pyspark.sql.streaming.listener import (
     QueryTerminatedEvent,
 )
 
+from veil.monitoring import trace
+
 
 class BatchTimes(StreamingQueryListener):
     def __init__(self) -> None:
@@ -27,6 +29,9 @@ class BatchTimes(StreamingQueryListener):
     def onQueryProgress(self, event: QueryProgressEvent) -> None:
         with self._lock:
             self._durations.append(int(event.progress.batchDuration))
+        if trace.DIRECTORY:  # Spark's own split of the batch, by phase (ms)
+            for phase, ms in event.progress.durationMs.items():
+                trace.mark(f"spark.{phase}", event.progress.batchId, ms)
 
     def onQueryIdle(self, event: QueryIdleEvent) -> None:
         pass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from pyspark.sql import DataFrame
 
+from veil.monitoring import trace
 from veil.pipeline.rows import MARK, QUARANTINE, STATEFUL, decode_quarantined, decode_stateful
 from veil.pipeline.store_handle import store_for
 from veil.store import KIND_PUBLICATION, Quarantined, StatefulBatch
@@ -19,6 +20,7 @@ from veil.store import KIND_PUBLICATION, Quarantined, StatefulBatch
 class DeliveryWriter:
     def __init__(self, url: str) -> None:
         self.url = url
+        self._recorded = 0  # the end of the last batch recorded (for the trace)
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         table = frame.toArrow()
@@ -55,10 +57,12 @@ class DeliveryWriter:
                         strict=True,
                     )
                 )
+            end = int(offsets[is_mark].max())
             store_for(self.url).record_deliveries(
-                batch_id, sub_nos[matches], offsets[matches], int(offsets[is_mark].max()), copies, stateful,
-                quarantined,
-            )  # fmt: skip
+                batch_id, sub_nos[matches], offsets[matches], end, copies, stateful, quarantined
+            )
+            trace.mark("recorded", self._recorded, end)
+            self._recorded = end
 
 
 def _merged(parts: list[StatefulBatch]) -> StatefulBatch | None:

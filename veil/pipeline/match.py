@@ -24,6 +24,7 @@ import pyarrow as pa
 from veil.matching import matches
 from veil.matching.stored import decode_subscription
 from veil.matching.topkw import NumericColumns, score, score_many
+from veil.monitoring import trace
 from veil.pipeline import worker_state
 from veil.pipeline.guard import FAULTS, attempt, isolate, rearm
 from veil.pipeline.partition import partition_of
@@ -54,7 +55,7 @@ class MatchPartition:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         state: State | None = None
         key: worker_state.Key | None = None
-        end = clock = 0
+        begin = end = clock = 0
         changed = replaying = False
         run = _Run()
         out = _Output()
@@ -66,6 +67,7 @@ class MatchPartition:
             ):  # fmt: skip
                 clock = max(clock, time or 0)
                 if kind == MARK:
+                    trace.mark("task", offset, until)
                     key = (self.url, self.partitions, -1 if self.by_publication else part)
                     state, fresh, failed = worker_state.checkout(
                         key, offset, store_for(self.url), self._routed_here(part), self.with_authorization,
@@ -73,7 +75,7 @@ class MatchPartition:
                     )  # fmt: skip
                     for entry in failed:
                         out.quarantine(entry)
-                    changed, end = changed or fresh, until
+                    changed, begin, end = changed or fresh, offset, until
                     # a batch the exit point already recorded, replayed: its skybands were saved past it
                     replaying = fresh and store_for(self.url).processed_offset() != offset
                 elif kind == KIND_PUBLICATION:
@@ -104,6 +106,7 @@ class MatchPartition:
             if changed:
                 worker_state.settle()
             out.mark(end)
+            trace.mark("matched", begin, end)
         yield from out.take()
 
     def _routed_here(self, part: int) -> Callable[[str], bool]:
