@@ -28,7 +28,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("veil.pipeline")
 HEARTBEAT = 0.5  # seconds
+WAIT_MARGIN_MS = 10  # the source waits for a commit this much less than a trigger interval
 STORE_RETRY = 2.0  # seconds between looks for a store that is not there yet
+
+
+# Without Hadoop's native library (pip's pyspark has none), its local file system runs `chmod` for
+# every file it creates and FileContext's rename runs `readlink`: processes forked from the driver's
+# JVM, two to four per checkpoint file, two checkpoint files per micro-batch, together ~60-150 ms of
+# every batch on two cores. The FileSystem-based manager renames in Java (still atomic on a local
+# disk: rename(2)); vfork is the cheapest way for the JVM to start the chmod that remains.
+_CHECKPOINT_FILES = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+_FORK = "-Djdk.lang.Process.launchMechanism=VFORK"
 
 
 def build_session(config: Config):
@@ -48,7 +58,8 @@ def build_session(config: Config):
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.minBatchesToRetain", "20")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j} {_FORK}")
+        .config("spark.sql.streaming.checkpointFileManagerClass", _CHECKPOINT_FILES)
         .config("spark.driver.memory", config.driver_memory)
     )
     if config.master.startswith("local"):
@@ -78,6 +89,7 @@ def start_query(spark, config: Config):
         .option("maxRowsPerBatch", str(config.max_batch_rows))
         .option("maxMatchesPerBatch", str(config.max_batch_matches))
         .option("partitionMode", config.partition_mode)
+        .option("waitMs", str(max(0, config.trigger_ms - WAIT_MARGIN_MS)))
         .load()
     )
     by_publication = config.partition_mode == "publications"

@@ -9,16 +9,20 @@ lets the matcher check that its in-memory state is at `start` before applying th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
+from veil.monitoring import trace
 from veil.pipeline.partition import partition_of
 from veil.pipeline.rows import LOG_ARROW, LOG_SCHEMA, MARK
 from veil.pipeline.store_handle import store_for
-from veil.store import KIND_CANCEL, KIND_COPY, KIND_PUBLICATION, KIND_REGISTRY, KIND_TICK
+from veil.store import KIND_CANCEL, KIND_COPY, KIND_PUBLICATION, KIND_REGISTRY, KIND_TICK, PipelineStore
+
+HEAD_POLL = 0.003  # seconds between looks at the log's head while waiting for a commit
 
 
 class LogRange(InputPartition):
@@ -55,6 +59,7 @@ class EventLogReader(DataSourceStreamReader):
         self.max_rows = int(options.get("maxRowsPerBatch", "50000"))
         self.max_matches = int(options.get("maxMatchesPerBatch", "2000000"))
         self.by_publication = options.get("partitionMode", "subscriptions") == "publications"
+        self.wait = int(options.get("waitMs", "0")) / 1000
 
     def initialOffset(self) -> dict:
         # Without a checkpoint, resume after what the store says was already delivered.
@@ -69,12 +74,27 @@ class EventLogReader(DataSourceStreamReader):
         is over a billion matches. So batches are sized by the matches per entry that the last
         batch with matches saw, as well as by the row limit."""
         store = store_for(self.url)
-        head = store.head_offset()
+        head = self._head_after(store, start["offset"])
         rows = limit.max_rows if isinstance(limit, ReadMaxRows) else head - start["offset"]
         seen = store.matches_per_entry()
         if seen > 0:
             rows = min(rows, max(1, self.max_matches // seen))
-        return {"offset": max(min(head, start["offset"] + rows), start["offset"])}
+        end = max(min(head, start["offset"] + rows), start["offset"])
+        if end > start["offset"]:
+            trace.mark("seen", start["offset"], end)
+        return {"offset": end}
+
+    def _head_after(self, store: PipelineStore, offset: int) -> int:
+        """The log's head, waiting up to `waitMs` for it to move past `offset`: Spark asks again only
+        at its next trigger, so the batch starts when a commit lands rather than up to a trigger
+        interval later. Polled: a head read is a few microseconds of an index's last page, and the
+        gateways that commit may be other processes or machines."""
+        head = store.head_offset()
+        deadline = time.monotonic() + self.wait
+        while head <= offset and time.monotonic() < deadline:
+            time.sleep(HEAD_POLL)
+            head = store.head_offset()
+        return head
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         """Subscription partitioning: every task sees every publication and 1/N of the subscriptions.
@@ -89,6 +109,7 @@ class EventLogReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, LogRange)
+        trace.mark("read", partition.start, partition.end)
         part, n = partition.part, partition.partitions
         offsets, kinds, sub_ids, numbers = [partition.start], [MARK], [None], [None]
         bodies, clients, times = [None], [None], [None]
