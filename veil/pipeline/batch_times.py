@@ -22,6 +22,7 @@ class BatchTimes(StreamingQueryListener):
         super().__init__()
         self._lock = threading.Lock()  # Spark calls the listener from threads of its own
         self._durations: list[int] = []
+        self.finished = 0  # micro-batches finished since the query started
 
     def onQueryStarted(self, event: QueryStartedEvent) -> None:
         pass
@@ -29,6 +30,7 @@ class BatchTimes(StreamingQueryListener):
     def onQueryProgress(self, event: QueryProgressEvent) -> None:
         with self._lock:
             self._durations.append(int(event.progress.batchDuration))
+            self.finished += 1
         if trace.DIRECTORY:  # Spark's own split of the batch, by phase (ms)
             for phase, ms in event.progress.durationMs.items():
                 trace.mark(f"spark.{phase}", event.progress.batchId, ms)

@@ -30,6 +30,8 @@ log = logging.getLogger("veil.pipeline")
 HEARTBEAT = 0.5  # seconds
 WAIT_MARGIN_MS = 10  # the source waits for a commit this much less than a trigger interval
 STORE_RETRY = 2.0  # seconds between looks for a store that is not there yet
+WARM_UP_BATCHES = 3
+WARM_UP_TIMEOUT = 120.0  # seconds warming up may take before the pipeline says it runs anyway
 
 
 # Without Hadoop's native library (pip's pyspark has none), its local file system runs `chmod` for
@@ -200,6 +202,21 @@ def _still_claimed(store: PipelineStore) -> bool:
         return False
 
 
+def _warm_up(store: PipelineStore, query: StreamingQuery, batch_times: BatchTimes, stop: threading.Event) -> None:
+    """Run a few micro-batches before saying the pipeline runs: the first starts Spark's Python
+    workers, which import the matcher and open the store, and plans the query; the next few still
+    run slower while the JVM compiles the code they take. Seconds of work (the first ~8 s on two
+    cores) that the first publications after /ready would otherwise wait for. A backlog makes the
+    batches; with nothing to do, the pipeline logs a tick (the time) for each."""
+    deadline = time.monotonic() + WARM_UP_TIMEOUT
+    while batch_times.finished < WARM_UP_BATCHES:
+        with contextlib.suppress(StoreUnavailable):
+            if store.head_offset() <= store.processed_offset():
+                store.append_tick()
+        if not query.isActive or time.monotonic() > deadline or stop.wait(0.02):
+            return
+
+
 def run(config: Config, watch_parent: bool = True) -> int:
     """Run the query until stopped; `watch_parent`: the gateway started this process (`--role all`)."""
     stop = threading.Event()
@@ -221,6 +238,7 @@ def run(config: Config, watch_parent: bool = True) -> int:
     spark.streams.addListener(batch_times)
     query = start_query(spark, config)
     heartbeat = Heartbeat(store, batch_times)
+    _warm_up(store, query, batch_times, stop)
     store.register_pipeline(os.getpid())
     log.info(
         "pipeline running (%s, %d partitions by %s) after %.1f s",

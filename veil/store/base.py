@@ -169,10 +169,16 @@ class NotOwner(PermissionError):
 
 
 class LogReader(ABC):
-    """What both clients read: the log's extent and the subscriptions and registry in force."""
+    """What both clients read: the log's extent and the subscriptions and registry in force (and
+    the one entry both write: the time)."""
 
     @abstractmethod
     def head_offset(self) -> int: ...
+
+    @abstractmethod
+    def append_tick(self) -> int:
+        """Log the current time: the gateway when a top-k/w expiry is due, so that the pipeline
+        applies it; the pipeline once at start, to run its first micro-batch before it says it runs."""
 
     @abstractmethod
     def processed_offset(self) -> int:
@@ -227,10 +233,6 @@ class GatewayStore(LogReader):
     @abstractmethod
     def announcement(self, ann_id: str) -> tuple[str, bytes] | None:
         """(owner, body) of an announcement."""
-
-    @abstractmethod
-    def append_tick(self) -> int:
-        """Log the current time, so that the pipeline applies the top-k/w expiries due by then."""
 
     @abstractmethod
     def topk_due(self) -> int | None:
