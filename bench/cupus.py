@@ -7,7 +7,10 @@ added cumulatively to one broker. For each size a separate publisher process sen
 constant rate over 16 HTTP connections and separate subscriber processes hold the delivery
 connections (TCP line protocol, resuming after the current log head so each size measures only its
 own publications): up to `--connect` of them, since one process may hold at most 20,000 descriptors
-here; subscriptions not connected are queued durably, as for any offline subscriber.
+here; subscriptions not connected are queued durably, as for any offline subscriber. With
+`--multiplex N` the subscriptions share connections, N on each (`subscriptionIds`), held by
+`--multiplex-processes` processes: a reading comes once per connection with the ids it is for, and
+its delay is counted once per line (the same for every id on it).
 
 Beside the end-to-end figures, the index and a naive loop over every subscription (the seed
 matcher's approach) are timed on one core in this process, on the same subscriptions and readings.
@@ -18,7 +21,7 @@ At 100,000 subscriptions a reading matches ~23,000 of them: 1,000 readings/s wou
 deliveries in a 10 s step, so that step offers its own rate (`--step-rate 100000=25`).
 
     python -m bench.cupus [--subscriptions 1,10,100,1000,5000,10000,20000,100000] [--rate 1000]
-                          [--step-rate 100000=25] [--seconds 10]
+                          [--step-rate 100000=25] [--seconds 10] [--multiplex 1000]
 """
 
 from __future__ import annotations
@@ -102,11 +105,20 @@ async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: arg
     indexed, naive = await asyncio.to_thread(one_core_rates, subs)
     head = await asyncio.to_thread(lambda: broker.health()["head"])
     connected = random.Random(n).sample(subs.ids, min(n, args.connect))
-    handshakes = [orjson.dumps({"authHash": "bench", "subscriptionId": s, "resumeAfter": head}) for s in connected]
     processes = Processes()
-    processes.subscribers(
-        broker.tcp_port, handshakes, args.seconds + 300, math.ceil(len(connected) / PER_SUBSCRIBER_PROCESS), idle=30
-    )
+    if args.multiplex:
+        groups = [connected[i : i + args.multiplex] for i in range(0, len(connected), args.multiplex)]
+        handshakes = [orjson.dumps({"authHash": "bench", "subscriptionIds": g, "resumeAfter": head}) for g in groups]
+        per_process = math.ceil(len(handshakes) / args.multiplex_processes)
+        processes.subscribers(
+            broker.tcp_port, handshakes, args.seconds + 300, math.ceil(len(handshakes) / per_process), idle=30,
+            multiplexed=True,
+        )  # fmt: skip
+    else:
+        handshakes = [orjson.dumps({"authHash": "bench", "subscriptionId": s, "resumeAfter": head}) for s in connected]
+        processes.subscribers(
+            broker.tcp_port, handshakes, args.seconds + 300, math.ceil(len(connected) / PER_SUBSCRIBER_PROCESS), idle=30
+        )
     offered = args.step_rate.get(n, args.rate)
     processes.publisher(broker.url, f"cupus-{n}", args.seconds, offered, make=sensor_publication, seed=n)
     processed_at = await finished_matching(broker, args.seconds)
@@ -206,6 +218,10 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--connect", type=int, default=18000, help="most delivery connections held")
+    parser.add_argument(
+        "--multiplex", type=int, default=0, help="subscriptions per delivery connection (0: one each, unmultiplexed)"
+    )
+    parser.add_argument("--multiplex-processes", type=int, default=2, help="subscriber processes when multiplexed")
     parser.add_argument("--plot", default="docs/performance/cupus.png")
     add_broker_arguments(parser)
     asyncio.run(main_async(parser.parse_args()))

@@ -3,7 +3,9 @@
 The subscriber reads the line protocol in bulk and counts lines; at saturation it parses one
 delivery per read for its publish timestamp, so that measuring does not cost more than being
 measured, and at a constant rate (`every_line`) every delivery, so that the latencies are those of
-deliveries rather than of reads.
+deliveries rather than of reads. On multiplexed connections (`multiplexed`: a handshake naming many
+subscriptions) every line is parsed: a line is one publication for the subscriptions it names, so it
+counts as that many deliveries and gives one latency (that of all of them).
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ async def _publish(
 
 
 async def _subscribe(
-    port: int, handshakes: list[bytes], seconds: float, ready, idle: float, every_line: bool
+    port: int, handshakes: list[bytes], seconds: float, ready, idle: float, every_line: bool, multiplexed: bool
 ) -> SubscribeResult:
     """Read until `seconds` pass, or `idle` seconds pass without a delivery once deliveries began."""
     result = SubscribeResult()
@@ -132,7 +134,14 @@ async def _subscribe(
                 return
             now = time.time()
             lines = chunk.count(b"\n")
-            if lines and every_line:
+            if lines and multiplexed:
+                result.last = now
+                *complete, carried = (carried + chunk).split(b"\n")
+                for line in complete:
+                    doc = orjson.loads(line)
+                    result.lines += len(doc["subscriptionIds"])
+                    result.latencies.append(now - doc["publication"]["t"])
+            elif lines and every_line:
                 result.lines += lines
                 result.last = now
                 *complete, carried = (carried + chunk).split(b"\n")
@@ -161,8 +170,8 @@ def _run_publisher(queue, *args) -> None:
     queue.put(asyncio.run(_publish(*args)))
 
 
-def _run_subscriber(queue, ready, port, handshakes, seconds, idle, every_line) -> None:
-    queue.put(asyncio.run(_subscribe(port, handshakes, seconds, ready, idle, every_line)))
+def _run_subscriber(queue, ready, port, handshakes, seconds, idle, every_line, multiplexed) -> None:
+    queue.put(asyncio.run(_subscribe(port, handshakes, seconds, ready, idle, every_line, multiplexed)))
 
 
 class Processes:
@@ -181,13 +190,15 @@ class Processes:
         processes: int = 1,
         idle: float = 10.0,
         every_line: bool = False,
+        multiplexed: bool = False,
     ) -> None:
         events = []
         for i in range(processes):
             ready = self.context.Event()
             share = handshakes[i::processes]
             process = self.context.Process(
-                target=_run_subscriber, args=(self.queue, ready, port, share, seconds, idle, every_line)
+                target=_run_subscriber,
+                args=(self.queue, ready, port, share, seconds, idle, every_line, multiplexed),
             )
             process.start()
             self.processes.append(process)

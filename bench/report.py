@@ -24,8 +24,9 @@ def print_table(title: str, columns: list[Column], rows: list[dict]) -> None:
 
 
 @contextlib.contextmanager
-def figure(path: str, columns: int = 1) -> Iterator[list]:
-    """Axes to draw on; the figure is written to `path` (PNG) when the block ends."""
+def figure(path: str, columns: int = 1, legend: dict | None = None) -> Iterator[list]:
+    """Axes to draw on; the figure is written to `path` (PNG) when the block ends (`legend`: where
+    and how matplotlib places the legends)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,7 +36,7 @@ def figure(path: str, columns: int = 1) -> Iterator[list]:
     yield list(axes[0])
     for ax in axes[0]:
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        ax.legend(**(legend or {}))
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -242,6 +242,30 @@ async def test_disconnected_subscription_gets_everything_in_order_once(broker):
                     await nothing_more(stream)
 
 
+async def test_a_multiplexed_stream_delivers_to_each_subscription_once_across_reconnects(broker):
+    rid = run_id()
+    async with VeilClient(broker.url, auth_hash="erin", tcp_port=broker.tcp_port, ws_port=broker.ws_port) as client:
+        run = {"key": "run", "val": rid, "op": "eq"}
+        low = (await client.subscribe([run, {"key": "n", "val": 10, "op": "lt"}]))["subscriptionId"]
+        even = (await client.subscribe([run, {"key": "even", "val": True, "op": "eq"}]))["subscriptionId"]
+        wanted = sorted((n, s) for n in range(14) for s, holds in ((low, n < 10), (even, n % 2 == 0)) if holds)
+        async with client.multiplexed([low, even], transport="ws") as stream:
+            for n in range(7):
+                await client.publish({"run": rid, "n": n, "even": n % 2 == 0})
+            live = await take(stream, 7)  # live: one line per publication, naming both where both match
+        assert [sorted(d.subscription_ids) for d in live] == [sorted([low, even]), [low]] * 3 + [sorted([low, even])]
+        for n in range(7, 14):  # while disconnected
+            await client.publish({"run": rid, "n": n, "even": n % 2 == 0})
+        broker.wait_processed()
+        got = [(d.publication["n"], s) for d in live for s in d.subscription_ids]
+        async with client.multiplexed([low, even]) as stream:
+            while len(got) < len(wanted):  # from the backlogs: per subscription, in order
+                delivery = (await take(stream, 1))[0]
+                got += [(delivery.publication["n"], s) for s in delivery.subscription_ids]
+            await nothing_more(stream)
+        assert sorted(got) == wanted  # every (publication, subscription) once
+
+
 async def test_plain_line_subscriber_resumes_after_reconnect(broker):
     rid = run_id()
     async with VeilClient(broker.url, auth_hash="carol", tcp_port=broker.tcp_port) as client:

@@ -1,3 +1,4 @@
+import orjson
 import pytest
 
 from veil.matching import Predicate, Unsatisfiable, check_satisfiable
@@ -5,8 +6,6 @@ from veil.protocol import ProtocolError, parse_handshake, parse_subscribe, parse
 
 
 def sub(*data, **extra):
-    import orjson
-
     return orjson.dumps({"authHash": "h", "data": list(data), **extra})
 
 
@@ -118,8 +117,30 @@ def test_satisfiable(predicates):
 
 def test_handshake_extensions():
     hs = parse_handshake(b'{"authHash": "h", "subscriptionId": "s", "data": [], "ack": true, "resumeAfter": 7}')
-    assert hs == ("h", "s", True, True, 7, None, "")
+    assert hs == ("h", "s", True, True, 7, None, "", ())
     with pytest.raises(ProtocolError, match="resumeAfter"):
         parse_handshake(b'{"authHash": "h", "subscriptionId": "s", "resumeAfter": -1}')
     with pytest.raises(ProtocolError, match="subscriptionId"):
         parse_handshake(b'{"authHash": "h"}')
+
+
+@pytest.mark.parametrize(
+    ("ids", "field"),
+    [
+        ([], "subscriptionIds"),
+        ("s", "subscriptionIds"),
+        (["a", 7], "subscriptionIds[1]"),
+        (["a", ""], "subscriptionIds[1]"),
+        (["a", "x" * 10_000], "subscriptionIds[1]"),
+        (["a", "a"], "subscriptionIds"),
+        ([f"s{i}" for i in range(2049)], "subscriptionIds"),
+    ],
+)
+def test_a_multiplexed_handshake_names_what_is_wrong(ids, field):
+    assert parse_handshake(orjson.dumps({"subscriptionIds": ["a", "b"]})).subscription_ids == ("a", "b")
+    assert parse_handshake(orjson.dumps({"subscriptionIds": ["a"]})).envelope  # always enveloped
+    with pytest.raises(ProtocolError) as refused:
+        parse_handshake(orjson.dumps({"authHash": "h", "subscriptionIds": ids}))
+    assert refused.value.field == field
+    with pytest.raises(ProtocolError, match="instead of"):
+        parse_handshake(orjson.dumps({"subscriptionIds": ["a"], "subscriptionId": "b"}))

@@ -12,7 +12,7 @@ import asyncio
 import base64
 import contextlib
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import quote, urlsplit
 
@@ -50,6 +50,7 @@ class Delivery(NamedTuple):
     verified: bool = False  # its signature verified against a key the application trusts
     cropped: bool = False  # fields were removed from this copy for this subscriber
     payload: bytes | None = None  # its sealed payload, opened (None: none, or not sealed for us)
+    subscription_ids: tuple[str, ...] = ()  # on a multiplexed stream: the subscriptions it is delivered to
 
 
 class VeilClient:
@@ -286,6 +287,11 @@ class VeilClient:
     def deliveries(self, subscription_id: str, *, transport: str = "tcp", envelope: bool = True) -> DeliveryStream:
         return DeliveryStream(self, subscription_id, transport, envelope)
 
+    def multiplexed(self, subscription_ids: Sequence[str], *, transport: str = "tcp") -> MultiplexedStream:
+        """The deliveries of many subscriptions over one connection: each publication once, with the
+        ids of the subscriptions it is delivered to (`Delivery.subscription_ids`)."""
+        return MultiplexedStream(self, subscription_ids, transport)
+
     async def listen(
         self, subscription_id: str, callback: Callable[[Delivery], Awaitable[None] | None], **kw: Any
     ) -> None:
@@ -349,7 +355,7 @@ class DeliveryStream:
             if delivery is None:
                 continue
             if delivery.seq is not None:
-                self.last_seq = self.client.positions[self.subscription_id] = delivery.seq
+                self._consumed(delivery)
                 self._unacked += 1
             if self.client.keyring is not None and isinstance(delivery.publication, dict):
                 try:
@@ -357,6 +363,9 @@ class DeliveryStream:
                 except SealError as exc:
                     raise TamperedPublication("veil:sealed", f"publication {delivery.id}: {exc}", 0) from None
             return delivery
+
+    def _consumed(self, delivery: Delivery) -> None:
+        self.last_seq = self.client.positions[self.subscription_id] = delivery.seq
 
     def _parse(self, line: bytes) -> Delivery | None:
         doc = orjson.loads(line)
@@ -445,3 +454,56 @@ class DeliveryStream:
             raise ConnectionResetError("broker closed the connection")
         finally:
             await channel.close()
+
+
+class MultiplexedStream(DeliveryStream):
+    """Many subscriptions' deliveries over one connection (`VeilClient.multiplexed`). Each delivery
+    names the subscriptions it is for; after a reconnect the broker resumes after the position the
+    least advanced of them had, and what some of them had already consumed is delivered to the
+    others only. A subscription the broker ends (unsubscribed, quarantined) leaves the stream with
+    its error in `ended`; the others go on."""
+
+    def __init__(self, client: VeilClient, subscription_ids: Sequence[str], transport: str) -> None:
+        super().__init__(client, "", transport, envelope=True)
+        self.subscription_ids = list(dict.fromkeys(subscription_ids))
+        self.ended: dict[str, VeilError] = {}
+        known = [client.positions.get(sub_id) for sub_id in self.subscription_ids]
+        self.last_seq = None if None in known else min(known)  # type: ignore[type-var]
+
+    def _consumed(self, delivery: Delivery) -> None:
+        for sub_id in delivery.subscription_ids:
+            self.client.positions[sub_id] = delivery.seq  # type: ignore[assignment]
+        self.last_seq = delivery.seq
+
+    def _parse(self, line: bytes) -> Delivery | None:
+        doc = orjson.loads(line)
+        seq = doc.get("seq")
+        positions = self.client.positions
+        fresh = tuple(s for s in doc.get("subscriptionIds", ()) if positions.get(s, -1) < seq)
+        if not fresh:
+            return None  # consumed by all of them before a reconnect
+        last = self.last_seq
+        self.last_seq = None  # the base class checks signatures; this class checks what was consumed
+        try:
+            delivery = super()._parse(line)
+        finally:
+            self.last_seq = last
+        return None if delivery is None else delivery._replace(subscription_ids=fresh)
+
+    def _handshake(self) -> bytes:
+        doc: dict[str, Any] = {"subscriptionIds": self.subscription_ids, "envelope": True, "ack": True}
+        if self.client.auth_hash is not None:
+            doc["authHash"] = self.client.auth_hash
+        if self.client.token is not None:
+            doc["token"] = self.client.token
+        if self.last_seq is not None:
+            doc["resumeAfter"] = self.last_seq
+        return orjson.dumps(doc)
+
+    async def _deliver(self, line: bytes) -> None:
+        doc = orjson.loads(line) if line.startswith(b'{"error"') else None
+        if isinstance(doc, dict) and "subscriptionId" in doc and "seq" not in doc:
+            self.ended[doc["subscriptionId"]] = error_from_document(doc)
+            self.subscription_ids = [s for s in self.subscription_ids if s != doc["subscriptionId"]]
+            return
+        await super()._deliver(line)

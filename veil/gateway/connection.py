@@ -1,5 +1,6 @@
 """A delivery connection after its first message, whatever carries it: a subscription's session
-(deliveries pushed, acknowledgements read) or an edge broker's channel, chosen by the handshake."""
+(deliveries pushed, acknowledgements read), the sessions of a multiplexed connection, or an edge
+broker's channel, chosen by the handshake."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
 from veil.gateway.delivery import Session
 from veil.gateway.edge import run_edge
+from veil.gateway.multiplex import Mux, serve_multiplexed
 from veil.monitoring import selis as monitoring
 from veil.protocol import Handshake, ProtocolError, parse_ack, parse_handshake
 from veil.security.identity import Credentials
@@ -20,7 +22,7 @@ MAX_LINE = 64 * 1024
 
 
 async def open_session(
-    gateway: Gateway, handshake: Handshake, identity: str | None, send: Send, close: Close
+    gateway: Gateway, handshake: Handshake, identity: str | None, send: Send, close: Close, mux: Mux | None = None
 ) -> Session:
     """Check the handshake; ProtocolError (with the reason to send back) when refused."""
     client = gateway.auth.identify(Credentials(identity, handshake.token, handshake.auth_hash))
@@ -40,7 +42,7 @@ async def open_session(
     if start is None:
         saved = await threads.read(store.cursor, handshake.subscription_id)
         start = max(saved, hub.unsaved_cursor(handshake.subscription_id))
-    session = Session(hub, handshake, number, start, send, close, claimed)
+    session = Session(hub, handshake, number, start, send, close, claimed, mux)
     await hub.attach(session)
     # An unsubscription that ran between the check above and the attach found no session to close.
     if await threads.read(store.subscription_owner, handshake.subscription_id) is None:
@@ -69,6 +71,9 @@ async def serve_connection(
         if parsed.announcement_id:
             await run_edge(gateway, parsed, identity, send, close, receive)
             await close(None)
+            return
+        if parsed.subscription_ids:
+            await serve_multiplexed(gateway, parsed, identity, send, close, receive)
             return
         session = await open_session(gateway, parsed, identity, send, close)
     except ProtocolError as exc:

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from veil.monitoring.histogram import LATENCY_BOUNDS, Histogram
 from veil.protocol import Handshake, ProtocolError
 from veil.protocol.envelope import fields, wrap
 from veil.store.base import FeedEntry
+
+if TYPE_CHECKING:
+    from veil.gateway.multiplex import Mux
 
 log = logging.getLogger("veil.gateway")
 
@@ -58,8 +61,10 @@ class Session:
         send: Send,
         close: Close,
         claimed: float = 0.0,
+        mux: Mux | None = None,
     ) -> None:
         self.hub = hub
+        self.mux = mux  # the connection's writer when it carries many subscriptions
         self.claimed = claimed  # when this gateway claimed the subscription for it (`membership`)
         self.sub_id = handshake.subscription_id
         self.number = number
@@ -99,6 +104,8 @@ class Session:
         self.last_queued = int(chunk.pubs[-1])
 
     def acknowledge(self, seq: int) -> None:
+        if self.mux is not None:  # on a multiplexed connection an ack covers all that was sent before it
+            seq = min(seq, self.sent)
         if self.acks and seq <= self.sent:
             self.hub.save_cursor(self.sub_id, seq)
 
@@ -118,20 +125,26 @@ class Session:
             self.hub.detach(self)
 
     async def _send_some(self) -> None:
-        frames: list[bytes] = []
+        pubs: list[int] = []
+        bodies: list[bytes] = []
+        envelopes: list[bytes] = []
         logged: list[np.ndarray] = []
-        while self.pending and len(frames) < SEND_BATCH:
+        while self.pending and len(pubs) < SEND_BATCH:
             chunk = self.pending.popleft()
             self.queued -= len(chunk.pubs)
-            if self.envelope:
-                frames.extend(map(wrap, chunk.pubs.tolist(), chunk.bodies, chunk.envelopes))
-            else:
-                frames.extend(chunk.bodies)
+            pubs.extend(chunk.pubs.tolist())
+            bodies.extend(chunk.bodies)
+            envelopes.extend(chunk.envelopes)
             if chunk.logged is not None:
                 logged.append(chunk.logged)
-            last = int(chunk.pubs[-1])
-        await self._send(frames)
-        self.hub.forwarded += len(frames)
+        last = pubs[-1]
+        if self.mux is not None:
+            await self.mux.send(self.sub_id, pubs, bodies, envelopes)
+        elif self.envelope:
+            await self._send(list(map(wrap, pubs, bodies, envelopes)))
+        else:
+            await self._send(bodies)
+        self.hub.forwarded += len(pubs)
         if logged:
             self.hub.sent(logged)
             trace.mark("written", self.sent, last)

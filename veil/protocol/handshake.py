@@ -4,7 +4,10 @@ Clients in the wild send the whole subscription document as the handshake; unkno
 ignored. A bearer token may prove the identity (`token`). The optional extensions ask for an
 envelope (publication id, sequence number, publisher and signature), for
 acknowledgement-driven cursors, and for a resume point after a reconnect. An edge broker names its
-announcement (`announcementId`) instead of a subscription.
+announcement (`announcementId`) instead of a subscription. A client with many subscriptions may
+name them all (`subscriptionIds`) on one connection: each publication comes once, enveloped, with the
+ids of the subscriptions it is delivered to (`subscriptionIds`); an acknowledgement then covers all of
+them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from veil.protocol.errors import ProtocolError
 from veil.protocol.limits import INT64_MAX, load_json
 from veil.protocol.subscriptions import MAX_CREDENTIAL_LENGTH, auth_hash_of, subscription_id_of
 
+MAX_MULTIPLEXED = 2048  # subscriptions on one connection (a handshake line holds ~1,800 uuids anyway)
+
 
 class Handshake(NamedTuple):
     auth_hash: str | None
@@ -25,6 +30,7 @@ class Handshake(NamedTuple):
     resume_after: int | None
     token: str | None = None  # a bearer token proving the client's identity
     announcement_id: str = ""  # an edge broker's channel: the subscriptions its announcement may serve
+    subscription_ids: tuple[str, ...] = ()  # a multiplexed connection: these subscriptions, in one stream
 
 
 def parse_handshake(raw: bytes | str) -> Handshake:
@@ -40,8 +46,28 @@ def parse_handshake(raw: bytes | str) -> Handshake:
     if token is not None and (not isinstance(token, str) or not token or len(token) > MAX_CREDENTIAL_LENGTH):
         raise ProtocolError("token", f"not a non-empty string of at most {MAX_CREDENTIAL_LENGTH} characters")
     announcement = announcement_id_of(doc, required=False)
-    sub_id = subscription_id_of(doc, required=not announcement)
-    return Handshake(auth_hash_of(doc), sub_id, envelope or ack, ack, resume, token, announcement)
+    many = _subscription_ids(doc)
+    sub_id = subscription_id_of(doc, required=not (announcement or many))
+    if many and (sub_id or announcement):
+        raise ProtocolError("subscriptionIds", "names the subscriptions instead of subscriptionId or announcementId")
+    return Handshake(auth_hash_of(doc), sub_id, envelope or ack or bool(many), ack, resume, token, announcement, many)
+
+
+def _subscription_ids(doc: dict) -> tuple[str, ...]:
+    ids = doc.get("subscriptionIds")
+    if ids is None:
+        return ()
+    if not isinstance(ids, list) or not ids or len(ids) > MAX_MULTIPLEXED:
+        raise ProtocolError("subscriptionIds", f"a list of 1 to {MAX_MULTIPLEXED} subscription ids")
+    checked = []
+    for i, sub_id in enumerate(ids):
+        try:
+            checked.append(subscription_id_of({"subscriptionId": sub_id}, required=True))
+        except ProtocolError as exc:
+            raise ProtocolError(f"subscriptionIds[{i}]", exc.problem) from None
+    if len(set(checked)) < len(checked):
+        raise ProtocolError("subscriptionIds", "names a subscription twice")
+    return tuple(checked)
 
 
 def parse_ack(raw: bytes | str) -> int:
