@@ -113,6 +113,8 @@ def measure(
         phases: dict[str, list[int]] = collections.defaultdict(list)
         seen: set[int] = set()
         time.sleep(warmup)
+        while len(query.recentProgress) < 3:  # past the first batches (Python workers, a cold JVM)
+            time.sleep(0.5)
         collect.measuring = True
         until = time.monotonic() + seconds
         while time.monotonic() < until:
