@@ -37,6 +37,7 @@ import time
 import aiohttp
 import orjson
 
+from bench import cpu
 from bench.brokers import add_broker_arguments, benched_broker, subscription_counts
 from bench.loadgen import Processes
 from bench.report import figure, print_table
@@ -105,6 +106,9 @@ async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: arg
     indexed, naive = await asyncio.to_thread(one_core_rates, subs)
     head = await asyncio.to_thread(lambda: broker.health()["head"])
     connected = random.Random(n).sample(subs.ids, min(n, args.connect))
+    assert broker.process is not None
+    roots = [broker.process.pid, os.getpid()]
+    before, began = cpu.snapshot(roots), time.monotonic()
     processes = Processes()
     if args.multiplex:
         groups = [connected[i : i + args.multiplex] for i in range(0, len(connected), args.multiplex)]
@@ -123,6 +127,7 @@ async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: arg
     processes.publisher(broker.url, f"cupus-{n}", args.seconds, offered, make=sensor_publication, seed=n)
     processed_at = await finished_matching(broker, args.seconds)
     results = processes.results()
+    used, wall = cpu.spent(before, cpu.snapshot(roots)), time.monotonic() - began
     published = next(r for r in results if not hasattr(r, "lines"))
     received = [r for r in results if hasattr(r, "lines")]
     lines = sum(r.lines for r in received)
@@ -141,6 +146,9 @@ async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: arg
         "matches": lines / (last - published.started),
         "indexed": indexed,
         "naive": naive,
+        "cpu": used,
+        "wall": wall,
+        "deliveries": lines,
     }
 
 
@@ -165,6 +173,18 @@ def print_rows(rows: list[dict]) -> None:
         ],
         rows,
     )
+
+
+def print_cpu(rows: list[dict]) -> None:
+    """Which part of the broker the CPU went to in each step (from the start of its delivery
+    connections to the last delivery), and what a delivery cost in each."""
+    print(f"\nCPU by part, each step: seconds (share of {os.cpu_count()} cores over the step) and µs per delivery")
+    for row in rows:
+        print(f"{row['subs']:>7} subscriptions, {row['deliveries']:,} deliveries in {row['wall']:.1f} s:")
+        for role, seconds in sorted(row["cpu"].items(), key=lambda item: -item[1]):
+            share = seconds / row["wall"] / (os.cpu_count() or 1)
+            per = seconds / max(1, row["deliveries"]) * 1e6
+            print(f"  {role:>34} {seconds:8.1f} s ({share:4.0%}) {per:9.2f} µs")
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -196,6 +216,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 break
             print(rows[-1], flush=True)
     print_rows(rows)
+    print_cpu(rows)
     if args.plot:
         plot(rows, args.plot)
 

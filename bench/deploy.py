@@ -4,7 +4,8 @@
   postgres        the same on PostgreSQL
   2 gateways      `--role gateway` twice and `--role pipeline`, PostgreSQL: publishers post to gateway A,
                   subscribers read from gateway B (every delivery crosses the store)
-  cluster 1w/2w   the same with the pipeline on a Spark standalone cluster of 1 or 2 workers (1 core each)
+  cluster 1w/2w   the same with the pipeline on a Spark standalone cluster of 1 or 2 workers (1 core each,
+                  as many matcher partitions)
 
 For each: publications/s end to end, publish → delivery p50/p99 at a constant rate, and the CPU each
 component spent per publication (all processes of the component, from /proc, over the whole case).
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import glob
 import os
 import shutil
 import tempfile
@@ -27,32 +27,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from bench.brokers import subscription_counts
+from bench.cpu import cpu_seconds
 from bench.report import print_table
 from bench.selis import run_case
 from veil.harness import BrokerProcess, PostgresServer, SparkCluster, postgres_database
 
-TICK = os.sysconf("SC_CLK_TCK")
 KINDS = ("sqlite", "postgres", "2 gateways", "cluster 1w", "cluster 2w")
-
-
-def cpu_seconds(pid: int | None, descendants: bool = True) -> float:
-    """CPU time of a process (and of its descendants, living or reaped), in seconds."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    own = int(fields[11]) + int(fields[12])
-    if not descendants:
-        return own / TICK
-    total = own + int(fields[13]) + int(fields[14])
-    children = []
-    for task in glob.glob(f"/proc/{pid}/task/*/children"):  # a JVM starts processes from any of its threads
-        with contextlib.suppress(OSError), open(task) as handle:
-            children += [int(child) for child in handle.read().split()]
-    return total / TICK + sum(cpu_seconds(child) for child in children)
 
 
 @dataclass
@@ -85,7 +65,8 @@ def deployment(kind: str, postgres: PostgresServer) -> Iterator[Deployed]:
                 flags: tuple[str, ...] = ()
                 if kind.startswith("cluster"):
                     cluster = SparkCluster(workers=int(kind[-2])).start()
-                    flags = (*cluster.pipeline_flags(), "--driver-memory", "1g")
+                    # a matcher partition's task runs all the time: one per core the cluster has
+                    flags = (*cluster.pipeline_flags(), "--driver-memory", "1g", "--partitions", kind[-2])
                 gateways = [
                     BrokerProcess(os.path.join(directory, name), "--role", "gateway", "--gateway-id", name, *store)
                     for name in ("A", "B")

@@ -1,8 +1,8 @@
-"""The floor Spark itself sets: the least a micro-batch pipeline shaped like Veil's takes.
+"""The floor Spark itself sets on a micro-batch pipeline: the least one shaped like a matcher takes.
 
 A rate-like Python data source (offsets are row numbers, due at a constant rate from the start; a
 row's time is when it was due) → mapInArrow that passes rows through → foreachBatch that collects
-them to the driver. Same Spark settings as the broker's pipeline (`build_session`), same trigger,
+them to the driver. Same Spark settings as the broker's pipeline (`build_session`), a trigger,
 same partitions. Latency is from a row being due (readable by the source) to its foreachBatch
 having returned; Spark's own split of each micro-batch (`durationMs`) is reported beside it.
 
@@ -92,7 +92,7 @@ def measure(
     rate: float, seconds: float, trigger_ms: int, partitions: int, fused: bool = False, warmup: float = 10.0
 ) -> dict:
     with tempfile.TemporaryDirectory(prefix="veil-floor-") as data_dir:
-        config = Config(data_dir=data_dir, partitions=partitions, trigger_ms=trigger_ms)
+        config = Config(data_dir=data_dir, partitions=partitions)
         spark = build_session(config)
         spark.dataSource.register(DueRows)
         rows = (
@@ -141,7 +141,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--trigger-ms", type=int, default=Config.trigger_ms)
+    parser.add_argument("--trigger-ms", type=int, default=50)
     parser.add_argument("--partitions", type=int, default=Config.partitions)
     parser.add_argument("--fused", action="store_true", help="no mapInArrow: the source's tasks do the work")
     args = parser.parse_args()

@@ -58,11 +58,14 @@ class Config:
     data_dir: str = _opt("veil-data", "directory of the embedded store and Spark checkpoints", ("VEIL_DATA_DIR",))
     store: str | None = _opt(None, "store URL (default: sqlite:///<data-dir>/veil.db)", ("VEIL_STORE",), str)
     spark_master: str | None = _opt(
-        None, "Spark master (default: local[workers] or local[*])", ("VEIL_SPARK_MASTER", "SPARK_MASTER"), str
+        None, "Spark master (default: local[N], N the larger of --workers or the cores, and --partitions)",
+        ("VEIL_SPARK_MASTER", "SPARK_MASTER"), str,
+    )  # fmt: skip
+    workers: int | None = _opt(
+        None, "Spark task threads in local mode (at least one per matcher partition)", ("VEIL_WORKERS", "WORKERS"), int
     )
-    workers: int | None = _opt(None, "Spark task threads in local mode", ("VEIL_WORKERS", "WORKERS"), int)
     driver_memory: str = _opt(
-        "4g", "Spark driver heap (in local mode also the executors'): a micro-batch's matches pass through it",
+        "4g", "Spark driver heap (in local mode also the executors', where matcher partitions hold their state)",
         ("VEIL_DRIVER_MEMORY",),
     )  # fmt: skip
     partitions: int = _opt(2, "matcher partitions (fixed per deployment)", ("VEIL_PARTITIONS",))
@@ -72,12 +75,16 @@ class Config:
         "publications: each holds all and matches 1/N of the publications (scales the rate)",
         ("VEIL_PARTITION_MODE",),
     )
-    trigger_ms: int = _opt(50, "micro-batch trigger interval in milliseconds", ("VEIL_TRIGGER_MS",))
-    max_batch_rows: int = _opt(50000, "most log entries per micro-batch", ("VEIL_MAX_BATCH_ROWS",))
+    epoch_seconds: float = _opt(
+        300.0, "seconds a matcher task follows the log before Spark checkpoints and starts the next "
+        "(between two, publications wait ~0.3 s for the next task)",
+        ("VEIL_EPOCH_SECONDS",),
+    )  # fmt: skip
+    max_batch_rows: int = _opt(50000, "most log entries per matching round", ("VEIL_MAX_BATCH_ROWS",))
     max_batch_matches: int = _opt(
         2_000_000,
-        "about the most matches per micro-batch (they pass through the driver): batches shrink by the "
-        "matches per entry seen last",
+        "about the most matches per matching round (a matcher holds them until they are recorded): rounds "
+        "shrink by the matches per entry seen last",
         ("VEIL_MAX_BATCH_MATCHES",),
     )
     role: str = _opt(
@@ -160,9 +167,10 @@ class Config:
         60.0, "seconds the pipeline may spend on one log entry before setting it aside (quarantine)",
         ("VEIL_ENTRY_TIMEOUT",),
     )  # fmt: skip
-    batch_timeout: float = _opt(
-        300.0, "seconds a micro-batch may run before /health calls the pipeline stuck", ("VEIL_BATCH_TIMEOUT",)
-    )
+    stall_timeout: float = _opt(
+        300.0, "seconds a matcher partition may go without a sign of life before /health calls the pipeline stuck",
+        ("VEIL_STALL_TIMEOUT",),
+    )  # fmt: skip
     log_level: str = _opt("info", "log level", ("VEIL_LOG_LEVEL",))
 
     @property
@@ -206,7 +214,10 @@ class Config:
 
     @property
     def master(self) -> str:
-        return self.spark_master or (f"local[{self.workers}]" if self.workers else "local[*]")
+        """Each matcher partition's task runs all the time, so local mode gets a task thread for each
+        (a cluster needs as many executor cores: tasks beyond them wait for a whole epoch)."""
+        threads = max(self.workers or os.cpu_count() or 1, self.partitions)
+        return self.spark_master or f"local[{threads}]"
 
     def validate(self) -> None:
         """Refuse inconsistent settings before anything starts; messages name the option."""
@@ -259,12 +270,14 @@ class Config:
             raise ValueError(f"--auth: {', '.join(unknown) or 'empty'}; use some of {', '.join(AUTH_METHODS)}")
         if self.registry is not None and not os.path.isfile(self.registry):
             raise ValueError(f"--registry: no such file {self.registry!r}")
-        if min(self.trigger_ms, self.max_batch_rows, self.max_batch_matches, self.max_body) < 1:
-            raise ValueError("--trigger-ms, --max-batch-rows, --max-batch-matches and --max-body must be positive")
+        if min(self.max_batch_rows, self.max_batch_matches, self.max_body) < 1:
+            raise ValueError("--max-batch-rows, --max-batch-matches and --max-body must be positive")
+        if not 1 <= self.epoch_seconds <= 3600:
+            raise ValueError("--epoch-seconds: from 1 to 3600")
         for option in (*(f"max_{name}" for name in Limits._fields), "max_pending", "max_unauthenticated"):
             if getattr(self, option) < 1:
                 raise ValueError(f"--{_flag(option)}: at least 1")
-        for name in ("read_timeout", "entry_timeout", "batch_timeout"):
+        for name in ("read_timeout", "entry_timeout", "stall_timeout"):
             if not 0 < getattr(self, name) < 86400:
                 raise ValueError(f"--{_flag(name)}: seconds, more than 0 and less than a day")
 

@@ -69,7 +69,7 @@ async def test_a_multiplexed_connection_writes_each_publication_once_with_its_su
         first, second = store.append_publications([Publication(b'{"n":1}', "bob"), Publication(b'{"n":2}', "bob")])
         # first to m1 and m3, second to m2 only; the feed lists matches by subscription
         pairs = sorted([(number["m1"], first), (number["m3"], first), (number["m2"], second)])
-        store.record_deliveries(0, np.array([s for s, _ in pairs]), np.array([p for _, p in pairs]), second)
+        store.record_deliveries(np.array([s for s, _ in pairs]), np.array([p for _, p in pairs]), second)
         lines = [orjson.loads(await asyncio.wait_for(reader.readline(), 5)) for _ in range(2)]
         assert [(line["seq"], sorted(line["subscriptionIds"]), line["publication"]) for line in lines] == [
             (first, ["m1", "m3"], {"n": 1}),

@@ -1,26 +1,22 @@
-from pyspark.sql.streaming.datasource import ReadMaxRows
+import time
 
-from tests.unit.helpers import published
-from veil.pipeline.source import EventLogReader
-from veil.store import open_store
+from veil.pipeline.partition_task import round_end
+from veil.pipeline.source import EpochReader
 
 
-def test_batches_shrink_to_the_matches_the_last_one_produced(tmp_path):
-    url = f"sqlite:///{tmp_path}/veil.db"
-    store = open_store(url)
-    store.put_subscription("s", "alice", b"[]")
-    pubs = store.append_publications(published(*[b"{}"] * 100))
-    reader = EventLogReader({"store": url, "maxRowsPerBatch": "50", "maxMatchesPerBatch": "60"})
-    start = {"offset": 0}
-    assert reader.latestOffset(start, ReadMaxRows(50)) == {"offset": 50}  # nothing seen yet: the row limit
-    # a batch of 10 entries that produced 200 matches: 20 per entry, so 3 entries make the next batch
-    store.record_deliveries(0, [store.subscription_number("s")] * 200, [pubs[0]] * 200, pubs[9])
-    assert reader.latestOffset({"offset": pubs[9]}, ReadMaxRows(50)) == {"offset": pubs[9] + 3}
-    # a batch without matches (subscriptions only, say) leaves the estimate as it was
-    store.record_deliveries(1, [], [], pubs[12])
-    assert reader.latestOffset({"offset": pubs[12]}, ReadMaxRows(50)) == {"offset": pubs[12] + 3}
-    # never below one entry, never past the head
-    store.record_deliveries(2, [store.subscription_number("s")] * 500, [pubs[13]] * 500, pubs[13])
-    assert reader.latestOffset({"offset": pubs[13]}, ReadMaxRows(50)) == {"offset": pubs[13] + 1}
-    assert reader.latestOffset({"offset": pubs[-1]}, ReadMaxRows(50)) == {"offset": pubs[-1]}
-    store.close()
+def test_rounds_shrink_to_the_matches_the_last_one_produced():
+    assert round_end(100, 1000, 50, 60, 0) == 150  # nothing seen yet: the row limit
+    assert round_end(100, 1000, 50, 60, 20) == 103  # 20 matches per entry: 3 entries make ~60
+    assert round_end(100, 1000, 50, 60, 500) == 101  # never below one entry
+    assert round_end(100, 102, 50, 60, 0) == 102  # never past the head
+
+
+def test_every_trigger_starts_the_next_epoch_with_a_task_per_partition():
+    reader = EpochReader({"store": "sqlite:///nowhere/veil.db", "partitions": "3", "epochSeconds": "7"})
+    assert reader.initialOffset() == {"epoch": 0}
+    assert reader.latestOffset({"epoch": 41}, None) == {"epoch": 42}  # type: ignore[arg-type]
+    before = time.time()
+    leases = reader.partitions({"epoch": 41}, {"epoch": 42})
+    assert [lease.task.part for lease in leases] == [0, 1, 2]
+    (deadline,) = {lease.deadline for lease in leases}  # one for the epoch, however late a task starts
+    assert before + 7 <= deadline <= time.time() + 7

@@ -61,8 +61,8 @@ def test_replayed_batches_deliver_once(store):
     store.put_subscription("s", "alice", b"[]")
     (pub,) = store.append_publications(published(b'{"a":1}'))
     s = store.subscription_number("s")
-    store.record_deliveries(0, [s], [pub], pub)
-    store.record_deliveries(0, [s], [pub], pub)
+    store.record_deliveries([s], [pub], pub)
+    store.record_deliveries([s], [pub], pub)
     rows, watermark = store.backlog("s", 0, 10)
     assert rows == [(pub, b'{"a":1}', Origin())]
     assert watermark == store.last_feed_seq() == 1 and store.processed_offset() == pub
@@ -77,7 +77,7 @@ def test_feed_entries_are_sorted_by_subscription(store):
         store.put_subscription(sub_id, "alice", b"[]")
     pubs = store.append_publications(published(b"{}", b"{}"))
     s, t = store.subscription_number("s"), store.subscription_number("t")
-    store.record_deliveries(0, [t, s, t, s], [pubs[0], pubs[0], pubs[1], pubs[1]], pubs[1])
+    store.record_deliveries([t, s, t, s], [pubs[0], pubs[0], pubs[1], pubs[1]], pubs[1])
     (entry,) = store.feed_since(0, 10)
     assert entry.sub_nos.tolist() == [s, s, t, t] and entry.pubs.tolist() == [pubs[0], pubs[1]] * 2
 
@@ -99,9 +99,9 @@ def test_backlog_reads_spilled_rows_then_the_feed(store):
     store.put_subscription("s", "alice", b"[]")
     s = store.subscription_number("s")
     pubs = store.append_publications(published(b'{"n":1}', b'{"n":2}', b'{"n":3}'))
-    store.record_deliveries(0, [s], [pubs[0]], pubs[0])
+    store.record_deliveries([s], [pubs[0]], pubs[0])
     spill_everything(store)
-    store.record_deliveries(1, [s, s], pubs[1:], pubs[2])
+    store.record_deliveries([s, s], pubs[1:], pubs[2])
     assert store.backlog("s", 0, 10)[0] == [
         (pubs[0], b'{"n":1}', Origin()),
         (pubs[1], b'{"n":2}', Origin()),
@@ -116,7 +116,7 @@ def test_compaction_spills_only_what_was_not_consumed(store):
     store.put_subscription("t", "bob", b"[]")
     s, t = store.subscription_number("s"), store.subscription_number("t")
     pubs = store.append_publications(published(b'{"n":1}', b'{"n":2}', b'{"n":3}', b'{"n":4}'))
-    store.record_deliveries(0, [s, s, t], [pubs[0], pubs[1], pubs[1]], pubs[2])
+    store.record_deliveries([s, s, t], [pubs[0], pubs[1], pubs[1]], pubs[2])
     store.save_cursors({"s": pubs[1]})
     assert store.compact(1000, 1 << 40, time.time() - 60) == 0  # too young to spill, so nothing else goes
     spill_everything(store, fanned_out=0)
@@ -138,7 +138,7 @@ def test_matches_for_removed_subscriptions_are_dropped(store):
     (pub,) = store.append_publications(published(b"{}"))
     store.remove_subscription("s", "alice")
     # computed before the unsubscription, written after
-    store.record_deliveries(0, [store.subscription_number("s")], [pub], pub)
+    store.record_deliveries([store.subscription_number("s")], [pub], pub)
     store.put_subscription("s", "alice", b"[]")
     assert store.backlog("s", 0, 10)[0] == []
     spill_everything(store)
@@ -148,7 +148,7 @@ def test_matches_for_removed_subscriptions_are_dropped(store):
 def test_replacing_a_subscription_keeps_its_queue(store):
     store.put_subscription("s", "alice", b"[]")
     (pub,) = store.append_publications(published(b"{}"))
-    store.record_deliveries(0, [store.subscription_number("s")], [pub], pub)
+    store.record_deliveries([store.subscription_number("s")], [pub], pub)
     store.put_subscription("s", "alice", b'[["a","eq",1]]')
     assert [p for p, *_ in store.backlog("s", 0, 10)[0]] == [pub]
     spill_everything(store)
@@ -159,15 +159,15 @@ def test_a_replay_over_a_longer_range_adds_only_the_new_matches(store):
     store.put_subscription("s", "alice", b"[]")
     s = store.subscription_number("s")
     pubs = store.append_publications(published(b"{}", b"{}"))
-    store.record_deliveries(0, [s], pubs[:1], pubs[0])
-    store.record_deliveries(0, [s, s], pubs, pubs[1])
+    store.record_deliveries([s], pubs[:1], pubs[0])
+    store.record_deliveries([s, s], pubs, pubs[1])
     assert [e.pubs.tolist() for e in store.feed_since(0, 10)] == [[pubs[0]], [pubs[1]]]
 
 
 def test_the_feed_watermark_survives_compaction(store):
     store.put_subscription("s", "alice", b"[]")
     (pub,) = store.append_publications(published(b"{}"))
-    store.record_deliveries(0, [store.subscription_number("s")], [pub], pub)
+    store.record_deliveries([store.subscription_number("s")], [pub], pub)
     store.save_cursors({"s": pub})
     spill_everything(store)
     assert store.feed_since(0, 10) == []
@@ -179,7 +179,7 @@ def test_a_large_feed_entry_is_spilled_in_steps_of_whole_subscriptions(store):
         store.put_subscription(sub_id, "alice", b"[]")
     s, t, u = (store.subscription_number(x) for x in "stu")
     pubs = store.append_publications(published(b"{}", b"{}"))
-    store.record_deliveries(0, [s, s, t, t, u, u], pubs * 3, pubs[1])
+    store.record_deliveries([s, s, t, t, u, u], pubs * 3, pubs[1])
     # a budget of 3 ends inside t: s and t go in the first step, u in the second
     assert store.compact(3, 1 << 40, time.time() + 1) >= 3
     assert store.feed_since(0, 10) != []
@@ -194,8 +194,8 @@ def test_top_k_deliveries_are_logged_copies_recorded_once_with_their_skybands(st
     s = store.subscription_number("s")
     old, new = store.append_publications([Publication(b'{"v":1}', "bob", "k1", "c2ln"), Publication(b"{}")])
     batch = StatefulBatch([(s, old, None), (s, new, b'{"cut":1}')], [], [(s, b"band")], old, 123)
-    store.record_deliveries(0, [], [], new, stateful=batch)
-    store.record_deliveries(0, [], [], new, stateful=batch)  # the same batch replayed
+    store.record_deliveries([], [], new, stateful=batch)
+    store.record_deliveries([], [], new, stateful=batch)  # the same batch replayed
     rows, _ = store.backlog("s", 0, 10)
     assert [(body, origin) for _, body, origin in rows] == [
         (b'{"v":1}', Origin("bob", "k1", "c2ln", copy_of=old)),
@@ -207,9 +207,56 @@ def test_top_k_deliveries_are_logged_copies_recorded_once_with_their_skybands(st
     store.save_cursors({"s": rows[-1][0]})
     store.compact(1000, store.last_feed_seq(), time.time() + 10)
     assert store.bodies(np.array([old]))  # a skyband still holds it
-    store.record_deliveries(1, [], [], rows[-1][0], stateful=StatefulBatch([], [], [(s, None)], None, None))
+    store.record_deliveries([], [], rows[-1][0], stateful=StatefulBatch([], [], [(s, None)], None, None))
     store.compact(1000, store.last_feed_seq(), time.time() + 10)
     assert not store.bodies(np.array([old])) and store.topk_bands([s]) == {}
+
+
+def test_each_partition_records_its_own_progress_and_the_pipeline_is_at_the_least(store):
+    store.put_subscription("s", "alice", b"[]")
+    s = store.subscription_number("s")
+    pubs = store.append_publications(published(*[b"{}"] * 4))
+    assert store.set_partitions(2) == [0, 0]
+    store.record_deliveries([s], [pubs[0]], pubs[2], part=0)
+    assert store.partition_offset(0) == pubs[2] and store.partition_offset(1) == 0
+    assert store.processed_offset() == 0  # partition 1 has recorded nothing yet
+    store.record_deliveries([s], [pubs[0]], pubs[2], part=0)  # the same round again: nothing twice
+    store.record_deliveries([], [], pubs[1], part=1)
+    assert store.processed_offset() == pubs[1]
+    assert [p for p, *_ in store.backlog("s", 0, 10)[0]] == [pubs[0]]
+    held = StatefulBatch([], [], [], pubs[0], 500)
+    store.record_deliveries([], [], pubs[3], stateful=held, part=1)
+    store.record_deliveries([], [], pubs[3], stateful=StatefulBatch([], [], [], None, 900), part=0)
+    assert store.topk_due() == 500 and store.processed_offset() == pubs[3]
+    store.record_deliveries([], [], pubs[3] + 1, stateful=StatefulBatch([], [], [], None, None), part=1)
+    assert store.topk_due() == 900
+    assert set(store.partition_beats()) == {0, 1}
+    assert store.set_partitions(2) == [pubs[3], pubs[3] + 1]  # a restart keeps each one's progress
+    assert store.set_partitions(3) == [pubs[3]] * 3  # a new count: all from the least
+
+
+def test_a_silent_partition_is_adopted_and_its_own_task_takes_it_back(store):
+    store.set_partitions(2)
+    store.own_partition(0, 11)
+    assert not store.adopt_partition(0, 22, 60_000)  # heard from just now
+    assert store.adopt_partition(1, 22, 60_000)  # never heard from
+    assert store.partition_owners() == {0: 11, 1: 22}
+    time.sleep(0.02)
+    assert store.adopt_partition(0, 22, 10)  # silent for longer than 10 ms
+    store.own_partition(0, 11)  # its own task started (again)
+    assert store.partition_owners() == {0: 11, 1: 22}
+
+
+def test_a_claimed_range_never_recorded_is_claimed_again_by_its_partition(store):
+    pubs = store.append_publications(published(*[b"{}"] * 6))
+    store.set_partitions(1)
+    assert store.claim_range(2, 0) == (0, pubs[1])
+    assert store.claim_range(2, 1) == (pubs[1], pubs[3])
+    assert store.claim_range(2, 1) == (pubs[1], pubs[3])  # not recorded: the same range again
+    store.record_deliveries([], [], pubs[1], part=0)
+    assert store.claim_range(2, 0) == (pubs[3], pubs[5])  # partition 0's range is recorded: the next
+    store.set_partitions(1)  # a restart: claims are void, ranges start again from the progress
+    assert store.claim_range(9, 1) == (pubs[1], pubs[5])
 
 
 def test_valid_publications_are_kept_for_the_subscriptions_to_come(store):
@@ -229,7 +276,7 @@ def test_valid_publications_are_kept_for_the_subscriptions_to_come(store):
     assert [pub for pub, _, _ in store.valid_at(before, now)] == [kept, withdrawn]  # withdrawn after it
     assert store.valid_at(cancel + 1, now) == [(kept, b'{"n":1}', "bob")]
     assert store.valid_at(cancel + 1, now + 60_000) == []  # expired by then
-    store.record_deliveries(0, [], [], cancel)
+    store.record_deliveries([], [], cancel)
     store.compact(1000, store.last_feed_seq(), time.time() + 10)
     assert set(store.bodies(np.array([kept, plain, withdrawn]))) == {kept}
 
@@ -247,10 +294,10 @@ def test_the_pipeline_status_is_what_it_registered_and_beat(store):
     store.register_pipeline(4242)
     store.heartbeat(1234)
     status = store.pipeline_status()
-    assert (status.pid, status.batch_since) == (4242, 1234) and abs(status.heartbeat - time.time()) < 5
+    assert (status.pid, status.quiet_since) == (4242, 1234) and abs(status.heartbeat - time.time()) < 5
     assert store.batch_durations() == BatchDurations()
-    store.heartbeat(0, [40, 50, 51, 70_000])  # a bucket holds durations up to its bound, inclusive
-    store.heartbeat(0, [100])
+    for took in (40, 50, 51, 70_000, 100):  # a bucket holds durations up to its bound, inclusive
+        store.record_deliveries([], [], 0, took_ms=took)
     assert store.batch_durations() == BatchDurations((2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 1), 70_241)
     store.expect_pipeline()
     assert store.pipeline_status().pid == 0
@@ -326,7 +373,7 @@ def test_totals_count_the_work_in_the_transactions_that_do_it(store):
         store.put_subscription(sub_id, owner, b"[]")
     s, t = store.subscription_number("s"), store.subscription_number("t")
     pubs = store.append_publications(published(b"{}", b"{}", b"{}"))
-    store.record_deliveries(0, [s, t, s], [pubs[0], pubs[0], pubs[1]], pubs[2])
-    store.record_deliveries(0, [s, t, s], [pubs[0], pubs[0], pubs[1]], pubs[2])  # replayed
+    store.record_deliveries([s, t, s], [pubs[0], pubs[0], pubs[1]], pubs[2])
+    store.record_deliveries([s, t, s], [pubs[0], pubs[0], pubs[1]], pubs[2])  # replayed
     store.save_cursors({"s": pubs[1]}, forwarded=3)
     assert store.totals() == Totals(received=3, matched=2, matches=3, forwarded=3, subscriptions=3, subscribers=2)

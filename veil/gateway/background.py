@@ -94,9 +94,9 @@ class Background:
             silent = now - (status.heartbeat or status.registered)
             health.pipeline_state = "stuck"
             return [f"no heartbeat from the pipeline for {silent:.0f} s"]
-        if status.batch_since and now - status.batch_since / 1000 > gateway.config.batch_timeout:
+        if status.quiet_since and now - status.quiet_since / 1000 > gateway.config.stall_timeout:
             health.pipeline_state = "stuck"
-            return [f"a micro-batch has been running for {now - status.batch_since / 1000:.0f} s"]
+            return [f"a matcher partition has given no sign of life for {now - status.quiet_since / 1000:.0f} s"]
         health.pipeline_state = "running"
         return []
 

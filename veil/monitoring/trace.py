@@ -3,8 +3,8 @@
 Off unless the environment's VEIL_TRACE names a directory (read once, at import; the broker's
 processes, Spark's Python workers among them, inherit it). Then every process appends lines
 `stage low high nanoseconds` to a file of its own: log offsets (low, high] reached `stage` then.
-There is one line per hand-over of a range (a group commit, a micro-batch, a task, a feed entry, a
-write to a connection), a few per micro-batch and per send, so tracing does not change what it
+There is one line per hand-over of a range (a group commit, a matching round, a feed entry, a write
+to a connection), a few per round and per send, so tracing does not change what it
 measures. Files are line-buffered: Spark may kill its Python workers without letting them flush.
 """
 

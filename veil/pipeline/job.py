@@ -22,15 +22,13 @@ from veil.config import Config
 from veil.store import PipelineStore, StoreUnavailable
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
     from pyspark.sql.streaming import StreamingQuery
-
-    from veil.pipeline.batch_times import BatchTimes
 
 log = logging.getLogger("veil.pipeline")
 HEARTBEAT = 0.5  # seconds
-WAIT_MARGIN_MS = 10  # the source waits for a commit this much less than a trigger interval
 STORE_RETRY = 2.0  # seconds between looks for a store that is not there yet
-WARM_UP_BATCHES = 3
+WARM_UP_ROUNDS = 3
 WARM_UP_TIMEOUT = 120.0  # seconds warming up may take before the pipeline says it runs anyway
 
 
@@ -77,33 +75,44 @@ def build_session(config: Config):
 
 
 def start_query(spark, config: Config):
-    from veil.pipeline.exit_point import DeliveryWriter
-    from veil.pipeline.match import MatchPartition
-    from veil.pipeline.rows import MATCH_SCHEMA
+    """The matching query: its micro-batches are epochs, each a long-running task per matcher
+    partition that records its own rounds (`source`, `partition_task`); the sink only ends them."""
     from veil.pipeline.source import EventLogSource
 
     spark.dataSource.register(EventLogSource)
-    url = config.store_url
-    log_entries = (
+    epochs = (
         spark.readStream.format(EventLogSource.name())
-        .option("store", url)
+        .option("store", config.store_url)
         .option("partitions", str(config.partitions))
-        .option("maxRowsPerBatch", str(config.max_batch_rows))
-        .option("maxMatchesPerBatch", str(config.max_batch_matches))
         .option("partitionMode", config.partition_mode)
-        .option("waitMs", str(max(0, config.trigger_ms - WAIT_MARGIN_MS)))
+        .option("epochSeconds", str(config.epoch_seconds))
+        .option("authorization", "true" if config.with_authorization else "false")
+        .option("entryTimeout", str(config.entry_timeout))
+        .option("maxRowsPerRound", str(config.max_batch_rows))
+        .option("maxMatchesPerRound", str(config.max_batch_matches))
         .load()
     )
-    by_publication = config.partition_mode == "publications"
-    task = MatchPartition(url, config.partitions, by_publication, config.with_authorization, config.entry_timeout)
-    matches = log_entries.mapInArrow(task, MATCH_SCHEMA)
     return (
-        matches.writeStream.queryName("veil_match")
-        .foreachBatch(DeliveryWriter(url))
+        epochs.writeStream.queryName("veil_match")
+        .foreachBatch(_epoch_ended)
         .option("checkpointLocation", config.checkpoint_location)
-        .trigger(processingTime=f"{config.trigger_ms} milliseconds")
         .start()
     )
+
+
+_stopping = threading.Event()  # the query is being stopped: the epoch in progress is cut short
+
+
+def _epoch_ended(frame: DataFrame, epoch: int) -> None:
+    """Runs the epoch's tasks (a sink that looked at nothing would run none) and logs where they got."""
+    try:
+        ended = frame.collect()
+    except Exception:
+        if _stopping.is_set():  # the tasks were cancelled; what they recorded is in the store
+            return
+        raise
+    where = ", ".join(f"partition {row.part} at {row.processed} ({row.rounds} rounds)" for row in ended)
+    log.debug("epoch %d: %s", epoch, where)
 
 
 def _lock_data_dir(config: Config) -> int:
@@ -130,27 +139,20 @@ def _exit_with_parent(stop: threading.Event) -> None:
 
 
 class Heartbeat:
-    """What the gateway's health check reads: that this process is alive, and since when the current
-    micro-batch runs (0 when none does), written every HEARTBEAT seconds with the durations of the
-    batches finished since the last beat."""
+    """What the gateway's health check reads: that this process is alive, and the last sign of life
+    of the matcher partition heard from least recently, written every HEARTBEAT seconds."""
 
-    def __init__(self, store: PipelineStore, batch_times: BatchTimes) -> None:
+    def __init__(self, store: PipelineStore, partitions: int) -> None:
         self.store = store
-        self.batch_times = batch_times
-        self.batch_since = 0
+        self.partitions = partitions
         self._failing = False
 
-    def beat(self, query: StreamingQuery) -> None:
-        active = bool(query.status.get("isTriggerActive"))
-        if not active:
-            self.batch_since = 0
-        elif not self.batch_since:
-            self.batch_since = time.time_ns() // 1_000_000
-        finished = self.batch_times.drain()
+    def beat(self) -> None:
         try:
-            self.store.heartbeat(self.batch_since, finished)
-        except StoreUnavailable as exc:  # the gateway sees the silence; the query goes on
-            self.batch_times.restore(finished)
+            beats = self.store.partition_beats()
+            quiet_since = min(beats.get(part, 0) for part in range(self.partitions))
+            self.store.heartbeat(quiet_since)
+        except StoreUnavailable as exc:  # the gateway sees the silence; the matchers go on
             if not self._failing:
                 log.error("cannot write the pipeline's heartbeat: %s", exc)
             self._failing = True
@@ -202,19 +204,25 @@ def _still_claimed(store: PipelineStore) -> bool:
         return False
 
 
-def _warm_up(store: PipelineStore, query: StreamingQuery, batch_times: BatchTimes, stop: threading.Event) -> None:
-    """Run a few micro-batches before saying the pipeline runs: the first starts Spark's Python
-    workers, which import the matcher and open the store, and plans the query; the next few still
-    run slower while the JVM compiles the code they take. Seconds of work (the first ~8 s on two
-    cores) that the first publications after /ready would otherwise wait for. A backlog makes the
-    batches; with nothing to do, the pipeline logs a tick (the time) for each."""
+def _warm_up(store: PipelineStore, query: StreamingQuery, partitions: int, stop: threading.Event) -> None:
+    """Let every matcher partition run a few rounds before saying the pipeline runs: the first
+    starts Spark's Python workers, which import the matcher, open the store and build the
+    partition's state; the next few still run slower while the JVM and the interpreter warm up.
+    Seconds of work (the first ~8 s on two cores) that the first publications after /ready would
+    otherwise wait for. Each round is made by a tick logged for it (the time), which every
+    partition processes."""
     deadline = time.monotonic() + WARM_UP_TIMEOUT
-    while batch_times.finished < WARM_UP_BATCHES:
-        with contextlib.suppress(StoreUnavailable):
-            if store.head_offset() <= store.processed_offset():
-                store.append_tick()
-        if not query.isActive or time.monotonic() > deadline or stop.wait(0.02):
+    for _ in range(WARM_UP_ROUNDS):
+        try:
+            tick = store.append_tick()
+        except StoreUnavailable:
             return
+        while True:
+            with contextlib.suppress(StoreUnavailable):
+                if min(store.partition_offset(part) for part in range(partitions)) >= tick:
+                    break
+            if not query.isActive or time.monotonic() > deadline or stop.wait(0.02):
+                return
 
 
 def run(config: Config, watch_parent: bool = True) -> int:
@@ -231,14 +239,12 @@ def run(config: Config, watch_parent: bool = True) -> int:
     if not _claim(store, stop):
         return 0
     started = time.monotonic()
-    from veil.pipeline.batch_times import BatchTimes
-
+    # publication partitioning records every partition's rounds in turn, as one progress
+    store.set_partitions(1 if config.partition_mode == "publications" else config.partitions)
     spark = build_session(config)
-    batch_times = BatchTimes()
-    spark.streams.addListener(batch_times)
     query = start_query(spark, config)
-    heartbeat = Heartbeat(store, batch_times)
-    _warm_up(store, query, batch_times, stop)
+    heartbeat = Heartbeat(store, config.partitions)
+    _warm_up(store, query, config.partitions, stop)
     store.register_pipeline(os.getpid())
     log.info(
         "pipeline running (%s, %d partitions by %s) after %.1f s",
@@ -246,7 +252,7 @@ def run(config: Config, watch_parent: bool = True) -> int:
     )  # fmt: skip
     try:
         while not stop.is_set():
-            heartbeat.beat(query)
+            heartbeat.beat()
             if not _still_claimed(store):
                 log.error("this pipeline lost its claim on the store (its connection to it broke); it stops")
                 return 1
@@ -259,6 +265,7 @@ def run(config: Config, watch_parent: bool = True) -> int:
     finally:
         with contextlib.suppress(StoreUnavailable):
             store.register_pipeline(0)
+        _stopping.set()
         query.stop()
         spark.stop()
         os.close(lock)

@@ -68,7 +68,7 @@ class MatchPartition:
                 clock = max(clock, time or 0)
                 if kind == MARK:
                     trace.mark("task", offset, until)
-                    key = (self.url, self.partitions, -1 if self.by_publication else part)
+                    key = (self.url, self.partitions, part)
                     state, fresh, failed = worker_state.checkout(
                         key, offset, store_for(self.url), self._routed_here(part), self.with_authorization,
                         self.entry_timeout,
@@ -76,8 +76,9 @@ class MatchPartition:
                     for entry in failed:
                         out.quarantine(entry)
                     changed, begin, end = changed or fresh, offset, until
-                    # a batch the exit point already recorded, replayed: its skybands were saved past it
-                    replaying = fresh and store_for(self.url).processed_offset() != offset
+                    # a round already recorded, replayed: its skybands were saved past it
+                    progress = 0 if self.by_publication else part  # the progress row its rounds record
+                    replaying = fresh and store_for(self.url).partition_offset(progress) > offset
                 elif kind == KIND_PUBLICATION:
                     run.add(offset, body, client or "", clock)
                     if len(run) >= RUN_LIMIT:

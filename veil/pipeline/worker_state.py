@@ -46,7 +46,7 @@ from veil.security.registry import registry_from_json
 from veil.store import KIND_SUBSCRIBE, PipelineStore, Quarantined, StatefulBatch
 
 LATEST_DUE = 2**62  # ms: later expiries are reported as this one (msgpack and SQLite hold int64)
-Key = tuple[str, int, int]  # (store URL, partitions, partition; -1 for publication partitioning)
+Key = tuple[str, int, int]  # (store URL, partitions, partition)
 
 _cache: dict[Key, tuple[State, int]] = {}
 

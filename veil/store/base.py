@@ -131,12 +131,12 @@ class BatchDurations(NamedTuple):
 
 class PipelineStatus(NamedTuple):
     """What the pipeline last said of itself: the process id it registered (0: none runs, or one is
-    expected to start) and when, and the start of the micro-batch it was in at its last heartbeat
-    (0: between batches; milliseconds) and when (unix seconds)."""
+    expected to start) and when, and at its last heartbeat (when: unix seconds) the last sign of
+    life of the matcher partition heard from least recently (milliseconds; 0: not every one yet)."""
 
     pid: int
     registered: float
-    batch_since: int
+    quiet_since: int
     heartbeat: float | None
 
 
@@ -367,24 +367,68 @@ class PipelineStore(LogReader):
     @abstractmethod
     def record_deliveries(
         self,
-        batch_id: int,
         sub_nos: np.ndarray,
         pubs: np.ndarray,
         processed: int,
         copies: Sequence[tuple[int, int, bytes]] = (),
         stateful: StatefulBatch | None = None,
         quarantined: Sequence[Quarantined] = (),
+        part: int = 0,
+        took_ms: int | None = None,
     ) -> None:
-        """Queue the (subscription number, publication) matches of a micro-batch as one feed entry,
-        with the cropped copies some of them deliver, and record the processed offset, in one
-        transaction; matches of publications at or below the offset already recorded are dropped,
-        so a replayed batch delivers nothing twice. A batch with matches also records its matches
-        per log entry (`matches_per_entry`), by which the source sizes the next batches.
-        Top-k/w deliveries are logged as copies (KIND_COPY) of their publications, so that each
-        subscription's queue stays in the order they were decided; initial matches queue as plain
-        matches (they precede the subscription's others); the skybands' new states are kept with
-        them: all of it only when the batch is new, since a replay recomputes them. Entries the
-        batch could not process are set aside in the quarantine."""
+        """Queue the (subscription number, publication) matches of matcher partition `part`'s round
+        as one feed entry, with the cropped copies some of them deliver, and record the partition's
+        processed offset, in one transaction; matches of publications at or below the offset the
+        partition already recorded are dropped, so a replayed round delivers nothing twice. The
+        pipeline's processed offset, its oldest held publication and next expiry are the least of
+        its partitions'; `took_ms`, how long the round took, is counted in `batch_durations`. A
+        round with matches also records its matches per log entry (`matches_per_entry`), by which
+        the next rounds are sized. Top-k/w deliveries are logged as copies (KIND_COPY) of their
+        publications, so that each subscription's queue stays in the order they were decided;
+        initial matches queue as plain matches (they precede the subscription's others); the
+        skybands' new states are kept with them: all of it only when the round is new, since a
+        replay recomputes them. Entries the round could not process are set aside in the quarantine."""
+
+    @abstractmethod
+    def set_partitions(self, partitions: int) -> list[int]:
+        """Start keeping progress for this many matcher partitions; returns each one's processed
+        offset. A changed count moves subscriptions between partitions, so then all of them start
+        again from the least offset any had reached (rounds past it are recorded again)."""
+
+    @abstractmethod
+    def claim_range(self, rows: int, part: int) -> tuple[int, int]:
+        """Publication partitioning: the next range of the log for matcher partition `part`, (start,
+        end], at most `rows` entries, none if the log holds nothing past the last range claimed; or
+        the range `part` claimed before if it is not recorded yet (its task died, or gave up waiting
+        for the ranges before it). Ranges are handed out in log order and recorded in that order as
+        partition 0's progress, so each subscription's matches queue in publication order whichever
+        partition matched them; claims are void once `set_partitions` is called again (the pipeline
+        restarted)."""
+
+    @abstractmethod
+    def partition_offset(self, part: int) -> int:
+        """How far matcher partition `part` has recorded the log."""
+
+    @abstractmethod
+    def partition_beat(self, parts: Sequence[int]) -> None:
+        """These matcher partitions are alive and waiting for the log (recording a round says so too)."""
+
+    @abstractmethod
+    def partition_beats(self) -> dict[int, int]:
+        """When (ms) each matcher partition last recorded a round or said it waits."""
+
+    @abstractmethod
+    def own_partition(self, part: int, token: int) -> None:
+        """The task `token` of partition `part` has started: the partition is its (and alive)."""
+
+    @abstractmethod
+    def adopt_partition(self, part: int, token: int, silent_ms: int) -> bool:
+        """Task `token` takes over partition `part` if nothing was heard from it for `silent_ms`
+        (its task died, or waits for a core); True if it did."""
+
+    @abstractmethod
+    def partition_owners(self) -> dict[int, int]:
+        """Which task (token) last started or adopted each matcher partition."""
 
     @abstractmethod
     def matches_per_entry(self) -> int:
@@ -405,9 +449,9 @@ class PipelineStore(LogReader):
         """A pipeline process (`pid`) is running the query; 0 when it stops."""
 
     @abstractmethod
-    def heartbeat(self, batch_since: int, batches: Sequence[int] = ()) -> None:
-        """The pipeline is alive, in a micro-batch since `batch_since` (ms), or between them (0);
-        `batches`: the durations (ms) of the micro-batches finished since the last beat."""
+    def heartbeat(self, quiet_since: int) -> None:
+        """The pipeline is alive; the matcher partition heard from least recently last gave a sign of
+        life at `quiet_since` (ms; 0 before every one has)."""
 
 
 class EventStore(GatewayStore, PipelineStore):

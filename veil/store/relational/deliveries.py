@@ -14,13 +14,15 @@ from veil.store.base import KIND_COPY, Delivery, FeedEntry, Quarantined, Statefu
 from veil.store.queues import matches_of, pack, unpack
 from veil.store.relational.dialect import (
     LAST_FEED_SEQ,
-    PROCESSED,
     SPILLED,
     Db,
     Dialect,
     add_status,
     count_change,
+    count_durations,
     now_ms,
+    partition_progress,
+    set_least,
     set_status,
 )
 from veil.store.relational.log import append_entry
@@ -132,26 +134,27 @@ class DeliverySql(Dialect):
 
     def record_deliveries(
         self,
-        batch_id: int,
         sub_nos: np.ndarray,
         pubs: np.ndarray,
         processed: int,
         copies: Sequence[tuple[int, int, bytes]] = (),
         stateful: StatefulBatch | None = None,
         quarantined: Sequence[Quarantined] = (),
+        part: int = 0,
+        took_ms: int | None = None,
     ) -> None:
         sub_nos = np.asarray(sub_nos, np.int64)
         pubs = np.asarray(pubs, np.int64)
         now = time.time()
         with self._tx() as db:
-            # matches of publications at or below the processed offset were recorded by an earlier
-            # run of this batch: a replay adds only what is new
-            done = db.execute(f"SELECT {PROCESSED}").fetchone()[0]
+            # matches of publications at or below the partition's processed offset were recorded by
+            # an earlier run of this round: a replay adds only what is new
+            done = partition_progress(db, part)
             fresh = pubs > done
             sub_nos, pubs = sub_nos[fresh], pubs[fresh]
             copies = [copy for copy in copies if copy[1] > done]
             if stateful is not None and processed > done:
-                logged = self._record_stateful(db, stateful) + [(n, p) for n, p, _ in stateful.initials]
+                logged = self._record_stateful(db, stateful, part) + [(n, p) for n, p, _ in stateful.initials]
                 sub_nos = np.concatenate([sub_nos, np.array([n for n, _ in logged], np.int64)])
                 pubs = np.concatenate([pubs, np.array([p for _, p in logged], np.int64)])
                 copies += [(n, p, copy) for n, p, copy in stateful.initials if copy is not None]
@@ -175,12 +178,15 @@ class DeliverySql(Dialect):
             db.executemany(
                 "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE "
                 f"SET value = {self.GREATEST}(status.value, excluded.value), updated = excluded.updated",
-                [("processed", processed, now), ("batch", batch_id, now)],
+                [(f"processed.{part}", processed, now), (f"beat.{part}", now_ms(), now)],
             )
+            set_least(db, "processed", "processed.")
+            if took_ms is not None:
+                count_durations(db, [took_ms])
             if len(pubs) and processed > done:
                 set_status(db, "matches_per_entry", -(-len(pubs) // (processed - done)))
 
-    def _record_stateful(self, db: Db, batch: StatefulBatch) -> list[tuple[int, int]]:
+    def _record_stateful(self, db: Db, batch: StatefulBatch, part: int) -> list[tuple[int, int]]:
         """Log each delivery as a copy of its publication (the envelope keeps the original's id) and
         keep the skybands; returns the (subscription number, copy offset) matches."""
         originals = {
@@ -212,9 +218,10 @@ class DeliverySql(Dialect):
         )
         for name, value in (("topk_held", batch.held), ("topk_due", batch.due)):
             if value is None:
-                db.execute("DELETE FROM status WHERE name = ?", (name,))
+                db.execute("DELETE FROM status WHERE name = ?", (f"{name}.{part}",))
             else:
-                set_status(db, name, value)
+                set_status(db, f"{name}.{part}", value)
+            set_least(db, name, f"{name}.")
         return logged
 
 

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from veil.store.base import EventStore, Publication, StoreUnavailable
+from veil.store.base import BATCH_BOUNDS_MS, EventStore, Publication, StoreUnavailable
 
 
 class Cursor(Protocol):
@@ -98,6 +98,33 @@ def add_status(db: Db, name: str, amount: int) -> None:
         "ON CONFLICT (name) DO UPDATE SET value = status.value + excluded.value, updated = excluded.updated",
         (name, amount, time.time()),
     )
+
+
+def partition_progress(db: Db, part: int) -> int:
+    """How far matcher partition `part` has recorded the log: its own row, or where the whole pipeline
+    was when it had none (a store recorded before partitions kept their own progress)."""
+    own = get_status(db, f"processed.{part}")
+    return own if own is not None else get_status(db, "processed") or 0
+
+
+def set_least(db: Db, name: str, prefix: str) -> None:
+    """Status `name` becomes the least of the rows named `prefix`<partition> (gone when there are
+    none): each partition records its own progress and top-k/w state, the gateway and compaction
+    read the whole pipeline's. Write transactions are serialized, so every row read is current."""
+    least = db.execute("SELECT MIN(value) FROM status WHERE name LIKE ?", (prefix + "%",)).fetchone()[0]
+    if least is None:
+        db.execute("DELETE FROM status WHERE name = ?", (name,))
+    else:
+        set_status(db, name, least)
+
+
+def count_durations(db: Db, durations: Sequence[int]) -> None:
+    """Count matching rounds' durations (ms) into the buckets of BATCH_BOUNDS_MS and their sum."""
+    buckets = np.bincount(np.searchsorted(BATCH_BOUNDS_MS, durations), minlength=len(BATCH_BOUNDS_MS) + 1)
+    for i in np.flatnonzero(buckets).tolist():
+        add_status(db, f"batch_{i}", int(buckets[i]))
+    if len(durations):
+        add_status(db, "batch_ms", int(sum(durations)))
 
 
 def count_change(db: Db) -> None:

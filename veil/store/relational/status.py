@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from veil.store.base import (
     BATCH_BOUNDS_MS,
     KIND_SUBSCRIBE,
@@ -16,7 +14,15 @@ from veil.store.base import (
     QuarantineRecord,
     Totals,
 )
-from veil.store.relational.dialect import Db, Dialect, add_status, get_status, set_status
+from veil.store.relational.dialect import (
+    Db,
+    Dialect,
+    get_status,
+    now_ms,
+    partition_progress,
+    set_least,
+    set_status,
+)
 
 QUARANTINE_PREVIEW = 4096  # bytes of a quarantined entry kept for the operator to look at
 QUARANTINE_COLUMNS = 'seq, "offset", kind, sub_id, owner, error, body, time'
@@ -99,14 +105,79 @@ class StatusSql(Dialect):
     def expect_pipeline(self) -> None:
         self.register_pipeline(0)
 
-    def heartbeat(self, batch_since: int, batches: Sequence[int] = ()) -> None:
-        buckets = np.bincount(np.searchsorted(BATCH_BOUNDS_MS, batches), minlength=len(BATCH_BOUNDS_MS) + 1)
+    def heartbeat(self, quiet_since: int) -> None:
         with self._tx() as db:
-            set_status(db, "heartbeat", batch_since)
-            for i in np.flatnonzero(buckets).tolist():
-                add_status(db, f"batch_{i}", int(buckets[i]))
-            if len(batches):
-                add_status(db, "batch_ms", int(sum(batches)))
+            set_status(db, "heartbeat", quiet_since)
+
+    def set_partitions(self, partitions: int) -> list[int]:
+        with self._tx() as db:
+            kept = {
+                int(name.rsplit(".", 1)[1]): value
+                for name, value in db.execute("SELECT name, value FROM status WHERE name LIKE ?", ("processed.%",))
+            }
+            if set(kept) != set(range(partitions)):
+                # a subscription's partition follows from the count: all restart where the slowest was
+                start = min(kept.values()) if kept else get_status(db, "processed") or 0
+                db.execute("DELETE FROM status WHERE name LIKE ? OR name LIKE ?", ("processed.%", "beat.%"))
+                for part in range(partitions):
+                    set_status(db, f"processed.{part}", start)
+                kept = dict.fromkeys(range(partitions), start)
+                set_least(db, "processed", "processed.")
+            # the claims of tasks that are gone: ranges are handed out again from the recorded progress
+            db.execute(
+                "DELETE FROM status WHERE name = 'claimed' OR name LIKE ? OR name LIKE ?", ("claim.%", "claimend.%")
+            )
+            return [kept[part] for part in range(partitions)]
+
+    def claim_range(self, rows: int, part: int) -> tuple[int, int]:
+        with self._tx() as db:
+            progress = partition_progress(db, 0)
+            start, end = get_status(db, f"claim.{part}"), get_status(db, f"claimend.{part}")
+            if start is not None and end is not None and end > progress:
+                return start, end  # claimed by an earlier task of the partition, never recorded
+            start = max(get_status(db, "claimed") or 0, progress)
+            head = db.execute('SELECT COALESCE(MAX("offset"), 0) FROM log').fetchone()[0]
+            end = max(start, min(head, start + rows))
+            if end > start:
+                set_status(db, "claimed", end)
+                set_status(db, f"claim.{part}", start)
+                set_status(db, f"claimend.{part}", end)
+        return start, end
+
+    def partition_offset(self, part: int) -> int:
+        with self._read() as db:
+            return partition_progress(db, part)
+
+    def partition_beat(self, parts: Sequence[int]) -> None:
+        with self._tx() as db:
+            for part in parts:
+                set_status(db, f"beat.{part}", now_ms())
+
+    def partition_beats(self) -> dict[int, int]:
+        return self._numbered("beat.")
+
+    def own_partition(self, part: int, token: int) -> None:
+        with self._tx() as db:
+            set_status(db, f"owner.{part}", token)
+            set_status(db, f"beat.{part}", now_ms())
+
+    def adopt_partition(self, part: int, token: int, silent_ms: int) -> bool:
+        with self._tx() as db:
+            beat = get_status(db, f"beat.{part}")
+            if beat is not None and now_ms() - beat <= silent_ms:
+                return False
+            set_status(db, f"owner.{part}", token)
+            set_status(db, f"beat.{part}", now_ms())
+            return True
+
+    def partition_owners(self) -> dict[int, int]:
+        return self._numbered("owner.")
+
+    def _numbered(self, prefix: str) -> dict[int, int]:
+        """The status rows `prefix`<partition>, by partition."""
+        with self._read() as db:
+            rows = db.execute("SELECT name, value FROM status WHERE name LIKE ?", (prefix + "%",)).fetchall()
+        return {int(name.rsplit(".", 1)[1]): value for name, value in rows}
 
     def pipeline_status(self) -> PipelineStatus | None:
         with self._read() as db:
