@@ -81,6 +81,11 @@ class Config:
         ("VEIL_EPOCH_SECONDS",),
     )  # fmt: skip
     max_batch_rows: int = _opt(50000, "most log entries per matching round", ("VEIL_MAX_BATCH_ROWS",))
+    round_gap_ms: int = _opt(
+        100, "least milliseconds between the starts of a matcher partition's rounds while publications keep "
+        "coming (one that found the log idle starts at once): rounds carry more, for fewer writes downstream",
+        ("VEIL_ROUND_GAP_MS",),
+    )  # fmt: skip
     max_batch_matches: int = _opt(
         2_000_000,
         "about the most matches per matching round (a matcher holds them until they are recorded): rounds "
@@ -272,6 +277,8 @@ class Config:
             raise ValueError(f"--registry: no such file {self.registry!r}")
         if min(self.max_batch_rows, self.max_batch_matches, self.max_body) < 1:
             raise ValueError("--max-batch-rows, --max-batch-matches and --max-body must be positive")
+        if not 0 <= self.round_gap_ms <= 10_000:
+            raise ValueError("--round-gap-ms: from 0 to 10000")
         if not 1 <= self.epoch_seconds <= 3600:
             raise ValueError("--epoch-seconds: from 1 to 3600")
         for option in (*(f"max_{name}" for name in Limits._fields), "max_pending", "max_unauthenticated"):

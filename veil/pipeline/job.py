@@ -89,6 +89,7 @@ def start_query(spark, config: Config):
         .option("authorization", "true" if config.with_authorization else "false")
         .option("entryTimeout", str(config.entry_timeout))
         .option("maxRowsPerRound", str(config.max_batch_rows))
+        .option("roundGapMs", str(config.round_gap_ms))
         .option("maxMatchesPerRound", str(config.max_batch_matches))
         .load()
     )

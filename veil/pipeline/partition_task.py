@@ -61,7 +61,7 @@ class PartitionTask:
 
     def __init__(
         self, url: str, part: int, partitions: int, by_publication: bool, with_authorization: bool,
-        entry_timeout: float, max_rows: int, max_matches: int,
+        entry_timeout: float, max_rows: int, max_matches: int, round_gap: float = 0.0,
     ) -> None:  # fmt: skip
         self.url = url
         self.part = part
@@ -69,6 +69,9 @@ class PartitionTask:
         self.by_publication = by_publication
         self.max_rows = max_rows
         self.max_matches = max_matches
+        self.round_gap = round_gap
+        self._began: dict[int, float] = {}  # when each held partition's last round began (monotonic)
+        self._caught_up: dict[int, bool] = {}  # whether its last look found nothing to do
         self.matcher = MatchPartition(url, partitions, by_publication, with_authorization, entry_timeout)
 
     def run(self, deadline: float) -> tuple[int, int]:
@@ -121,15 +124,27 @@ class PartitionTask:
 
     def _round(self, store: PipelineStore, part: int) -> int | None:
         """A round of `part`: None if it recorded one, else the log offset past which there is work."""
-        return self._claimed_round(store, part) if self.by_publication else self._own_round(store, part)
+        idle = self._claimed_round(store, part) if self.by_publication else self._own_round(store, part)
+        self._caught_up[part] = idle is not None
+        return idle
+
+    def _paced(self, part: int) -> float:
+        """Wait, while publications keep coming, until `round_gap` has passed since `part`'s last round
+        began: at a high rate a round per commit would make a feed entry, and a write to every
+        subscriber it matches, every few milliseconds; a partition that caught up starts at once.
+        Returns when this round begins."""
+        if not self._caught_up.get(part, True):
+            time.sleep(max(0.0, self._began.get(part, 0.0) + self.round_gap - time.monotonic()))
+        self._began[part] = began = time.monotonic()
+        return began
 
     def _own_round(self, store: PipelineStore, part: int) -> int | None:
         """Subscription partitioning: the partition's next range, from its own progress to the head."""
         start = store.partition_offset(part)
-        head = store.head_offset()
-        if head <= start:
+        if store.head_offset() <= start:
             return start
-        began = time.monotonic()
+        began = self._paced(part)
+        head = store.head_offset()
         end = round_end(start, head, self.max_rows, self.max_matches, store.matches_per_entry())
         self._record(store, self._matched(store, part, start, end), part, start, end, began)
         return None
@@ -139,11 +154,11 @@ class PartitionTask:
         partition claimed and never recorded), matched while the others match theirs, recorded
         once the ranges before it are. If they are not soon, the range stays claimed and the task
         looks around: the partition that claimed them may need adopting."""
+        began = self._paced(part)
         rows = round_end(0, self.max_rows, self.max_rows, self.max_matches, store.matches_per_entry())
         start, end = store.claim_range(rows, part)
         if end <= start:
             return start  # everything up to `start` is claimed
-        began = time.monotonic()
         table = self._matched(store, part, start, end)
         waited = time.monotonic() + ORDER_WAIT
         while store.partition_offset(0) < start:

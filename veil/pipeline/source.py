@@ -55,6 +55,7 @@ class EpochReader(DataSourceStreamReader):
         self.with_authorization = options.get("authorization", "true") == "true"
         self.entry_timeout = float(options.get("entryTimeout", "60"))
         self.max_rows = int(options.get("maxRowsPerRound", "50000"))
+        self.round_gap = int(options.get("roundGapMs", "100")) / 1000
         self.max_matches = int(options.get("maxMatchesPerRound", "2000000"))
 
     def initialOffset(self) -> dict:
@@ -71,7 +72,7 @@ class EpochReader(DataSourceStreamReader):
     def _task(self, part: int) -> PartitionTask:
         return PartitionTask(
             self.url, part, self.partitions_n, self.by_publication, self.with_authorization, self.entry_timeout,
-            self.max_rows, self.max_matches,
+            self.max_rows, self.max_matches, self.round_gap,
         )  # fmt: skip
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
