@@ -93,7 +93,7 @@ class PartitionTask:
         store = store_for(self.url)
         token = secrets.randbits(62)
         held: set[int] = set()
-        looked = 0.0
+        looked, started = 0.0, time.time() * 1000
         rounds, failing = 0, False
         while (left := deadline - time.time()) > 0:
             try:
@@ -101,7 +101,7 @@ class PartitionTask:
                     store.own_partition(self.part, token)
                     held.add(self.part)
                 if time.monotonic() - looked > IDLE_BEAT:
-                    held = self._look_around(store, token, held)
+                    held = self._look_around(store, token, held, started)
                     looked = time.monotonic()
                 idle = [self._round(store, part) for part in sorted(held)]
                 rounds += idle.count(None)
@@ -118,13 +118,16 @@ class PartitionTask:
                 time.sleep(min(STORE_RETRY, max(0.0, deadline - time.time())))
         return _offset_or(store, self.progress(self.part), 0), rounds
 
-    def _look_around(self, store: PipelineStore, token: int, held: set[int]) -> set[int]:
-        """The partitions this task holds now: those whose owner it still is, and any silent one."""
+    def _look_around(self, store: PipelineStore, token: int, held: set[int], started: float) -> set[int]:
+        """The partitions this task holds now: those whose owner it still is, and any silent one.
+        Silent counts from this task's start at the earliest: the epoch's other tasks start a moment
+        apart, and two tasks matching one partition at once would each decide its top-k/w
+        deliveries from a state of their own."""
         owners = store.partition_owners()
         held = {part for part in held if owners.get(part) == token}
         beats, now = store.partition_beats(), time.time() * 1000
         for part in range(self.partitions):
-            silent = now - beats.get(part, 0)
+            silent = now - max(beats.get(part, 0), started)
             if part not in held and silent > SILENT_MS and store.adopt_partition(part, token, SILENT_MS):
                 log.warning("partition %d adopts partition %d, silent for %.0f s", self.part, part, silent / 1000)
                 held.add(part)
