@@ -247,6 +247,20 @@ def test_a_silent_partition_is_adopted_and_its_own_task_takes_it_back(store):
     assert store.partition_owners() == {0: 11, 1: 22}
 
 
+def test_a_round_that_began_behind_the_recorded_progress_is_dropped_whole(store):
+    store.put_subscription("s", "alice", b"[]")
+    s = store.subscription_number("s")
+    pubs = store.append_publications(published(*[b"{}"] * 3))
+    store.set_partitions(1)
+    store.record_deliveries([s], [pubs[0]], pubs[0], part=0, began=0)
+    # another task matched from 0 as well and got further: its round is not recorded at all
+    late = StatefulBatch([(s, pubs[1], None)], [], [(s, b"band")], None, None)
+    store.record_deliveries([s, s], pubs[:2], pubs[1], stateful=late, part=0, began=0)
+    assert store.partition_offset(0) == pubs[0] and store.topk_bands([s]) == {}
+    store.record_deliveries([s], [pubs[1]], pubs[1], part=0, began=pubs[0])
+    assert [p for p, *_ in store.backlog("s", 0, 10)[0]] == pubs[:2]
+
+
 def test_a_claimed_range_never_recorded_is_claimed_again_by_its_partition(store):
     pubs = store.append_publications(published(*[b"{}"] * 6))
     store.set_partitions(1)

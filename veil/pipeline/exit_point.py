@@ -16,7 +16,8 @@ from veil.pipeline.rows import MARK, QUARANTINE, STATEFUL, decode_quarantined, d
 from veil.store import KIND_PUBLICATION, PipelineStore, Quarantined
 
 
-def record_round(store: PipelineStore, table: pa.Table, part: int, took_ms: int) -> None:
+def record_round(store: PipelineStore, table: pa.Table, part: int, took_ms: int, began: int | None = None) -> None:
+    """Record a round that matched the log from offset `began` (see `record_deliveries`)."""
     offsets = table.column("offset").to_numpy()
     sub_nos = table.column("sub_no").to_numpy()
     quarantined: list[Quarantined] = []
@@ -44,6 +45,7 @@ def record_round(store: PipelineStore, table: pa.Table, part: int, took_ms: int)
             zip(sub_nos[cropped].tolist(), offsets[cropped].tolist(), copy.filter(cropped).to_pylist(), strict=True)
         )
     store.record_deliveries(
-        sub_nos[matches], offsets[matches], int(offsets[is_mark][0]), copies, stateful, quarantined, part, took_ms
-    )
+        sub_nos[matches], offsets[matches], int(offsets[is_mark][0]), copies, stateful, quarantined, part, took_ms,
+        began,
+    )  # fmt: skip
 

@@ -193,7 +193,7 @@ class PartitionTask:
         return pa.Table.from_batches(list(self.matcher(iter([batch]))), MATCH_ARROW)
 
     def _record(self, store: PipelineStore, table: pa.Table, part: int, start: int, end: int, began: float) -> None:
-        record_round(store, table, self.progress(part), int((time.monotonic() - began) * 1000))
+        record_round(store, table, self.progress(part), int((time.monotonic() - began) * 1000), start)
         reached = len(np.unique(table.column("sub_no").to_numpy()))
         growth = min(GAP_GROWTH, max(1.0, reached / PACED_SUBSCRIPTIONS))
         self._gap[part] = (self.round_gap * growth, reached >= PACED_SUBSCRIPTIONS)

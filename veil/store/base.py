@@ -375,6 +375,7 @@ class PipelineStore(LogReader):
         quarantined: Sequence[Quarantined] = (),
         part: int = 0,
         took_ms: int | None = None,
+        began: int | None = None,
     ) -> None:
         """Queue the (subscription number, publication) matches of matcher partition `part`'s round
         as one feed entry, with the cropped copies some of them deliver, and record the partition's
@@ -387,7 +388,11 @@ class PipelineStore(LogReader):
         publications, so that each subscription's queue stays in the order they were decided;
         initial matches queue as plain matches (they precede the subscription's others); the
         skybands' new states are kept with them: all of it only when the round is new, since a
-        replay recomputes them. Entries the round could not process are set aside in the quarantine."""
+        replay recomputes them. Entries the round could not process are set aside in the quarantine.
+        A round that says where it `began` is recorded only if the partition's progress is still
+        there: one that another task recorded past meanwhile (a partition adopted while its own
+        task came back) is dropped whole, since its top-k/w deliveries were decided from a state
+        that the recorded rounds no longer match; the next round starts from the progress."""
 
     @abstractmethod
     def set_partitions(self, partitions: int) -> list[int]:

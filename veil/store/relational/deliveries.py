@@ -142,6 +142,7 @@ class DeliverySql(Dialect):
         quarantined: Sequence[Quarantined] = (),
         part: int = 0,
         took_ms: int | None = None,
+        began: int | None = None,
     ) -> None:
         sub_nos = np.asarray(sub_nos, np.int64)
         pubs = np.asarray(pubs, np.int64)
@@ -150,6 +151,8 @@ class DeliverySql(Dialect):
             # matches of publications at or below the partition's processed offset were recorded by
             # an earlier run of this round: a replay adds only what is new
             done = partition_progress(db, part)
+            if began is not None and began != done:
+                return
             fresh = pubs > done
             sub_nos, pubs = sub_nos[fresh], pubs[fresh]
             copies = [copy for copy in copies if copy[1] > done]
