@@ -3,12 +3,6 @@ before the gateway acknowledges it. Each thread gets its own connection (SQLite 
 shareable across threads); the gateway funnels its writes through a single thread so that one
 commit covers many concurrent publishes. A write transaction takes SQLite's one write lock at once
 (BEGIN IMMEDIATE), so that it cannot fail half-way on a lock upgrade.
-
-Writers queue on a lock file first (`flock`), and SQLite's own lock is then free when they ask for
-it. SQLite's busy handler waits by sleeping 1, 2, 5, 10 ... 100 ms between attempts: with the
-gateway's group commits and every matcher partition's rounds all writing many times a second, its
-writers slept more than they wrote (the publishers' acknowledgements fell by half at 512
-subscriptions). The kernel wakes a writer queued on the file as soon as the lock is let go.
 """
 
 from __future__ import annotations
@@ -171,7 +165,6 @@ class SqliteStore(RelationalStore):
             )
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
-        self._queues: list[int] = []  # the threads' descriptors of the writers' lock file
         self._lock = threading.Lock()
         self._pipeline_lock: int | None = None  # a file lock beside the store: the one pipeline holds it
         db = self._db()
@@ -191,19 +184,7 @@ class SqliteStore(RelationalStore):
         return db
 
     def _tx(self, write: bool = True) -> Transaction:
-        if not write:
-            return Transaction(self._db(), ("BEGIN",), FAILURES)
-        return QueuedWrite(self._db(), ("BEGIN IMMEDIATE",), FAILURES, self._write_queue())
-
-    def _write_queue(self) -> int:
-        """This thread's descriptor of the lock file (flock excludes other descriptors, even of this process)."""
-        fd = getattr(self._local, "queue", None)
-        if fd is None:
-            fd = os.open(self.path + ".writers", os.O_CREAT | os.O_RDWR, 0o600)
-            self._local.queue = fd
-            with self._lock:
-                self._queues.append(fd)
-        return fd
+        return Transaction(self._db(), ("BEGIN IMMEDIATE",) if write else ("BEGIN",), FAILURES)
 
     def _read(self) -> contextlib.nullcontext[Db]:
         return contextlib.nullcontext(self._db())
@@ -242,32 +223,7 @@ class SqliteStore(RelationalStore):
             for db in self._connections:
                 db.close()
             self._connections.clear()
-            for fd in self._queues:
-                os.close(fd)
-            self._queues.clear()
         self._local = threading.local()
-
-
-class QueuedWrite(Transaction):
-    """A write transaction begun once this thread holds the writers' lock file, let go after it ends."""
-
-    def __init__(self, db: Db, begin: Sequence[str], failures: tuple[type[Exception], ...], queue: int) -> None:
-        super().__init__(db, begin, failures)
-        self.queue = queue
-
-    def __enter__(self) -> Db:
-        fcntl.flock(self.queue, fcntl.LOCK_EX)
-        try:
-            return super().__enter__()
-        except BaseException:
-            fcntl.flock(self.queue, fcntl.LOCK_UN)
-            raise
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, *rest: object) -> None:
-        try:
-            super().__exit__(exc_type, exc, *rest)
-        finally:
-            fcntl.flock(self.queue, fcntl.LOCK_UN)
 
 
 def _migrate(db: sqlite3.Connection) -> None:
