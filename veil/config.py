@@ -77,7 +77,7 @@ class Config:
     )
     epoch_seconds: float = _opt(
         300.0, "seconds a matcher task follows the log before Spark checkpoints and starts the next "
-        "(between two, publications wait ~0.3 s for the next task)",
+        "(between two, publications wait for the next tasks to start)",
         ("VEIL_EPOCH_SECONDS",),
     )  # fmt: skip
     max_batch_rows: int = _opt(50000, "most log entries per matching round", ("VEIL_MAX_BATCH_ROWS",))
@@ -221,7 +221,7 @@ class Config:
     @property
     def master(self) -> str:
         """Each matcher partition's task runs all the time, so local mode gets a task thread for each
-        (a cluster needs as many executor cores: tasks beyond them wait for a whole epoch)."""
+        (on a cluster with fewer cores, running tasks adopt the partitions of those that wait)."""
         threads = max(self.workers or os.cpu_count() or 1, self.partitions)
         return self.spark_master or f"local[{threads}]"
 

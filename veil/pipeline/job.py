@@ -205,7 +205,7 @@ def _still_claimed(store: PipelineStore) -> bool:
         return False
 
 
-def _warm_up(store: PipelineStore, query: StreamingQuery, partitions: int, stop: threading.Event) -> None:
+def _warm_up(store: PipelineStore, query: StreamingQuery, stop: threading.Event) -> None:
     """Let every matcher partition run a few rounds before saying the pipeline runs: the first
     starts Spark's Python workers, which import the matcher, open the store and build the
     partition's state; the next few still run slower while the JVM and the interpreter warm up.
@@ -220,7 +220,7 @@ def _warm_up(store: PipelineStore, query: StreamingQuery, partitions: int, stop:
             return
         while True:
             with contextlib.suppress(StoreUnavailable):
-                if min(store.partition_offset(part) for part in range(partitions)) >= tick:
+                if store.processed_offset() >= tick:  # the least of the partitions' progress
                     break
             if not query.isActive or time.monotonic() > deadline or stop.wait(0.02):
                 return
@@ -245,7 +245,7 @@ def run(config: Config, watch_parent: bool = True) -> int:
     spark = build_session(config)
     query = start_query(spark, config)
     heartbeat = Heartbeat(store, config.partitions)
-    _warm_up(store, query, config.partitions, stop)
+    _warm_up(store, query, stop)
     store.register_pipeline(os.getpid())
     log.info(
         "pipeline running (%s, %d partitions by %s) after %.1f s",

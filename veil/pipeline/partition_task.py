@@ -84,6 +84,8 @@ class PartitionTask:
         self._caught_up: dict[int, bool] = {}  # whether its last look found nothing to do
         # the gap before its next round, and whether it applies even when caught up
         self._gap: dict[int, tuple[float, bool]] = {}
+        # publication partitioning: a claimed range matched and waiting for the ranges before it
+        self._waiting: dict[int, tuple[int, int, pa.Table]] = {}
         self.matcher = MatchPartition(url, partitions, by_publication, with_authorization, entry_timeout)
 
     def run(self, deadline: float) -> tuple[int, int]:
@@ -175,10 +177,15 @@ class PartitionTask:
         start, end = store.claim_range(rows, part)
         if end <= start:
             return start  # everything up to `start` is claimed
-        table = self._matched(store, part, start, end)
+        waiting = self._waiting.pop(part, None)
+        if waiting is not None and waiting[:2] == (start, end):
+            table = waiting[2]  # matched before: matching it again would also rebuild the state
+        else:
+            table = self._matched(store, part, start, end)
         waited = time.monotonic() + ORDER_WAIT
         while store.partition_offset(0) < start:
             if time.monotonic() > waited:
+                self._waiting[part] = (start, end, table)
                 return 0  # tried again after a look around
             time.sleep(HEAD_POLL)
         self._record(store, table, part, start, end, began)
