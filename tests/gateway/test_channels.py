@@ -64,7 +64,7 @@ async def test_a_multiplexed_connection_writes_each_publication_once_with_its_su
     reader, writer = await asyncio.open_connection("127.0.0.1", tcp)
     writer.write(orjson.dumps({"subscriptionIds": ["m1", "m2", "m3"], "authHash": ALICE}) + b"\n")
     try:
-        while len(gateway.hub.sessions) < 3:
+        while len(gateway.hub.holders) < 3:
             await asyncio.sleep(0.01)
         first, second = store.append_publications([Publication(b'{"n":1}', "bob"), Publication(b'{"n":2}', "bob")])
         # first to m1 and m3, second to m2 only; the feed lists matches by subscription
@@ -78,7 +78,7 @@ async def test_a_multiplexed_connection_writes_each_publication_once_with_its_su
         writer.write(orjson.dumps({"ack": second}) + b"\n")  # covers all three
         await gateway.hub.kick("m2", b'{"error":"unsubscribed","field":"subscriptionId","status":404}')
         ended = orjson.loads(await asyncio.wait_for(reader.readline(), 5))
-        assert ended["subscriptionId"] == "m2" and set(gateway.hub.sessions) == {"m1", "m3"}
+        assert ended["subscriptionId"] == "m2" and set(gateway.hub.holders) == {"m1", "m3"}
         await gateway.hub.flush_cursors()
         assert [store.cursor(s) for s in ("m1", "m3")] == [first, first]
     finally:

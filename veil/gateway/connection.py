@@ -13,41 +13,26 @@ from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
 from veil.gateway.delivery import Session
 from veil.gateway.edge import run_edge
-from veil.gateway.multiplex import Mux, serve_multiplexed
+from veil.gateway.multiplex import serve_multiplexed
+from veil.gateway.subscriber import admit
 from veil.monitoring import selis as monitoring
 from veil.protocol import Handshake, ProtocolError, parse_ack, parse_handshake
-from veil.security.identity import Credentials
 
 MAX_LINE = 64 * 1024
 
 
 async def open_session(
-    gateway: Gateway, handshake: Handshake, identity: str | None, send: Send, close: Close, mux: Mux | None = None
+    gateway: Gateway, handshake: Handshake, identity: str | None, send: Send, close: Close
 ) -> Session:
-    """Check the handshake; ProtocolError (with the reason to send back) when refused."""
-    client = gateway.auth.identify(Credentials(identity, handshake.token, handshake.auth_hash))
+    """Admit the handshake's subscription and attach its session; ProtocolError when refused."""
+    admitted = await admit(gateway, handshake, identity)
     threads, hub = gateway.threads, gateway.hub
-    store = threads.store
-    owner = await threads.read(store.subscription_owner, handshake.subscription_id)
-    number = await threads.read(store.subscription_number, handshake.subscription_id)
-    if owner is None or number is None:
-        raise ProtocolError("subscriptionId", "unknown subscription", 404)
-    if owner != client:
-        raise ProtocolError("authHash", "not the owner of this subscription", 403)
-    refusal = await threads.read(store.subscription_refusal, handshake.subscription_id)
-    if refusal is not None:
-        raise ProtocolError("subscriptionId", f"quarantined by the broker: {refusal}", 422)
-    claimed = await membership.claim(gateway, handshake.subscription_id)
-    start = handshake.resume_after
-    if start is None:
-        saved = await threads.read(store.cursor, handshake.subscription_id)
-        start = max(saved, hub.unsaved_cursor(handshake.subscription_id))
-    session = Session(hub, handshake, number, start, send, close, claimed, mux)
+    session = Session(hub, handshake, admitted.number, admitted.start_after, send, close, admitted.claimed)
     await hub.attach(session)
     # An unsubscription that ran between the check above and the attach found no session to close.
-    if await threads.read(store.subscription_owner, handshake.subscription_id) is None:
+    if await threads.read(threads.store.subscription_owner, handshake.subscription_id) is None:
         hub.detach(session)
-        await membership.release(gateway, session.sub_id, claimed)
+        await membership.release(gateway, session.sub_id, admitted.claimed)
         raise ProtocolError("subscriptionId", "unknown subscription", 404)
     return session
 

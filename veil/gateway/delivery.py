@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
+from veil.gateway.bundle import Bundle, Published
 from veil.gateway.channel import Close, Send
 from veil.gateway.store_threads import StoreThreads
 from veil.monitoring import trace
@@ -27,13 +29,11 @@ from veil.protocol import Handshake, ProtocolError
 from veil.protocol.envelope import fields, wrap
 from veil.store.base import FeedEntry
 
-if TYPE_CHECKING:
-    from veil.gateway.multiplex import Mux
-
 log = logging.getLogger("veil.gateway")
 
 QUEUE_LIMIT = 2048
 SEND_BATCH = 512
+BUNDLE_CURSOR_TICKS = 10  # cursor flushes per save of multiplexed connections' cursors
 FEED_WAIT = 0.5  # seconds the hub waits for a store's signal of new deliveries before it looks again
 
 
@@ -61,10 +61,8 @@ class Session:
         send: Send,
         close: Close,
         claimed: float = 0.0,
-        mux: Mux | None = None,
     ) -> None:
         self.hub = hub
-        self.mux = mux  # the connection's writer when it carries many subscriptions
         self.claimed = claimed  # when this gateway claimed the subscription for it (`membership`)
         self.sub_id = handshake.subscription_id
         self.number = number
@@ -104,8 +102,6 @@ class Session:
         self.last_queued = int(chunk.pubs[-1])
 
     def acknowledge(self, seq: int) -> None:
-        if self.mux is not None:  # on a multiplexed connection an ack covers all that was sent before it
-            seq = min(seq, self.sent)
         if self.acks and seq <= self.sent:
             self.hub.save_cursor(self.sub_id, seq)
 
@@ -138,9 +134,7 @@ class Session:
             if chunk.logged is not None:
                 logged.append(chunk.logged)
         last = pubs[-1]
-        if self.mux is not None:
-            await self.mux.send(self.sub_id, pubs, bodies, envelopes)
-        elif self.envelope:
+        if self.envelope:
             await self._send(list(map(wrap, pubs, bodies, envelopes)))
         else:
             await self._send(bodies)
@@ -168,14 +162,24 @@ class Session:
         with contextlib.suppress(Exception):
             await self._close(error)
 
+    async def end(self, sub_id: str, error: bytes | None) -> None:
+        """The subscription leaves this connection (the hub's call for a session or a bundle alike)."""
+        self.hub.detach(self)
+        await self.close(error)
+
 
 class DeliveryHub:
     def __init__(self, threads: StoreThreads, poll_interval: float = 0.005) -> None:
         self.threads = threads
         self.poll_interval = poll_interval
-        self.sessions: dict[str, Session] = {}
+        self.holders: dict[str, Session | Bundle] = {}  # connected subscriptions, by id
         self._by_number: dict[int, Session] = {}
-        self._connected = np.zeros(1024, bool)  # indexed by subscription number
+        self._bundles: dict[int, Bundle] = {}
+        # indexed by subscription number: connected here; the key of its bundle (-1: a session of its
+        # own); its place in the bundle
+        self._connected = np.zeros(1024, bool)
+        self._bundle_of = np.full(1024, -1, np.int64)
+        self._place = np.zeros(1024, np.int64)
         self.last_seq = 0
         self._cursors: dict[str, int] = {}
         self.forwarded = 0  # deliveries sent and not yet counted in the store
@@ -187,46 +191,92 @@ class DeliveryHub:
         self.last_seq = await self.threads.read(self.threads.store.last_feed_seq)
 
     async def attach(self, session: Session) -> None:
-        previous = self.sessions.get(session.sub_id)
-        self.sessions[session.sub_id] = session
+        await self._replace(session.sub_id)
+        self.holders[session.sub_id] = session
         self._by_number[session.number] = session
         self._grow(session.number + 1)
         self._connected[session.number] = True
+        self._bundle_of[session.number] = -1
+
+    async def attach_bundle(self, bundle: Bundle) -> None:
+        for sub_id in bundle.ids:
+            await self._replace(sub_id)
+            self.holders[sub_id] = bundle
+        self._bundles[bundle.key] = bundle
+        self._grow(int(bundle.numbers.max()) + 1)
+        self._connected[bundle.numbers] = True
+        self._bundle_of[bundle.numbers] = bundle.key
+        self._place[bundle.numbers] = np.arange(len(bundle.numbers))
+
+    async def _replace(self, sub_id: str) -> None:
+        previous = self.holders.get(sub_id)
         if previous is not None:
-            await previous.close(ProtocolError("subscriptionId", "replaced by a newer connection", 409).to_json())
+            reason = ProtocolError("subscriptionId", "replaced by a newer connection", 409).to_json()
+            await previous.end(sub_id, reason)
 
     def detach(self, session: Session) -> None:
-        if self.sessions.get(session.sub_id) is session:
-            del self.sessions[session.sub_id]
+        if self.holders.get(session.sub_id) is session:
+            del self.holders[session.sub_id]
             del self._by_number[session.number]
             self._connected[session.number] = False
 
+    def leave(self, bundle: Bundle, place: int) -> None:
+        """One subscription of a bundle is no longer delivered through it; its cursor is kept."""
+        sub_id = bundle.ids[place]
+        if self.holders.get(sub_id) is bundle:
+            del self.holders[sub_id]
+            self._connected[bundle.numbers[place]] = False
+            self._bundle_of[bundle.numbers[place]] = -1
+        if bundle.cursor[place] > bundle.saved[place]:
+            self.save_cursor(sub_id, int(bundle.cursor[place]))
+
+    def detach_bundle(self, bundle: Bundle) -> None:
+        for place in np.flatnonzero(bundle.open).tolist():
+            self.leave(bundle, place)
+        self._bundles.pop(bundle.key, None)
+
     def behind(self) -> int:
-        """Connected sessions that are reading their backlog from the store instead of taking offers."""
-        return sum(not session.caught_up for session in self.sessions.values())
+        """Connected subscriptions that are reading their backlog from the store instead of taking offers."""
+        return sum(not session.caught_up for session in self._by_number.values()) + sum(
+            bundle.behind() for bundle in self._bundles.values()
+        )
+
+    def queued(self) -> int:
+        """Deliveries queued in memory for connected subscriptions."""
+        return sum(session.queued for session in self._by_number.values()) + sum(
+            bundle.queued for bundle in self._bundles.values()
+        )
 
     def _grow(self, size: int) -> None:
         if size > len(self._connected):
-            grown = np.zeros(max(size, 2 * len(self._connected)), bool)
-            grown[: len(self._connected)] = self._connected
-            self._connected = grown
+            size = max(size, 2 * len(self._connected))
+            self._connected = np.concatenate([self._connected, np.zeros(size - len(self._connected), bool)])
+            self._bundle_of = np.concatenate([self._bundle_of, np.full(size - len(self._bundle_of), -1, np.int64)])
+            self._place = np.concatenate([self._place, np.zeros(size - len(self._place), np.int64)])
 
     async def kick(self, sub_id: str, reason: bytes) -> None:
-        session = self.sessions.get(sub_id)
+        holder = self.holders.get(sub_id)
+        if holder is not None:
+            await holder.end(sub_id, reason)
         self._cursors.pop(sub_id, None)
-        if session is not None:
-            self.detach(session)
-            await session.close(reason)
 
     def save_cursor(self, sub_id: str, pub: int) -> None:
         if pub > self._cursors.get(sub_id, 0):
             self._cursors[sub_id] = pub
 
     def unsaved_cursor(self, sub_id: str) -> int:
-        return self._cursors.get(sub_id, 0)
+        holder = self.holders.get(sub_id)
+        held = int(holder.cursor[holder.place(sub_id)]) if isinstance(holder, Bundle) else 0
+        return max(self._cursors.get(sub_id, 0), held)
+
+    def _resync(self) -> None:
+        for session in self._by_number.values():
+            session.resync()
+        for bundle in self._bundles.values():
+            bundle.resync()
 
     async def poll(self) -> None:
-        """Fan the pipeline's feed out to the connected sessions, batch by batch."""
+        """Fan the pipeline's feed out to the connected subscriptions, entry by entry."""
         store = self.threads.store
         while not self._stopping.is_set():
             entries = await self.threads.read(store.feed_since, self.last_seq, 64)
@@ -240,16 +290,14 @@ class DeliveryHub:
                     trace.mark("notified", int(entry.pubs.min()) - 1, int(entry.pubs.max()))
                 if entry.seq > self.last_seq + 1:
                     # rows this hub never offered went (another gateway's compaction spilled them while
-                    # this one counted as gone): its sessions read their queues from the store again
-                    for session in self.sessions.values():
-                        session.resync()
-                if self._by_number:
+                    # this one counted as gone): its subscriptions read their queues from the store again
+                    self._resync()
+                if self.holders:
                     try:
                         await self._fan_out(entry)
                     except Exception:
                         log.exception("fanning out feed entry %d failed; sessions re-read the store", entry.seq)
-                        for session in self.sessions.values():
-                            session.resync()
+                        self._resync()
                 self.last_seq = entry.seq
 
     async def _fan_out(self, entry: FeedEntry) -> None:
@@ -258,34 +306,58 @@ class DeliveryHub:
         if not mine.any():
             return
         sub_nos, pubs = entry.sub_nos[mine], entry.pubs[mine]  # grouped by subscription already
-        wanted = np.unique(pubs)
+        published, variants = await self._published(entry, sub_nos, pubs)
+        known = variants >= 0  # publications compacted away meanwhile: nobody is owed them
+        if not known.all():
+            sub_nos, pubs, variants = sub_nos[known], pubs[known], variants[known]
+        bundles = self._bundle_of[sub_nos]
+        alone = bundles < 0
+        if not alone.all():
+            for key in np.unique(bundles[~alone]).tolist():
+                rows = bundles == key
+                self._bundles[key].offer(self._place[sub_nos[rows]], pubs[rows], variants[rows], published)
+            sub_nos, pubs, variants = sub_nos[alone], pubs[alone], variants[alone]
+        cuts = np.flatnonzero(np.diff(sub_nos)) + 1
+        for low, high in zip([0, *cuts.tolist()], [*cuts.tolist(), len(sub_nos)], strict=True):
+            session = self._by_number.get(int(sub_nos[low])) if high > low else None
+            if session is not None:
+                chosen = variants[low:high]
+                session.offer(
+                    Chunk(
+                        pubs[low:high], published.bodies[chosen].tolist(), published.envelopes[chosen].tolist(),
+                        published.logged[chosen],
+                    )
+                )  # fmt: skip
+
+    async def _published(self, entry: FeedEntry, sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[Published, np.ndarray]:
+        """What the rows deliver, once per variant, and each row's variant (-1: compacted away): the
+        publication's bytes, or where the pipeline cropped it for the subscription, its copy."""
         store = self.threads.store
+        wanted = np.unique(pubs)
         found = await self.threads.read(store.bodies, wanted)
-        rows = np.searchsorted(wanted, pubs)
         looked_up = [found.get(pub, (None, None, 0)) for pub in wanted.tolist()]
-        bodies = np.array([body for body, _, _ in looked_up], object)[rows]
-        envelopes = np.array([b"" if origin is None else fields(origin) for _, origin, _ in looked_up], object)[rows]
-        logged = np.array([at for _, _, at in looked_up], np.int64)[rows]
-        if len(found) < len(wanted):  # publications compacted away meanwhile: nobody is owed them
-            kept = bodies != None  # noqa: E711 (elementwise on an object array)
-            sub_nos, pubs, bodies, envelopes, logged = (
-                sub_nos[kept], pubs[kept], bodies[kept], envelopes[kept], logged[kept]
-            )  # fmt: skip
-            if not len(pubs):
-                return
+        bodies = [body for body, _, _ in looked_up]
+        envelopes = [b"" if origin is None else fields(origin) for _, origin, _ in looked_up]
+        logged = [at for _, _, at in looked_up]
+        variants = np.searchsorted(wanted, pubs)
+        if len(found) < len(wanted):
+            missing = np.array([body is None for body in bodies])
+            variants[missing[variants]] = -1
+        variant_pubs = wanted.tolist()
         if entry.cropped:
             copies = await self.threads.read(store.copies, sub_nos, pubs)
             for (sub_no, pub), copy in copies.items():  # pairs are sorted by (subscription, publication)
                 low, high = np.searchsorted(sub_nos, [sub_no, sub_no + 1])
                 at = low + int(np.searchsorted(pubs[low:high], pub))
-                bodies[at], envelopes[at] = copy, fields(found[pub][1]._replace(cropped=True))
-        cuts = np.flatnonzero(np.diff(sub_nos)) + 1
-        for low, high in zip([0, *cuts.tolist()], [*cuts.tolist(), len(sub_nos)], strict=True):
-            session = self._by_number.get(int(sub_nos[low]))
-            if session is not None:
-                session.offer(
-                    Chunk(pubs[low:high], bodies[low:high].tolist(), envelopes[low:high].tolist(), logged[low:high])
-                )
+                variants[at] = len(bodies)
+                bodies.append(copy)
+                envelopes.append(fields(found[pub][1]._replace(cropped=True)))
+                logged.append(found[pub][2])
+                variant_pubs.append(pub)
+        published = Published(
+            np.array(variant_pubs, np.int64), _objects(bodies), _objects(envelopes), np.array(logged, np.int64)
+        )
+        return published, variants
 
     def sent(self, logged: list[np.ndarray]) -> None:
         """Deliveries of publications logged at these times (ms) were sent now. Observed later, in
@@ -303,15 +375,21 @@ class DeliveryHub:
         self.latency.observe(since / 1000)
 
     async def save_cursors_periodically(self, interval: float = 0.1) -> None:
-        while not self._stopping.is_set():
+        for tick in itertools.count(1):
+            if self._stopping.is_set():
+                return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), interval)
-            await self.flush_cursors()
+            await self.flush_cursors(bundles=tick % BUNDLE_CURSOR_TICKS == 0)
 
-    async def flush_cursors(self) -> None:
+    async def flush_cursors(self, bundles: bool = True) -> None:
         """Save the cursors that moved, and count the deliveries sent since the last flush (and
-        observe their latencies)."""
+        observe their latencies). A bundle's cursors are saved less often (`BUNDLE_CURSOR_TICKS`):
+        thousands of them move with every write, and its client resumes by the position it gives."""
         self.observe_latency()
+        if bundles:
+            for bundle in self._bundles.values():
+                self._cursors.update(bundle.cursor_changes())
         if self._cursors or self.forwarded:
             cursors, self._cursors = self._cursors, {}
             forwarded, self.forwarded = self.forwarded, 0
@@ -325,6 +403,16 @@ class DeliveryHub:
 
     async def stop(self) -> None:
         self._stopping.set()
-        for session in list(self.sessions.values()):
+        for session in list(self._by_number.values()):
             await session.close(None)
+        for bundle in list(self._bundles.values()):
+            await bundle.close()
+            self.detach_bundle(bundle)
         await self.flush_cursors()
+
+
+def _objects(items: list[bytes]) -> np.ndarray:
+    """An object array of bytes (np.array would make fixed-width bytes of them)."""
+    array = np.empty(len(items), object)
+    array[:] = items
+    return array

@@ -45,7 +45,7 @@ class Health:
             "lag": self._ingest.lag,
             "quarantined": self.quarantined,
             "connections": self.connections,
-            "subscriptionsConnected": len(self._hub.sessions),
+            "subscriptionsConnected": len(self._hub.holders),
         }
 
     @property

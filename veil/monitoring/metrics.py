@@ -62,7 +62,7 @@ class _Figures(Collector):
         hub = self._hub
         yield GaugeMetricFamily(
             "veil_session_queue_depth", "deliveries queued in this gateway's memory for connected subscriptions",
-            value=float(sum(session.queued for session in hub.sessions.values())),
+            value=float(hub.queued()),
         )  # fmt: skip
         yield GaugeMetricFamily(
             "veil_sessions_behind", "connected subscriptions reading their backlog from the store",

@@ -1,0 +1,274 @@
+"""The subscriptions of a multiplexed delivery connection, delivered together.
+
+A multiplexed connection's subscriptions are one `Bundle`: their cursors, positions in the queue and states
+are numpy arrays indexed by the subscription's place in the handshake, so that a feed entry matching
+a quarter of 20,000 subscriptions held by a few client processes costs each connection a few array
+operations and one line per publication, written once with the ids of the subscriptions it goes to.
+Per subscription it behaves as it would alone: deliveries come in the order of its queue; one that
+has just connected, or whose deliveries would overflow the connection's queue, reads its backlog
+from the store (there a publication comes once per subscription) and takes live offers again once
+it has caught up.
+
+An acknowledgement names the last line the client consumed; it covers every line written before
+that one, whatever subscriptions they were for (lines of different subscriptions are not written
+in one global order, since a backlog read after connecting brings older publications after newer
+ones). A subscription that ends (unsubscribed, quarantined, replaced by a newer connection) ends
+alone: its error line names it (`subscriptionId`) and the connection goes on for the others until
+none is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections import deque
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+import orjson
+
+from veil.gateway.channel import Close, Send
+from veil.monitoring import trace
+from veil.protocol import Handshake
+from veil.protocol.envelope import fields, wrap
+
+if TYPE_CHECKING:
+    from veil.gateway.delivery import DeliveryHub
+    from veil.gateway.subscriber import Admitted
+
+LINE_LIMIT = 2048  # lines a connection queues before its subscriptions read from the store instead
+DELIVERY_LIMIT = 65536  # deliveries (line x subscriptions) it queues, for the same reason
+SEND_LINES = 512  # lines per write
+UNACKED_DELIVERIES = 1 << 20  # written and remembered for acknowledgements; older ones go unacknowledged
+_keys = itertools.count()
+
+
+class Published(NamedTuple):
+    """What a feed entry delivers, once per distinct copy ("variant": a publication, or a cropped copy
+    of it for one subscription): its offset, bytes, envelope fields and when it was logged (ms)."""
+
+    pubs: np.ndarray
+    bodies: np.ndarray  # of bytes
+    envelopes: np.ndarray  # of bytes
+    logged: np.ndarray
+
+
+class Lines(NamedTuple):
+    """Queued lines: per line its publication, bytes, envelope fields and how many subscriptions it
+    goes to; per delivery, in line order, the subscription's place; `logged` only for lines taken
+    live from the feed (the latency histogram's samples)."""
+
+    pubs: np.ndarray
+    bodies: list[bytes]
+    envelopes: list[bytes]
+    counts: np.ndarray
+    places: np.ndarray
+    logged: np.ndarray | None
+
+
+class Bundle:
+    """A multiplexed connection's subscriptions, as arrays indexed by their place in the handshake."""
+
+    def __init__(self, hub: DeliveryHub, handshake: Handshake, admitted: list[Admitted], send: Send, close: Close):
+        self.key = next(_keys)
+        self.hub = hub
+        self.ids = [a.sub_id for a in admitted]
+        self.numbers = np.array([a.number for a in admitted], np.int64)
+        self._places = {sub_id: place for place, sub_id in enumerate(self.ids)}
+        self._quoted = np.array([orjson.dumps(sub_id) for sub_id in self.ids], object)
+        self.acks = handshake.ack
+        self.last_queued = np.array([a.start_after for a in admitted], np.int64)
+        self.cursor = self.last_queued.copy()  # delivered (or acknowledged, with acks): what to save
+        self.saved = self.cursor.copy()
+        self.sent = self.cursor.copy()
+        self.live = np.zeros(len(admitted), bool)  # caught up: takes offers from the feed
+        self.open = np.ones(len(admitted), bool)
+        self.pending: deque[Lines] = deque()
+        self.queued = 0  # deliveries
+        self._queued_lines = 0
+        # written lines not yet acknowledged, per write: (seqs, where each line's deliveries end, places, pubs)
+        self._written: deque[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = deque()
+        self._remembered = 0
+        self._send = send
+        self._close = close
+        self.closed = False
+        self._wake = asyncio.Event()
+
+    def place(self, sub_id: str) -> int:
+        return self._places[sub_id]
+
+    def offer(self, places: np.ndarray, pubs: np.ndarray, variants: np.ndarray, published: Published) -> None:
+        """A feed entry's deliveries to this connection's subscriptions (grouped by subscription, each
+        in publication order): queued as one line per variant, naming the subscriptions it goes to."""
+        if self.closed:
+            return
+        take = self.live[places] & (pubs > self.last_queued[places])
+        if not take.all():
+            places, pubs, variants = places[take], pubs[take], variants[take]
+        if not len(places):
+            return
+        order = np.lexsort((variants, pubs))
+        variants, places = variants[order], places[order]
+        starts = np.flatnonzero(np.r_[True, variants[1:] != variants[:-1]])
+        if self._queued_lines + len(starts) > LINE_LIMIT or self.queued + len(places) > DELIVERY_LIMIT:
+            self.live[places] = False  # the rest waits in the store; these subscriptions refill from there
+            self._wake.set()
+            return
+        np.maximum.at(self.last_queued, places, pubs[order])
+        lines = variants[starts]
+        self._queue(
+            Lines(
+                published.pubs[lines], published.bodies[lines].tolist(), published.envelopes[lines].tolist(),
+                np.diff(np.r_[starts, len(places)]), places, published.logged[lines],
+            )
+        )  # fmt: skip
+
+    def _queue(self, lines: Lines) -> None:
+        self.pending.append(lines)
+        self.queued += len(lines.places)
+        self._queued_lines += len(lines.pubs)
+        self._wake.set()
+
+    def resync(self) -> None:
+        """Take the next deliveries from the store rather than from offers."""
+        self.live[:] = False
+        self._wake.set()
+
+    def behind(self) -> int:
+        return int(np.count_nonzero(self.open & ~self.live))
+
+    async def end(self, sub_id: str, error: bytes | None) -> None:
+        """One subscription leaves the connection, with its error line naming it."""
+        place = self.place(sub_id)
+        self.open[place] = self.live[place] = False
+        self.hub.leave(self, place)
+        if error is not None:
+            with contextlib.suppress(Exception):
+                await self._send([error[:-1] + b',"subscriptionId":' + orjson.dumps(sub_id) + b"}"])
+        if not self.open.any():
+            self.closed = True
+            self._wake.set()
+
+    def acknowledge(self, seq: int) -> None:
+        """The client consumed the line with this seq, and so every line written before it."""
+        if not self.acks:
+            return
+        found = _line_of(self._written, seq)
+        if found is None:
+            return  # not written here, or forgotten
+        earlier, hit = found
+        for _ in range(earlier):
+            _, _, places, pubs = self._written.popleft()
+            self._remembered -= len(places)
+            np.maximum.at(self.cursor, places, pubs)
+        _, ends, places, pubs = self._written[0]
+        done = int(ends[hit])
+        np.maximum.at(self.cursor, places[:done], pubs[:done])
+
+    def cursor_changes(self) -> dict[str, int]:
+        """The cursors that moved since the last call, by subscription id."""
+        moved = np.flatnonzero(self.cursor > self.saved)
+        self.saved[moved] = self.cursor[moved]
+        return {self.ids[place]: pub for place, pub in zip(moved.tolist(), self.cursor[moved].tolist(), strict=True)}
+
+    async def run(self) -> None:
+        """Push until the connection fails or no subscription is left."""
+        while not self.closed:
+            if self.pending:
+                await self._write()
+            elif (self.open & ~self.live).any():
+                await self._refill(int(np.flatnonzero(self.open & ~self.live)[0]))
+            else:
+                self._wake.clear()
+                await self._wake.wait()
+
+    async def _write(self) -> None:
+        batch: list[Lines] = []
+        lines = 0
+        while self.pending and lines < SEND_LINES:
+            batch.append(self.pending.popleft())
+            lines += len(batch[-1].pubs)
+        frames: list[bytes] = []
+        for at, item in enumerate(batch):
+            self.queued -= len(item.places)
+            self._queued_lines -= len(item.pubs)
+            kept = self.open[item.places]
+            if not kept.all():  # some subscriptions ended since these lines were queued
+                item = batch[at] = _without(item, kept)
+            bounds = np.cumsum(item.counts).tolist()
+            quoted = self._quoted[item.places].tolist()
+            low = 0
+            for pub, body, members, high in zip(item.pubs.tolist(), item.bodies, item.envelopes, bounds, strict=True):
+                ids = b'"subscriptionIds":[' + b",".join(quoted[low:high]) + b"]"
+                frames.append(wrap(pub, body, members + b"," + ids if members else ids))
+                low = high
+        await self._send(frames)
+        places = np.concatenate([item.places for item in batch])
+        pubs = np.concatenate([np.repeat(item.pubs, item.counts) for item in batch])
+        np.maximum.at(self.sent, places, pubs)
+        if self.acks:
+            counts = np.concatenate([item.counts for item in batch])
+            self._remember(np.concatenate([item.pubs for item in batch]), np.cumsum(counts), places, pubs)
+        else:
+            self.cursor = self.sent.copy()
+        self.hub.forwarded += len(places)
+        logged = [np.repeat(item.logged, item.counts) for item in batch if item.logged is not None]
+        if logged:
+            self.hub.sent(logged)
+            if trace.DIRECTORY:
+                trace.mark("written", int(pubs.min()) - 1, int(pubs.max()))
+
+    def _remember(self, seqs: np.ndarray, ends: np.ndarray, places: np.ndarray, pubs: np.ndarray) -> None:
+        self._written.append((seqs, ends, places, pubs))
+        self._remembered += len(places)
+        while self._remembered > UNACKED_DELIVERIES:
+            _, _, dropped, _ = self._written.popleft()  # never acknowledged: resent after a reconnect
+            self._remembered -= len(dropped)
+
+    async def _refill(self, place: int) -> None:
+        threads = self.hub.threads
+        rows, watermark = await threads.read(
+            threads.store.backlog, self.ids[place], int(self.last_queued[place]), LINE_LIMIT
+        )
+        if not self.open[place]:
+            return
+        if rows:
+            pubs = np.array([pub for pub, _, _ in rows], np.int64)
+            self.last_queued[place] = pubs[-1]
+            self._queue(
+                Lines(
+                    pubs, [body for _, body, _ in rows], [fields(origin) for _, _, origin in rows],
+                    np.ones(len(rows), np.int64), np.full(len(rows), place, np.int64), None,
+                )
+            )  # fmt: skip
+        # Rows the hub handled after our snapshot were not offered to us: read again before going live.
+        if len(rows) < LINE_LIMIT and self.hub.last_seq <= watermark:
+            self.live[place] = True
+
+    async def close(self) -> None:
+        self.closed = True
+        self._wake.set()
+        with contextlib.suppress(Exception):
+            await self._close(None)
+
+
+def _line_of(written: deque[tuple[np.ndarray, ...]], seq: int) -> tuple[int, int] | None:
+    """The first written line with this seq: which write, and which line of it."""
+    for write, (seqs, *_) in enumerate(written):
+        hits = np.flatnonzero(seqs == seq)
+        if len(hits):
+            return write, int(hits[0])
+    return None
+
+
+def _without(lines: Lines, kept: np.ndarray) -> Lines:
+    """The lines with only the deliveries `kept` (per delivery), and no line left without one."""
+    line_of = np.repeat(np.arange(len(lines.pubs)), lines.counts)
+    counts = np.bincount(line_of[kept], minlength=len(lines.pubs))
+    left = counts > 0
+    return Lines(
+        lines.pubs[left], [b for b, k in zip(lines.bodies, left.tolist(), strict=True) if k],
+        [e for e, k in zip(lines.envelopes, left.tolist(), strict=True) if k], counts[left], lines.places[kept],
+        None if lines.logged is None else lines.logged[left],
+    )  # fmt: skip
