@@ -8,8 +8,12 @@ import orjson
 import pytest
 
 from tests.gateway.conftest import ALICE, BOB
+from veil.gateway import bundle as bundle_module
+from veil.gateway.bundle import Bundle
+from veil.gateway.subscriber import Admitted
 from veil.gateway.tcp import start_tcp
 from veil.matching.stored import encode_subscription
+from veil.protocol import Handshake
 from veil.store import Publication
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # the loop the fixtures run on
@@ -84,3 +88,93 @@ async def test_a_multiplexed_connection_writes_each_publication_once_with_its_su
     finally:
         writer.close()
         polling.cancel()
+
+
+async def bundle_of(gateway, sub_ids: list[str], frames: list[dict]) -> Bundle:
+    """A multiplexed connection's bundle whose writes land in `frames`, attached to the hub."""
+    store = gateway.threads.store
+
+    async def send(lines: list[bytes]) -> None:
+        frames.extend(map(orjson.loads, lines))
+
+    async def close(error: bytes | None) -> None:
+        pass
+
+    admitted = [Admitted(sub_id, store.subscription_number(sub_id), 0, 0.0) for sub_id in sub_ids]
+    handshake = Handshake(ALICE, "", envelope=True, ack=True, resume_after=None, subscription_ids=tuple(sub_ids))
+    bundle = Bundle(gateway.hub, handshake, admitted, send, close)
+    await gateway.hub.attach_bundle(bundle)
+    return bundle
+
+
+async def until(condition, *tasks: asyncio.Task) -> None:
+    """Wait (5 s at most) for the condition, failing at once with the error of a task that ended."""
+    async with asyncio.timeout(5):
+        while not condition():
+            for task in tasks:
+                if task.done():
+                    task.result()
+            await asyncio.sleep(0.01)
+
+
+def delivered(frames: list[dict], sub_id: str) -> list[int]:
+    return [frame["seq"] for frame in frames if sub_id in frame["subscriptionIds"]]
+
+
+async def test_a_bundle_that_would_overflow_reads_from_the_store_and_keeps_each_subscriptions_order(
+    gateway, monkeypatch
+):
+    store = gateway.threads.store
+    for sub_id in ("o1", "o2"):
+        store.put_subscription(sub_id, "alice", encode_subscription([]))
+    numbers = np.array([store.subscription_number(s) for s in ("o1", "o2")])
+
+    def publish(count: int) -> list[int]:
+        pubs = store.append_publications([Publication(b'{"n":%d}' % n, "bob") for n in range(count)])
+        store.record_deliveries(np.repeat(numbers, count), np.tile(pubs, 2), max(pubs))
+        return pubs
+
+    monkeypatch.setattr(bundle_module, "LINE_LIMIT", 2)
+    backlog = publish(5)  # queued before the connection: read from the store
+    frames: list[dict] = []
+    bundle = await bundle_of(gateway, ["o1", "o2"], frames)
+    pushing = asyncio.create_task(bundle.run())
+    polling = asyncio.create_task(gateway.hub.poll())
+    try:
+        await until(lambda: not bundle.behind(), pushing, polling)
+        live = publish(3)  # three lines for a queue of two: both subscriptions go back to the store
+        await until(lambda: len(delivered(frames, "o2")) >= len(backlog) + len(live), pushing, polling)
+        assert delivered(frames, "o1") == delivered(frames, "o2") == backlog + live
+    finally:
+        pushing.cancel()
+        polling.cancel()
+        gateway.hub.detach_bundle(bundle)
+
+
+async def test_an_acknowledgement_covers_the_lines_written_before_the_one_it_names(gateway):
+    store = gateway.threads.store
+    for sub_id in ("a1", "a2"):
+        store.put_subscription(sub_id, "alice", encode_subscription([]))
+    one, two = (store.subscription_number(s) for s in ("a1", "a2"))
+    old = store.append_publications([Publication(b'{"old":1}', "bob")])[0]
+    store.record_deliveries(np.array([one]), np.array([old]), old)  # a1's backlog
+    frames: list[dict] = []
+    bundle = await bundle_of(gateway, ["a1", "a2"], frames)
+    pushing = asyncio.create_task(bundle.run())
+    polling = asyncio.create_task(gateway.hub.poll())
+    try:
+        await until(lambda: not bundle.behind(), pushing, polling)
+        new = store.append_publications([Publication(b'{"new":1}', "bob")])[0]
+        store.record_deliveries(np.array([one, two]), np.array([new, new]), new)
+        await until(lambda: len(frames) >= 2, pushing, polling)
+        assert [(f["seq"], f["subscriptionIds"]) for f in frames] == [(old, ["a1"]), (new, ["a1", "a2"])]
+        bundle.acknowledge(old)  # the first line only
+        assert bundle.cursor_changes() == {"a1": old}
+        bundle.acknowledge(new)
+        assert bundle.cursor_changes() == {"a1": new, "a2": new}
+        bundle.acknowledge(12345)  # never written: nothing moves
+        assert bundle.cursor_changes() == {}
+    finally:
+        pushing.cancel()
+        polling.cancel()
+        gateway.hub.detach_bundle(bundle)

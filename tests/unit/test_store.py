@@ -111,6 +111,25 @@ def test_backlog_reads_spilled_rows_then_the_feed(store):
     assert [pub for pub, *_ in store.backlog("s", pubs[1], 10)[0]] == [pubs[2]]
 
 
+def test_backlogs_read_many_subscriptions_at_once_each_after_its_own_floor(store):
+    for sub_id in ("s", "t", "u", "gone"):
+        store.put_subscription(sub_id, "alice", b"[]")
+    s, t, u, gone = (store.subscription_number(x) for x in ("s", "t", "u", "gone"))
+    pubs = store.append_publications(published(*(b'{"n":%d}' % n for n in range(5))))
+    store.record_deliveries([s, s, t, gone], [pubs[0], pubs[1], pubs[1], pubs[0]], pubs[1])
+    spill_everything(store)
+    store.record_deliveries([s, s, s, t, u], [pubs[2], pubs[3], pubs[4], pubs[4], pubs[3]], pubs[4])
+    store.remove_subscription("gone", "alice")
+    numbers = np.array([s, t, u, gone])
+    sub_nos, found, watermark = store.backlogs(numbers, np.array([pubs[0], 0, 0, 0]), 2)
+    # s: after its floor, two at most (one spilled, one from the feed); t: spilled then feed; u: feed only
+    assert sorted(zip(sub_nos.tolist(), found.tolist(), strict=True)) == sorted(
+        [(s, pubs[1]), (s, pubs[2]), (t, pubs[1]), (t, pubs[4]), (u, pubs[3])]
+    )
+    assert watermark == store.last_feed_seq()
+    assert store.backlogs(numbers, np.full(4, pubs[4]), 10)[0].tolist() == []
+
+
 def test_compaction_spills_only_what_was_not_consumed(store):
     store.put_subscription("s", "alice", b"[]")
     store.put_subscription("t", "bob", b"[]")

@@ -31,14 +31,16 @@ import orjson
 from veil.gateway.channel import Close, Send
 from veil.monitoring import trace
 from veil.protocol import Handshake
-from veil.protocol.envelope import fields, wrap
+from veil.protocol.envelope import wrap
 
 if TYPE_CHECKING:
     from veil.gateway.delivery import DeliveryHub
     from veil.gateway.subscriber import Admitted
 
-LINE_LIMIT = 2048  # lines a connection queues before its subscriptions read from the store instead
-DELIVERY_LIMIT = 65536  # deliveries (line x subscriptions) it queues, for the same reason
+LINE_LIMIT = 8192  # lines a connection queues before its subscriptions read from the store instead
+QUEUE_LIMIT = 2048  # deliveries per subscription it queues (on average), for the same reason
+REFILL_DELIVERIES = 65536  # read from the store at once, over the subscriptions that refill
+REFILL_EACH = 64  # at least, per subscription
 SEND_LINES = 512  # lines per write
 UNACKED_DELIVERIES = 1 << 20  # written and remembered for acknowledgements; older ones go unacknowledged
 _keys = itertools.count()
@@ -82,6 +84,9 @@ class Bundle:
         self.cursor = self.last_queued.copy()  # delivered (or acknowledged, with acks): what to save
         self.saved = self.cursor.copy()
         self.sent = self.cursor.copy()
+        self._numbers_sorted = np.sort(self.numbers)
+        self._by_number = np.argsort(self.numbers)  # places in the order of _numbers_sorted
+        self._limit = QUEUE_LIMIT * len(admitted)  # deliveries queued, as many as as many sessions would
         self.live = np.zeros(len(admitted), bool)  # caught up: takes offers from the feed
         self.open = np.ones(len(admitted), bool)
         self.pending: deque[Lines] = deque()
@@ -108,21 +113,12 @@ class Bundle:
             places, pubs, variants = places[take], pubs[take], variants[take]
         if not len(places):
             return
-        order = np.lexsort((variants, pubs))
-        variants, places = variants[order], places[order]
-        starts = np.flatnonzero(np.r_[True, variants[1:] != variants[:-1]])
-        if self._queued_lines + len(starts) > LINE_LIMIT or self.queued + len(places) > DELIVERY_LIMIT:
+        if self._queued_lines + len(np.unique(variants)) > LINE_LIMIT or self.queued + len(places) > self._limit:
             self.live[places] = False  # the rest waits in the store; these subscriptions refill from there
             self._wake.set()
             return
-        np.maximum.at(self.last_queued, places, pubs[order])
-        lines = variants[starts]
-        self._queue(
-            Lines(
-                published.pubs[lines], published.bodies[lines].tolist(), published.envelopes[lines].tolist(),
-                np.diff(np.r_[starts, len(places)]), places, published.logged[lines],
-            )
-        )  # fmt: skip
+        self._queue(_lines(places, pubs, variants, published, live=True))
+        np.maximum.at(self.last_queued, places, pubs)
 
     def _queue(self, lines: Lines) -> None:
         self.pending.append(lines)
@@ -178,7 +174,7 @@ class Bundle:
             if self.pending:
                 await self._write()
             elif (self.open & ~self.live).any():
-                await self._refill(int(np.flatnonzero(self.open & ~self.live)[0]))
+                await self._refill()
             else:
                 self._wake.clear()
                 await self._wake.wait()
@@ -226,31 +222,43 @@ class Bundle:
             _, _, dropped, _ = self._written.popleft()  # never acknowledged: resent after a reconnect
             self._remembered -= len(dropped)
 
-    async def _refill(self, place: int) -> None:
+    async def _refill(self) -> None:
+        """Read the queues of the subscriptions that take no offers, all at once, from the store."""
+        places = np.flatnonzero(self.open & ~self.live)
+        limit = max(REFILL_EACH, REFILL_DELIVERIES // len(places))
         threads = self.hub.threads
-        rows, watermark = await threads.read(
-            threads.store.backlog, self.ids[place], int(self.last_queued[place]), LINE_LIMIT
+        sub_nos, pubs, watermark = await threads.read(
+            threads.store.backlogs, self.numbers[places], self.last_queued[places], limit
         )
-        if not self.open[place]:
-            return
-        if rows:
-            pubs = np.array([pub for pub, _, _ in rows], np.int64)
-            self.last_queued[place] = pubs[-1]
-            self._queue(
-                Lines(
-                    pubs, [body for _, body, _ in rows], [fields(origin) for _, _, origin in rows],
-                    np.ones(len(rows), np.int64), np.full(len(rows), place, np.int64), None,
-                )
-            )  # fmt: skip
+        rows = self._by_number[np.searchsorted(self._numbers_sorted, sub_nos)]
+        if len(pubs):
+            published, variants = await self.hub.published(sub_nos, pubs, cropped=True)
+            known = variants >= 0  # compacted away meanwhile: nobody is owed them
+            if known.any():
+                self._queue(_lines(rows[known], pubs[known], variants[known], published, live=False))
+            np.maximum.at(self.last_queued, rows, pubs)
         # Rows the hub handled after our snapshot were not offered to us: read again before going live.
-        if len(rows) < LINE_LIMIT and self.hub.last_seq <= watermark:
-            self.live[place] = True
+        if self.hub.last_seq <= watermark:
+            self.live[places[np.bincount(rows, minlength=len(self.ids))[places] < limit]] = True
 
     async def close(self) -> None:
         self.closed = True
         self._wake.set()
         with contextlib.suppress(Exception):
             await self._close(None)
+
+
+def _lines(places: np.ndarray, pubs: np.ndarray, variants: np.ndarray, published: Published, live: bool) -> Lines:
+    """Deliveries (grouped by subscription, each in publication order) as lines: one per variant, in
+    publication order, naming the subscriptions it goes to."""
+    order = np.lexsort((variants, pubs))
+    variants, places = variants[order], places[order]
+    starts = np.flatnonzero(np.r_[True, variants[1:] != variants[:-1]])
+    chosen = variants[starts]
+    return Lines(
+        published.pubs[chosen], published.bodies[chosen].tolist(), published.envelopes[chosen].tolist(),
+        np.diff(np.r_[starts, len(places)]), places, published.logged[chosen] if live else None,
+    )  # fmt: skip
 
 
 def _line_of(written: deque[tuple[np.ndarray, ...]], seq: int) -> tuple[int, int] | None:

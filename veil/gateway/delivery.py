@@ -306,7 +306,7 @@ class DeliveryHub:
         if not mine.any():
             return
         sub_nos, pubs = entry.sub_nos[mine], entry.pubs[mine]  # grouped by subscription already
-        published, variants = await self._published(entry, sub_nos, pubs)
+        published, variants = await self.published(sub_nos, pubs, entry.cropped)
         known = variants >= 0  # publications compacted away meanwhile: nobody is owed them
         if not known.all():
             sub_nos, pubs, variants = sub_nos[known], pubs[known], variants[known]
@@ -329,9 +329,10 @@ class DeliveryHub:
                     )
                 )  # fmt: skip
 
-    async def _published(self, entry: FeedEntry, sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[Published, np.ndarray]:
-        """What the rows deliver, once per variant, and each row's variant (-1: compacted away): the
-        publication's bytes, or where the pipeline cropped it for the subscription, its copy."""
+    async def published(self, sub_nos: np.ndarray, pubs: np.ndarray, cropped: bool) -> tuple[Published, np.ndarray]:
+        """What the matches (sorted by subscription, then publication) deliver, once per variant, and
+        each match's variant (-1: compacted away): the publication's bytes, or where the pipeline
+        cropped it for the subscription (`cropped`: it may have), its copy."""
         store = self.threads.store
         wanted = np.unique(pubs)
         found = await self.threads.read(store.bodies, wanted)
@@ -344,7 +345,7 @@ class DeliveryHub:
             missing = np.array([body is None for body in bodies])
             variants[missing[variants]] = -1
         variant_pubs = wanted.tolist()
-        if entry.cropped:
+        if cropped:
             copies = await self.threads.read(store.copies, sub_nos, pubs)
             for (sub_no, pub), copy in copies.items():  # pairs are sorted by (subscription, publication)
                 low, high = np.searchsorted(sub_nos, [sub_no, sub_no + 1])

@@ -285,6 +285,12 @@ class GatewayStore(LogReader):
         feed seq visible to the same read (so a caller knows what the live feed must add)."""
 
     @abstractmethod
+    def backlogs(self, numbers: np.ndarray, afters: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Many subscriptions' queued matches at once (by number, each after its own publication, at
+        most `limit` each): (subscription numbers, publications) sorted by both, and the highest feed
+        seq visible to the same read. Bodies are looked up as for the feed (`bodies`, `copies`)."""
+
+    @abstractmethod
     def cursor(self, sub_id: str) -> int: ...
 
     @abstractmethod

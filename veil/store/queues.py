@@ -43,13 +43,6 @@ def unpack(seq: int, pairs: bytes, cropped: bool = False) -> FeedEntry:
     return FeedEntry(seq, both[:half], both[half:], cropped)
 
 
-def matches_of(entry: FeedEntry, number: int, after: int) -> np.ndarray:
-    """One subscription's publications in a feed row, after `after`."""
-    low, high = np.searchsorted(entry.sub_nos, [number, number + 1])
-    mine = entry.pubs[low:high]
-    return mine[mine > after]
-
-
 def spill_end(entry: FeedEntry, position: int, budget: int) -> int:
     """Where a spill step that starts at `position` of a row with `budget` matches left stops: the
     row's end, or the end of the subscription the budget runs out in (a large row is spilled over

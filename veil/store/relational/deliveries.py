@@ -11,7 +11,7 @@ import numpy as np
 
 from veil.protocol.envelope import Origin
 from veil.store.base import KIND_COPY, Delivery, FeedEntry, Quarantined, StatefulBatch
-from veil.store.queues import matches_of, pack, unpack
+from veil.store.queues import pack, unpack
 from veil.store.relational.dialect import (
     LAST_FEED_SEQ,
     SPILLED,
@@ -87,7 +87,7 @@ class DeliverySql(Dialect):
             ]
             if len(rows) < limit:
                 floor = rows[-1][0] if rows else floor
-                pubs = self._unspilled(db, number, floor, watermark, limit - len(rows))
+                pubs = self._unspilled(db, {number: floor}, watermark, limit - len(rows))[1]
                 if len(pubs):
                     bodies = self._bodies(db, pubs)
                     copies = self._copies(db, np.full(len(pubs), number, np.int64), pubs)
@@ -97,19 +97,69 @@ class DeliverySql(Dialect):
                         rows.append((pub, body, origin) if copy is None else (pub, copy, origin._replace(cropped=True)))
         return rows, watermark
 
+    def backlogs(self, numbers: np.ndarray, afters: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray, int]:
+        with self._tx(write=False) as db:
+            watermark = db.execute(LAST_FEED_SEQ).fetchone()[0]
+            resets = dict(
+                db.execute(
+                    "SELECT n.no, n.reset FROM subscription_numbers n JOIN subscriptions s USING (sub_id) "
+                    f"WHERE n.no {self.IN_IDS} AND s.deleted IS NULL",
+                    (self._ids(numbers),),
+                )
+            )
+            floors: dict[int, int] = {}
+            found: list[tuple[int, int]] = []
+            for number, after in zip(numbers.tolist(), afters.tolist(), strict=True):
+                if number not in resets:
+                    continue
+                floor = max(after, resets[number])
+                spilled = db.execute(
+                    "SELECT pub FROM deliveries WHERE sub_no = ? AND pub > ? ORDER BY pub LIMIT ?",
+                    (number, floor, limit),
+                ).fetchall()
+                found += [(number, pub) for (pub,) in spilled]
+                if len(spilled) < limit:
+                    floors[number] = spilled[-1][0] if spilled else floor
+            sub_nos = np.array([number for number, _ in found], np.int64)
+            pubs = np.array([pub for _, pub in found], np.int64)
+            if floors:
+                more_nos, more_pubs = self._unspilled(db, floors, watermark, limit)
+                sub_nos, pubs = np.concatenate([sub_nos, more_nos]), np.concatenate([pubs, more_pubs])
+        order = np.lexsort((pubs, sub_nos))
+        sub_nos, pubs = sub_nos[order], pubs[order]
+        kept = _ranks(sub_nos) < limit
+        return sub_nos[kept], pubs[kept], watermark
+
     @staticmethod
-    def _unspilled(db: Db, number: int, floor: int, upto_seq: int, limit: int) -> np.ndarray:
-        """A subscription's matches after `floor` in the feed rows not yet spilled: a binary search in
-        each row, whose pairs are sorted by subscription number."""
-        found: list[np.ndarray] = []
-        count = 0
+    def _unspilled(db: Db, floors: dict[int, int], upto_seq: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """Subscriptions' matches after their floors in the feed rows not yet spilled, in one pass over
+        the rows, until each has `limit` or the rows end: binary searches in each row, whose pairs are
+        sorted by subscription number, so a row costs what the subscriptions asked for, not its size."""
+        wanted = np.fromiter(floors, np.int64, len(floors))
+        floor = np.fromiter(floors.values(), np.int64, len(floors))
+        needed = np.full(len(wanted), limit)
+        found_nos: list[np.ndarray] = []
+        found_pubs: list[np.ndarray] = []
         rows = db.execute(f"SELECT pairs FROM feed WHERE seq > {SPILLED} AND seq <= ? ORDER BY seq", (upto_seq,))
         for (pairs,) in rows:
-            found.append(matches_of(unpack(0, pairs), number, floor))
-            count += len(found[-1])
-            if count >= limit:
-                break
-        return np.concatenate(found)[:limit] if found else np.empty(0, np.int64)
+            entry = unpack(0, pairs)
+            low = np.searchsorted(entry.sub_nos, wanted)
+            sizes = np.searchsorted(entry.sub_nos, wanted, side="right") - low
+            whose = np.repeat(np.arange(len(wanted)), sizes)
+            at = np.arange(len(whose)) + np.repeat(low - np.cumsum(sizes) + sizes, sizes)
+            mine = entry.pubs[at] > floor[whose]
+            whose, at = whose[mine], at[mine]
+            kept = _ranks(whose) < needed[whose]
+            whose, at = whose[kept], at[kept]
+            if len(at):
+                found_nos.append(entry.sub_nos[at])
+                found_pubs.append(entry.pubs[at])
+                needed -= np.bincount(whose, minlength=len(wanted))
+                if (needed <= 0).all():
+                    break
+        if not found_nos:
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        return np.concatenate(found_nos), np.concatenate(found_pubs)
 
     def cursor(self, sub_id: str) -> int:
         with self._read() as db:
@@ -226,6 +276,14 @@ class DeliverySql(Dialect):
                 set_status(db, f"{name}.{part}", value)
             set_least(db, name, f"{name}.")
         return logged
+
+
+def _ranks(keys: np.ndarray) -> np.ndarray:
+    """Each element's place in its run of equal keys (the keys sorted)."""
+    if not len(keys):
+        return np.empty(0, np.int64)
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    return np.arange(len(keys)) - np.repeat(starts, np.diff(np.r_[starts, len(keys)]))
 
 
 def _origin(row: Sequence[Any], cropped: bool = False) -> Origin:
