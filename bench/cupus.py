@@ -147,6 +147,7 @@ async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: arg
     matched = await asyncio.to_thread(lambda: broker.health()["processed"]) - head
     results = processes.results()
     used, wall = cpu.spent(before, cpu.snapshot(roots)), time.monotonic() - began
+    used["load generators"] = sum(r.cpu for r in results)  # they have ended: their own count
     published = next(r for r in results if not hasattr(r, "lines"))
     received = [r for r in results if hasattr(r, "lines")]
     lines = sum(r.lines for r in received)

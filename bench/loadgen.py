@@ -27,6 +27,7 @@ class PublishResult:
     refused: int = 0
     started: float = 0.0
     finished: float = 0.0
+    cpu: float = 0.0  # seconds this process spent (it has ended when the benchmark takes its figures)
 
 
 @dataclass
@@ -34,6 +35,7 @@ class SubscribeResult:
     lines: int = 0
     last: float = 0.0
     latencies: list[float] = field(default_factory=list)
+    cpu: float = 0.0
 
 
 def lat_lon(rng: random.Random, run: str) -> dict:
@@ -104,6 +106,7 @@ async def _publish(
 
     await asyncio.gather(*(worker(i) for i in range(connections)))
     result.finished = time.time()
+    result.cpu = time.process_time()
     return result
 
 
@@ -163,6 +166,7 @@ async def _subscribe(
     await asyncio.gather(*(read(r) for r, _ in connections))
     for _, writer in connections:
         writer.close()
+    result.cpu = time.process_time()
     return result
 
 

@@ -121,13 +121,27 @@ def test_backlogs_read_many_subscriptions_at_once_each_after_its_own_floor(store
     store.record_deliveries([s, s, s, t, u], [pubs[2], pubs[3], pubs[4], pubs[4], pubs[3]], pubs[4])
     store.remove_subscription("gone", "alice")
     numbers = np.array([s, t, u, gone])
-    sub_nos, found, watermark = store.backlogs(numbers, np.array([pubs[0], 0, 0, 0]), 2)
+    sub_nos, found, watermark, _ = store.backlogs(numbers, np.array([pubs[0], 0, 0, 0]), 2)
     # s: after its floor, two at most (one spilled, one from the feed); t: spilled then feed; u: feed only
     assert sorted(zip(sub_nos.tolist(), found.tolist(), strict=True)) == sorted(
         [(s, pubs[1]), (s, pubs[2]), (t, pubs[1]), (t, pubs[4]), (u, pubs[3])]
     )
     assert watermark == store.last_feed_seq()
     assert store.backlogs(numbers, np.full(4, pubs[4]), 10)[0].tolist() == []
+
+
+def test_backlogs_read_the_feed_from_a_seq_and_say_where_the_next_read_starts(store):
+    store.put_subscription("s", "alice", b"[]")
+    s = store.subscription_number("s")
+    pubs = store.append_publications(published(b"{}", b"{}", b"{}"))
+    seqs = []
+    for pub in pubs:  # one feed entry each
+        store.record_deliveries([s], [pub], pub)
+        seqs.append(store.last_feed_seq())
+    found, reached = store.backlogs(np.array([s]), np.array([0]), 10, from_seq=seqs[1])[1::2]
+    assert found.tolist() == pubs[1:] and reached == seqs[2]  # the entries before seqs[1] are not read
+    found, reached = store.backlogs(np.array([s]), np.array([0]), 1)[1::2]
+    assert found.tolist() == pubs[:1] and reached == seqs[0]  # filled up in the first: more may be there
 
 
 def test_compaction_spills_only_what_was_not_consumed(store):

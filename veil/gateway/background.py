@@ -120,7 +120,12 @@ class Background:
             self._tick = await threads.write(threads.store.append_tick)
 
     async def _compact(self) -> None:
-        """Keep the store's size proportional to what is still queued, not to everything ever sent."""
+        """Keep the store's size proportional to what is still queued, not to everything ever sent.
+
+        Between two steps compaction rests as long as the step took: it shares the store's writer
+        (publishes wait for it) and SQLite's write lock (so does the pipeline's recording of its
+        rounds), and while it rests the matches it would spill are being consumed — spilling is
+        cheapest late, when most of a feed entry needs no queue row any more."""
         threads = self.gateway.threads
         while True:
             try:
@@ -128,7 +133,9 @@ class Background:
                 while handled >= COMPACT_CHUNK:
                     fanned_out = await membership.fanned_out(self.gateway)
                     spill_before = time.time() - SPILL_AFTER
+                    began = time.monotonic()
                     handled = await threads.write(threads.store.compact, COMPACT_CHUNK, fanned_out, spill_before)
+                    await asyncio.sleep(time.monotonic() - began)
             except Exception:
                 log.exception("compacting the store failed")
             await asyncio.sleep(COMPACT_INTERVAL)

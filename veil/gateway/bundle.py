@@ -88,6 +88,9 @@ class Bundle:
         self._by_number = np.argsort(self.numbers)  # places in the order of _numbers_sorted
         self._limit = QUEUE_LIMIT * len(admitted)  # deliveries queued, as many as as many sessions would
         self.live = np.zeros(len(admitted), bool)  # caught up: takes offers from the feed
+        # where a subscription that takes no offers must read the unspilled feed from (entries before
+        # it were offered to it): its reads then cost the entries it missed, not all the store keeps
+        self.unread = np.zeros(len(admitted), np.int64)
         self.open = np.ones(len(admitted), bool)
         self.pending: deque[Lines] = deque()
         self.queued = 0  # deliveries
@@ -103,9 +106,9 @@ class Bundle:
     def place(self, sub_id: str) -> int:
         return self._places[sub_id]
 
-    def offer(self, places: np.ndarray, pubs: np.ndarray, variants: np.ndarray, published: Published) -> None:
-        """A feed entry's deliveries to this connection's subscriptions (grouped by subscription, each
-        in publication order): queued as one line per variant, naming the subscriptions it goes to."""
+    def offer(self, seq: int, places: np.ndarray, pubs: np.ndarray, variants: np.ndarray, published: Published) -> None:
+        """Feed entry `seq`'s deliveries to this connection's subscriptions (grouped by subscription,
+        each in publication order): queued as one line per variant, naming the subscriptions it goes to."""
         if self.closed:
             return
         take = self.live[places] & (pubs > self.last_queued[places])
@@ -115,6 +118,7 @@ class Bundle:
             return
         if self._queued_lines + len(np.unique(variants)) > LINE_LIMIT or self.queued + len(places) > self._limit:
             self.live[places] = False  # the rest waits in the store; these subscriptions refill from there
+            self.unread[places] = seq
             self._wake.set()
             return
         self._queue(_lines(places, pubs, variants, published, live=True))
@@ -129,6 +133,7 @@ class Bundle:
     def resync(self) -> None:
         """Take the next deliveries from the store rather than from offers."""
         self.live[:] = False
+        self.unread[:] = 0
         self._wake.set()
 
     def behind(self) -> int:
@@ -227,8 +232,9 @@ class Bundle:
         places = np.flatnonzero(self.open & ~self.live)
         limit = max(REFILL_EACH, REFILL_DELIVERIES // len(places))
         threads = self.hub.threads
-        sub_nos, pubs, watermark = await threads.read(
-            threads.store.backlogs, self.numbers[places], self.last_queued[places], limit
+        since = int(self.unread[places].min())
+        sub_nos, pubs, watermark, reached = await threads.read(
+            threads.store.backlogs, self.numbers[places], self.last_queued[places], limit, since
         )
         rows = self._by_number[np.searchsorted(self._numbers_sorted, sub_nos)]
         if len(pubs):
@@ -237,9 +243,11 @@ class Bundle:
             if known.any():
                 self._queue(_lines(rows[known], pubs[known], variants[known], published, live=False))
             np.maximum.at(self.last_queued, rows, pubs)
+        full = np.bincount(rows, minlength=len(self.ids))[places] >= limit
+        self.unread[places[full]] = np.maximum(self.unread[places[full]], reached)
         # Rows the hub handled after our snapshot were not offered to us: read again before going live.
         if self.hub.last_seq <= watermark:
-            self.live[places[np.bincount(rows, minlength=len(self.ids))[places] < limit]] = True
+            self.live[places[~full]] = True
 
     async def close(self) -> None:
         self.closed = True

@@ -315,7 +315,7 @@ class DeliveryHub:
         if not alone.all():
             for key in np.unique(bundles[~alone]).tolist():
                 rows = bundles == key
-                self._bundles[key].offer(self._place[sub_nos[rows]], pubs[rows], variants[rows], published)
+                self._bundles[key].offer(entry.seq, self._place[sub_nos[rows]], pubs[rows], variants[rows], published)
             sub_nos, pubs, variants = sub_nos[alone], pubs[alone], variants[alone]
         cuts = np.flatnonzero(np.diff(sub_nos)) + 1
         for low, high in zip([0, *cuts.tolist()], [*cuts.tolist(), len(sub_nos)], strict=True):

@@ -285,10 +285,13 @@ class GatewayStore(LogReader):
         feed seq visible to the same read (so a caller knows what the live feed must add)."""
 
     @abstractmethod
-    def backlogs(self, numbers: np.ndarray, afters: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray, int]:
+    def backlogs(
+        self, numbers: np.ndarray, afters: np.ndarray, limit: int, from_seq: int = 0
+    ) -> tuple[np.ndarray, np.ndarray, int, int]:
         """Many subscriptions' queued matches at once (by number, each after its own publication, at
-        most `limit` each): (subscription numbers, publications) sorted by both, and the highest feed
-        seq visible to the same read. Bodies are looked up as for the feed (`bodies`, `copies`)."""
+        most `limit` each; of the unspilled feed, the entries from seq `from_seq` on): (subscription
+        numbers, publications) sorted by both, the highest feed seq visible to the same read, and the
+        feed seq a next read may start from. Bodies are looked up as for the feed (`bodies`, `copies`)."""
 
     @abstractmethod
     def cursor(self, sub_id: str) -> int: ...

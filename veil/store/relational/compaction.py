@@ -3,6 +3,8 @@ drop what they have, and drop the publications below the horizon."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from veil.store.base import KIND_CANCEL, KIND_COPY, KIND_PUBLICATION, KIND_TICK
@@ -18,11 +20,15 @@ OLDEST_QUEUED = (
 )
 
 
+SWEEP_AT_LEAST = 10.0  # seconds between sweeps of publications while spilling goes on
+
+
 class CompactionSql(Dialect):
     # What compaction derived from subscriptions and cursors, valid while the store's count of their
     # changes (`count_change`, kept in the store so that every gateway's changes count) stands still.
     _floor: tuple[int, np.ndarray] | None = None
     _consumed_clean = -1  # that count when compaction last found no consumed rows left
+    _swept_at = 0.0  # when publications were last swept (time.monotonic)
 
     def compact(self, limit: int, fanned_out: int, spill_before: float) -> int:
         with self._tx() as db:
@@ -45,32 +51,42 @@ class CompactionSql(Dialect):
                 else:
                     self._consumed_clean = changes
             fed = db.execute(f"DELETE FROM feed WHERE seq <= {self.LEAST}(?, {SPILLED})", (fanned_out,)).rowcount
-            # Publications at or below the processed offset are never read by the pipeline again (a
-            # replayed batch starts after the last recorded one), and below the oldest queued delivery
-            # no queue needs their bodies.
-            # Nor are the publications a top-k/w skyband holds: a later expiry may deliver them.
-            processed, oldest_spilled, oldest_fed, held = db.execute(
-                f"SELECT {PROCESSED}, {OLDEST_QUEUED}, (SELECT MIN(first) FROM feed), "
-                "(SELECT value FROM status WHERE name = 'topk_held')"
-            ).fetchone()
-            below = horizon(processed, oldest_spilled, oldest_fed, held)
-            # Valid publications stay for the subscriptions to come, until the pipeline has passed the
-            # moment they expire or their withdrawal.
-            clock = db.execute(
-                'SELECT COALESCE(MAX(time), 0) FROM log WHERE "offset" = '
-                '(SELECT MAX("offset") FROM log WHERE "offset" <= ?)',
-                (processed,),
-            ).fetchone()[0]
-            published = db.execute(
-                "DELETE FROM validity WHERE until <= ? OR cancelled <= ?", (clock, processed)
-            ).rowcount
-            published += db.execute(
-                'DELETE FROM log WHERE "offset" IN (SELECT "offset" FROM log WHERE kind IN (?, ?, ?, ?) '
-                'AND "offset" <= ? AND "offset" NOT IN (SELECT pub FROM validity) ORDER BY "offset" LIMIT ?)',
-                (KIND_PUBLICATION, KIND_COPY, KIND_TICK, KIND_CANCEL, below, limit),
-            ).rowcount
-            published += db.execute("DELETE FROM copies WHERE pub <= ?", (below,)).rowcount
+            published = 0
+            # the sweep of publications derives the horizon, which seeks every subscription's queue:
+            # once a round (when spilling is done for now), not once a step of a large spill
+            if spilled + consumed < limit or time.monotonic() - self._swept_at > SWEEP_AT_LEAST:
+                published = self._sweep(db, limit)
+                self._swept_at = time.monotonic()
         return spilled + consumed + fed + published
+
+    def _sweep(self, db: Db, limit: int) -> int:
+        """Drop up to `limit` publications below the horizon; returns the rows dropped."""
+        # Publications at or below the processed offset are never read by the pipeline again (a
+        # replayed batch starts after the last recorded one), and below the oldest queued delivery
+        # no queue needs their bodies.
+        # Nor are the publications a top-k/w skyband holds: a later expiry may deliver them.
+        processed, oldest_spilled, oldest_fed, held = db.execute(
+            f"SELECT {PROCESSED}, {OLDEST_QUEUED}, (SELECT MIN(first) FROM feed), "
+            "(SELECT value FROM status WHERE name = 'topk_held')"
+        ).fetchone()
+        below = horizon(processed, oldest_spilled, oldest_fed, held)
+        # Valid publications stay for the subscriptions to come, until the pipeline has passed the
+        # moment they expire or their withdrawal.
+        clock = db.execute(
+            'SELECT COALESCE(MAX(time), 0) FROM log WHERE "offset" = '
+            '(SELECT MAX("offset") FROM log WHERE "offset" <= ?)',
+            (processed,),
+        ).fetchone()[0]
+        published = db.execute(
+            "DELETE FROM validity WHERE until <= ? OR cancelled <= ?", (clock, processed)
+        ).rowcount
+        published += db.execute(
+            'DELETE FROM log WHERE "offset" IN (SELECT "offset" FROM log WHERE kind IN (?, ?, ?, ?) '
+            'AND "offset" <= ? AND "offset" NOT IN (SELECT pub FROM validity) ORDER BY "offset" LIMIT ?)',
+            (KIND_PUBLICATION, KIND_COPY, KIND_TICK, KIND_CANCEL, below, limit),
+        ).rowcount
+        published += db.execute("DELETE FROM copies WHERE pub <= ?", (below,)).rowcount
+        return published
 
     def _spill(self, db: Db, upto: int, before: float, limit: int, changes: int) -> int:
         """Move the matches of feed rows up to seq `upto` created before `before` that live
