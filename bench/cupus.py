@@ -101,16 +101,20 @@ def one_core_rates(subs: Subscriptions, budget: float = 2.0) -> tuple[float, flo
     return indexed, done / (time.perf_counter() - began)
 
 
-async def sessions_caught_up(broker: BrokerProcess, timeout: float = 60.0) -> None:
-    """Until no connected session reads its backlog any more: a session just connected does, and
-    while most do the broker refuses publishes (delivery as a whole is behind), which would count
-    against the step rather than show what it holds."""
+async def sessions_caught_up(broker: BrokerProcess, connected: int, timeout: float = 120.0) -> None:
+    """Until every delivery connection's subscriptions are attached and none reads its backlog any
+    more: a subscription just connected does, and while most do the broker refuses publishes
+    (delivery as a whole is behind), which would count against the step rather than show what it
+    holds. (A multiplexed connection is attached once all its subscriptions are admitted, seconds
+    after the connection opens.)"""
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as http:
         while time.monotonic() < deadline:
+            async with http.get(broker.url + "/health") as response:
+                attached = (await response.json())["subscriptionsConnected"]
             async with http.get(broker.url + "/metrics") as response:
                 text = await response.text()
-            if "\nveil_sessions_behind 0.0\n" in text:
+            if attached >= connected and "\nveil_sessions_behind 0.0\n" in text:
                 return
             await asyncio.sleep(0.2)
 
@@ -137,7 +141,7 @@ async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: arg
         processes.subscribers(
             broker.tcp_port, handshakes, args.seconds + 300, math.ceil(len(connected) / PER_SUBSCRIBER_PROCESS), idle=30
         )
-    await sessions_caught_up(broker)
+    await sessions_caught_up(broker, len(connected))
     offered = args.step_rate.get(n, args.rate)
     processes.publisher(broker.url, f"cupus-{n}", args.seconds, offered, make=sensor_publication, seed=n)
     try:

@@ -313,9 +313,13 @@ class DeliveryHub:
         bundles = self._bundle_of[sub_nos]
         alone = bundles < 0
         if not alone.all():
-            for key in np.unique(bundles[~alone]).tolist():
-                rows = bundles == key
-                self._bundles[key].offer(entry.seq, self._place[sub_nos[rows]], pubs[rows], variants[rows], published)
+            rows = np.flatnonzero(~alone)
+            rows = rows[np.argsort(bundles[rows], kind="stable")]  # by bundle, each still by subscription
+            keys = bundles[rows]
+            cuts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
+            for part in np.split(rows, cuts):
+                bundle = self._bundles[int(bundles[part[0]])]
+                bundle.offer(entry.seq, self._place[sub_nos[part]], pubs[part], variants[part], published)
             sub_nos, pubs, variants = sub_nos[alone], pubs[alone], variants[alone]
         cuts = np.flatnonzero(np.diff(sub_nos)) + 1
         for low, high in zip([0, *cuts.tolist()], [*cuts.tolist(), len(sub_nos)], strict=True):
