@@ -126,7 +126,6 @@ async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: arg
     connected = random.Random(n).sample(subs.ids, min(n, args.connect))
     assert broker.process is not None
     roots = [broker.process.pid, os.getpid()]
-    before, began = cpu.snapshot(roots), time.monotonic()
     processes = Processes()
     if args.multiplex:
         groups = [connected[i : i + args.multiplex] for i in range(0, len(connected), args.multiplex)]
@@ -142,6 +141,7 @@ async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: arg
             broker.tcp_port, handshakes, args.seconds + 300, math.ceil(len(connected) / PER_SUBSCRIBER_PROCESS), idle=30
         )
     await sessions_caught_up(broker, len(connected))
+    before, began = cpu.snapshot(roots), time.monotonic()  # what delivering costs, not connecting
     offered = args.step_rate.get(n, args.rate)
     processes.publisher(broker.url, f"cupus-{n}", args.seconds, offered, make=sensor_publication, seed=n)
     try:
@@ -203,9 +203,9 @@ def print_rows(rows: list[dict]) -> None:
 
 
 def print_cpu(rows: list[dict]) -> None:
-    """Which part of the broker the CPU went to in each step (from the start of its delivery
-    connections to the last delivery, or to the end of the wait for a step the broker could not
-    finish), and what a delivery cost in each."""
+    """Which part of the broker the CPU went to in each step (from the moment every delivery
+    connection is attached and caught up, just before publishing, to the last delivery, or to the end
+    of the wait for a step the broker could not finish), and what a delivery cost in each."""
     print(f"\nCPU by part, each step: seconds (share of {os.cpu_count()} cores over the step) and µs per delivery")
     for row in rows:
         state = "" if row["finished"] else ", not finished"
