@@ -2,6 +2,8 @@
 (which needs the log, not the pipeline)."""
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 import orjson
@@ -16,6 +18,7 @@ from veil.matching.stored import encode_subscription
 from veil.protocol import Handshake
 from veil.store import Publication
 
+Until = Callable[[Callable[[], bool]], Awaitable[None]]
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # the loop the fixtures run on
 BOX = [["lat", "ge", 1.0]]
 
@@ -90,8 +93,11 @@ async def test_a_multiplexed_connection_writes_each_publication_once_with_its_su
         polling.cancel()
 
 
-async def bundle_of(gateway, sub_ids: list[str], frames: list[dict]) -> Bundle:
-    """A multiplexed connection's bundle whose writes land in `frames`, attached to the hub."""
+@contextlib.asynccontextmanager
+async def bundle_running(gateway, sub_ids: list[str], frames: list[dict]) -> AsyncIterator[tuple[Bundle, Until]]:
+    """A multiplexed connection's bundle, attached to the hub and pushing, whose writes land in
+    `frames`; and a wait (5 s at most) for a condition, failing at once with the error of the
+    bundle's or the hub's loop if either ended."""
     store = gateway.threads.store
 
     async def send(lines: list[bytes]) -> None:
@@ -104,17 +110,22 @@ async def bundle_of(gateway, sub_ids: list[str], frames: list[dict]) -> Bundle:
     handshake = Handshake(ALICE, "", envelope=True, ack=True, resume_after=None, subscription_ids=tuple(sub_ids))
     bundle = Bundle(gateway.hub, handshake, admitted, send, close)
     await gateway.hub.attach_bundle(bundle)
-    return bundle
+    loops = (asyncio.create_task(bundle.run()), asyncio.create_task(gateway.hub.poll()))
 
+    async def until(condition: Callable[[], bool]) -> None:
+        async with asyncio.timeout(5):
+            while not condition():
+                for loop in loops:
+                    if loop.done():
+                        loop.result()
+                await asyncio.sleep(0.01)
 
-async def until(condition, *tasks: asyncio.Task) -> None:
-    """Wait (5 s at most) for the condition, failing at once with the error of a task that ended."""
-    async with asyncio.timeout(5):
-        while not condition():
-            for task in tasks:
-                if task.done():
-                    task.result()
-            await asyncio.sleep(0.01)
+    try:
+        yield bundle, until
+    finally:
+        for loop in loops:
+            loop.cancel()
+        gateway.hub.detach_bundle(bundle)
 
 
 def delivered(frames: list[dict], sub_id: str) -> list[int]:
@@ -137,18 +148,11 @@ async def test_a_bundle_that_would_overflow_reads_from_the_store_and_keeps_each_
     monkeypatch.setattr(bundle_module, "LINE_LIMIT", 2)
     backlog = publish(5)  # queued before the connection: read from the store
     frames: list[dict] = []
-    bundle = await bundle_of(gateway, ["o1", "o2"], frames)
-    pushing = asyncio.create_task(bundle.run())
-    polling = asyncio.create_task(gateway.hub.poll())
-    try:
-        await until(lambda: not bundle.behind(), pushing, polling)
+    async with bundle_running(gateway, ["o1", "o2"], frames) as (bundle, until):
+        await until(lambda: not bundle.behind())
         live = publish(3)  # three lines for a queue of two: both subscriptions go back to the store
-        await until(lambda: len(delivered(frames, "o2")) >= len(backlog) + len(live), pushing, polling)
+        await until(lambda: len(delivered(frames, "o2")) >= len(backlog) + len(live))
         assert delivered(frames, "o1") == delivered(frames, "o2") == backlog + live
-    finally:
-        pushing.cancel()
-        polling.cancel()
-        gateway.hub.detach_bundle(bundle)
 
 
 async def test_an_acknowledgement_covers_the_lines_written_before_the_one_it_names(gateway):
@@ -159,14 +163,11 @@ async def test_an_acknowledgement_covers_the_lines_written_before_the_one_it_nam
     old = store.append_publications([Publication(b'{"old":1}', "bob")])[0]
     store.record_deliveries(np.array([one]), np.array([old]), old)  # a1's backlog
     frames: list[dict] = []
-    bundle = await bundle_of(gateway, ["a1", "a2"], frames)
-    pushing = asyncio.create_task(bundle.run())
-    polling = asyncio.create_task(gateway.hub.poll())
-    try:
-        await until(lambda: not bundle.behind(), pushing, polling)
+    async with bundle_running(gateway, ["a1", "a2"], frames) as (bundle, until):
+        await until(lambda: not bundle.behind())
         new = store.append_publications([Publication(b'{"new":1}', "bob")])[0]
         store.record_deliveries(np.array([one, two]), np.array([new, new]), new)
-        await until(lambda: len(frames) >= 2, pushing, polling)
+        await until(lambda: len(frames) >= 2)
         assert [(f["seq"], f["subscriptionIds"]) for f in frames] == [(old, ["a1"]), (new, ["a1", "a2"])]
         bundle.acknowledge(old)  # the first line only
         assert bundle.cursor_changes() == {"a1": old}
@@ -174,7 +175,23 @@ async def test_an_acknowledgement_covers_the_lines_written_before_the_one_it_nam
         assert bundle.cursor_changes() == {"a1": new, "a2": new}
         bundle.acknowledge(12345)  # never written: nothing moves
         assert bundle.cursor_changes() == {}
-    finally:
-        pushing.cancel()
-        polling.cancel()
-        gateway.hub.detach_bundle(bundle)
+
+
+async def test_lines_never_acknowledged_are_folded_and_the_next_acknowledgement_covers_them(gateway, monkeypatch):
+    monkeypatch.setattr(bundle_module, "UNACKED_DELIVERIES", 1)  # one delivery remembered line by line
+    store = gateway.threads.store
+    for sub_id in ("f1", "f2"):
+        store.put_subscription(sub_id, "alice", encode_subscription([]))
+    number = {s: store.subscription_number(s) for s in ("f1", "f2")}
+    frames: list[dict] = []
+    async with bundle_running(gateway, ["f1", "f2"], frames) as (bundle, until):
+        await until(lambda: not bundle.behind())
+        pubs: list[int] = []
+        for written, sub_id in enumerate(("f1", "f2", "f1"), 1):  # one write each
+            pubs += store.append_publications([Publication(b"{}", "bob")])
+            store.record_deliveries(np.array([number[sub_id]]), np.array(pubs[-1:]), pubs[-1])
+            await until(lambda written=written: len(frames) == written)
+        bundle.acknowledge(pubs[0])  # forgotten: it cannot be placed
+        assert bundle.cursor_changes() == {}
+        bundle.acknowledge(pubs[2])  # covers the forgotten lines too
+        assert bundle.cursor_changes() == {"f1": pubs[2], "f2": pubs[1]}

@@ -12,7 +12,11 @@ it has caught up.
 An acknowledgement names the last line the client consumed; it covers every line written before
 that one, whatever subscriptions they were for (lines of different subscriptions are not written
 in one global order, since a backlog read after connecting brings older publications after newer
-ones). A subscription that ends (unsubscribed, quarantined, replaced by a newer connection) ends
+ones). The lines written and not yet acknowledged are remembered up to `UNACKED_DELIVERIES`; older
+ones are folded into one cursor per subscription, which the next acknowledgement applies, so a client
+that never acknowledges costs a bounded amount of memory and a hostile ack a dictionary lookup.
+
+A subscription that ends (unsubscribed, quarantined, replaced by a newer connection) ends
 alone: its error line names it (`subscriptionId`) and the connection goes on for the others until
 none is left.
 """
@@ -42,7 +46,7 @@ QUEUE_LIMIT = 2048  # deliveries per subscription it queues (on average), for th
 REFILL_DELIVERIES = 65536  # read from the store at once, over the subscriptions that refill
 REFILL_EACH = 64  # at least, per subscription
 SEND_LINES = 512  # lines per write
-UNACKED_DELIVERIES = 1 << 20  # written and remembered for acknowledgements; older ones go unacknowledged
+UNACKED_DELIVERIES = 1 << 16  # written and remembered line by line for acknowledgements
 _keys = itertools.count()
 
 
@@ -83,7 +87,6 @@ class Bundle:
         self.last_queued = np.array([a.start_after for a in admitted], np.int64)
         self.cursor = self.last_queued.copy()  # delivered (or acknowledged, with acks): what to save
         self.saved = self.cursor.copy()
-        self.sent = self.cursor.copy()
         self._numbers_sorted = np.sort(self.numbers)
         self._by_number = np.argsort(self.numbers)  # places in the order of _numbers_sorted
         self._limit = QUEUE_LIMIT * len(admitted)  # deliveries queued, as many as as many sessions would
@@ -95,8 +98,12 @@ class Bundle:
         self.pending: deque[Lines] = deque()
         self.queued = 0  # deliveries
         self._queued_lines = 0
-        # written lines not yet acknowledged, per write: (seqs, where each line's deliveries end, places, pubs)
-        self._written: deque[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = deque()
+        # written lines not yet acknowledged, per write: (its serial, seqs, where each line's deliveries
+        # end, places, pubs); the first remembered write holding each seq; what older writes delivered
+        self._written: deque[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = deque()
+        self._write_of: dict[int, int] = {}
+        self._serials = itertools.count()
+        self._folded = np.zeros(len(admitted), np.int64)
         self._remembered = 0
         self._send = send
         self._close = close
@@ -116,12 +123,13 @@ class Bundle:
             places, pubs, variants = places[take], pubs[take], variants[take]
         if not len(places):
             return
-        if self._queued_lines + len(np.unique(variants)) > LINE_LIMIT or self.queued + len(places) > self._limit:
+        lines = _lines(places, pubs, variants, published, live=True)
+        if self._queued_lines + len(lines.pubs) > LINE_LIMIT or self.queued + len(places) > self._limit:
             self.live[places] = False  # the rest waits in the store; these subscriptions refill from there
             self.unread[places] = seq
             self._wake.set()
             return
-        self._queue(_lines(places, pubs, variants, published, live=True))
+        self._queue(lines)
         np.maximum.at(self.last_queued, places, pubs)
 
     def _queue(self, lines: Lines) -> None:
@@ -153,18 +161,15 @@ class Bundle:
 
     def acknowledge(self, seq: int) -> None:
         """The client consumed the line with this seq, and so every line written before it."""
-        if not self.acks:
-            return
-        found = _line_of(self._written, seq)
-        if found is None:
+        serial = self._write_of.get(seq)
+        if serial is None:
             return  # not written here, or forgotten
-        earlier, hit = found
-        for _ in range(earlier):
-            _, _, places, pubs = self._written.popleft()
-            self._remembered -= len(places)
-            np.maximum.at(self.cursor, places, pubs)
-        _, ends, places, pubs = self._written[0]
-        done = int(ends[hit])
+        while self._written[0][0] < serial:
+            self._drop(self.cursor)
+        np.maximum(self.cursor, self._folded, out=self.cursor)
+        self._folded[:] = 0
+        _, seqs, ends, places, pubs = self._written[0]
+        done = int(ends[np.flatnonzero(seqs == seq)[0]])
         np.maximum.at(self.cursor, places[:done], pubs[:done])
 
     def cursor_changes(self) -> dict[str, int]:
@@ -207,12 +212,11 @@ class Bundle:
         await self._send(frames)
         places = np.concatenate([item.places for item in batch])
         pubs = np.concatenate([np.repeat(item.pubs, item.counts) for item in batch])
-        np.maximum.at(self.sent, places, pubs)
         if self.acks:
             counts = np.concatenate([item.counts for item in batch])
             self._remember(np.concatenate([item.pubs for item in batch]), np.cumsum(counts), places, pubs)
         else:
-            self.cursor = self.sent.copy()
+            np.maximum.at(self.cursor, places, pubs)
         self.hub.forwarded += len(places)
         logged = [np.repeat(item.logged, item.counts) for item in batch if item.logged is not None]
         if logged:
@@ -221,11 +225,22 @@ class Bundle:
                 trace.mark("written", int(pubs.min()) - 1, int(pubs.max()))
 
     def _remember(self, seqs: np.ndarray, ends: np.ndarray, places: np.ndarray, pubs: np.ndarray) -> None:
-        self._written.append((seqs, ends, places, pubs))
+        serial = next(self._serials)
+        self._written.append((serial, seqs, ends, places, pubs))
+        for seq in seqs.tolist():
+            self._write_of.setdefault(seq, serial)
         self._remembered += len(places)
         while self._remembered > UNACKED_DELIVERIES:
-            _, _, dropped, _ = self._written.popleft()  # never acknowledged: resent after a reconnect
-            self._remembered -= len(dropped)
+            self._drop(self._folded)  # applied by the next acknowledgement, which comes after it
+
+    def _drop(self, into: np.ndarray) -> None:
+        """Forget the oldest remembered write, what it delivered kept in `into`."""
+        serial, seqs, _, places, pubs = self._written.popleft()
+        np.maximum.at(into, places, pubs)
+        self._remembered -= len(places)
+        for seq in seqs.tolist():
+            if self._write_of.get(seq) == serial:
+                del self._write_of[seq]
 
     async def _refill(self) -> None:
         """Read the queues of the subscriptions that take no offers, all at once, from the store."""
@@ -267,15 +282,6 @@ def _lines(places: np.ndarray, pubs: np.ndarray, variants: np.ndarray, published
         published.pubs[chosen], published.bodies[chosen].tolist(), published.envelopes[chosen].tolist(),
         np.diff(np.r_[starts, len(places)]), places, published.logged[chosen] if live else None,
     )  # fmt: skip
-
-
-def _line_of(written: deque[tuple[np.ndarray, ...]], seq: int) -> tuple[int, int] | None:
-    """The first written line with this seq: which write, and which line of it."""
-    for write, (seqs, *_) in enumerate(written):
-        hits = np.flatnonzero(seqs == seq)
-        if len(hits):
-            return write, int(hits[0])
-    return None
 
 
 def _without(lines: Lines, kept: np.ndarray) -> Lines:

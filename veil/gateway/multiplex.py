@@ -46,7 +46,6 @@ async def serve_multiplexed(
     try:
         await read_while(pusher, receive, acknowledge)
     finally:
-        bundle.closed = True
         gateway.hub.detach_bundle(bundle)
         pusher.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):

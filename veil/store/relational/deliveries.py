@@ -71,35 +71,18 @@ class DeliverySql(Dialect):
     def backlog(self, sub_id: str, after_pub: int, limit: int) -> tuple[list[Delivery], int]:
         with self._tx(write=False) as db:
             watermark = db.execute(LAST_FEED_SEQ).fetchone()[0]
-            live = db.execute(
-                "SELECT n.no, n.reset FROM subscriptions s JOIN subscription_numbers n USING (sub_id) "
-                "WHERE s.sub_id = ? AND s.deleted IS NULL",
-                (sub_id,),
-            ).fetchone()
-            if live is None:
+            number = db.execute("SELECT no FROM subscription_numbers WHERE sub_id = ?", (sub_id,)).fetchone()
+            if number is None:
                 return [], watermark
-            number, floor = live[0], max(after_pub, live[1])
-            rows: list[Delivery] = [
-                (row[0], row[1], _origin(row[3:], row[2]))
-                for row in db.execute(
-                    "SELECT d.pub, COALESCE(c.body, l.body), c.body IS NOT NULL, "
-                    "COALESCE(l.client, ''), l.key_id, l.signature, l.copy_of, l.cropped "
-                    'FROM deliveries d JOIN log l ON l."offset" = d.pub '
-                    "LEFT JOIN copies c ON c.sub_no = d.sub_no AND c.pub = d.pub "
-                    "WHERE d.sub_no = ? AND d.pub > ? ORDER BY d.pub LIMIT ?",
-                    (number, floor, limit),
-                )
-            ]
-            if len(rows) < limit:
-                floor = rows[-1][0] if rows else floor
-                pubs = self._unspilled(db, {number: floor}, watermark, limit - len(rows))[1]
-                if len(pubs):
-                    bodies = self._bodies(db, pubs)
-                    copies = self._copies(db, np.full(len(pubs), number, np.int64), pubs)
-                    for pub in pubs.tolist():
-                        copy = copies.get((number, pub))
-                        body, origin, _ = bodies[pub]
-                        rows.append((pub, body, origin) if copy is None else (pub, copy, origin._replace(cropped=True)))
+            numbers = np.array(number, np.int64)
+            _, pubs, _ = self._queued(db, numbers, np.array([after_pub], np.int64), limit, watermark, 0)
+            bodies = self._bodies(db, pubs)
+            copies = self._copies(db, np.repeat(numbers, len(pubs)), pubs)
+        rows: list[Delivery] = []
+        for pub in pubs.tolist():
+            copy = copies.get((int(numbers[0]), pub))
+            body, origin, _ = bodies[pub]
+            rows.append((pub, body, origin) if copy is None else (pub, copy, origin._replace(cropped=True)))
         return rows, watermark
 
     def backlogs(
@@ -107,39 +90,47 @@ class DeliverySql(Dialect):
     ) -> tuple[np.ndarray, np.ndarray, int, int]:
         with self._tx(write=False) as db:
             watermark = db.execute(LAST_FEED_SEQ).fetchone()[0]
-            resets = dict(
-                db.execute(
-                    # driven by the numbers: a join lets SQLite scan every live subscription instead
-                    f"SELECT n.no, n.reset FROM subscription_numbers n WHERE n.no {self.IN_IDS} AND EXISTS "
-                    "(SELECT 1 FROM subscriptions s WHERE s.sub_id = n.sub_id AND s.deleted IS NULL)",
-                    (self._ids(numbers),),
-                )
+            sub_nos, pubs, reached = self._queued(db, numbers, afters, limit, watermark, from_seq)
+        return sub_nos, pubs, watermark, reached
+
+    def _queued(
+        self, db: Db, numbers: np.ndarray, afters: np.ndarray, limit: int, watermark: int, from_seq: int
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """`backlogs` inside a read transaction: the live subscriptions' spilled rows, then the
+        unspilled feed up to `watermark`; and where a next read of the feed starts."""
+        resets = dict(
+            db.execute(
+                # driven by the numbers: a join lets SQLite scan every live subscription instead
+                f"SELECT n.no, n.reset FROM subscription_numbers n WHERE n.no {self.IN_IDS} AND EXISTS "
+                "(SELECT 1 FROM subscriptions s WHERE s.sub_id = n.sub_id AND s.deleted IS NULL)",
+                (self._ids(numbers),),
             )
-            floors: dict[int, int] = {}
-            found: list[tuple[int, int]] = []
-            for number, after in zip(numbers.tolist(), afters.tolist(), strict=True):
-                if number not in resets:
-                    continue
-                floor = max(after, resets[number])
-                spilled = db.execute(
-                    "SELECT pub FROM deliveries WHERE sub_no = ? AND pub > ? ORDER BY pub LIMIT ?",
-                    (number, floor, limit),
-                ).fetchall()
-                found += [(number, pub) for (pub,) in spilled]
-                if len(spilled) < limit:
-                    floors[number] = spilled[-1][0] if spilled else floor
-            sub_nos = np.array([number for number, _ in found], np.int64)
-            pubs = np.array([pub for _, pub in found], np.int64)
-            reached = watermark
-            if floors:
-                more_nos, more_pubs, reached = self._unspilled(db, floors, watermark, limit, from_seq)
-                sub_nos, pubs = np.concatenate([sub_nos, more_nos]), np.concatenate([pubs, more_pubs])
-            if len(floors) < len(resets):  # some filled up on spilled rows: their feed is still to read
-                reached = from_seq
+        )
+        floors: dict[int, int] = {}
+        found: list[tuple[int, int]] = []
+        for number, after in zip(numbers.tolist(), afters.tolist(), strict=True):
+            if number not in resets:
+                continue
+            floor = max(after, resets[number])
+            spilled = db.execute(
+                "SELECT pub FROM deliveries WHERE sub_no = ? AND pub > ? ORDER BY pub LIMIT ?",
+                (number, floor, limit),
+            ).fetchall()
+            found += [(number, pub) for (pub,) in spilled]
+            if len(spilled) < limit:
+                floors[number] = spilled[-1][0] if spilled else floor
+        sub_nos = np.array([number for number, _ in found], np.int64)
+        pubs = np.array([pub for _, pub in found], np.int64)
+        reached = watermark
+        if floors:
+            more_nos, more_pubs, reached = self._unspilled(db, floors, watermark, limit, from_seq)
+            sub_nos, pubs = np.concatenate([sub_nos, more_nos]), np.concatenate([pubs, more_pubs])
+        if len(floors) < len(resets):  # some filled up on spilled rows: their feed is still to read
+            reached = from_seq
         order = np.lexsort((pubs, sub_nos))
         sub_nos, pubs = sub_nos[order], pubs[order]
         kept = _ranks(sub_nos) < limit
-        return sub_nos[kept], pubs[kept], watermark, reached
+        return sub_nos[kept], pubs[kept], reached
 
     @staticmethod
     def _unspilled(
