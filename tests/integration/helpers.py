@@ -74,11 +74,13 @@ class LineConnection:
 
 class SteadyPublisher:
     """Publishes {"run", "n", "even"} about 100 times a second through `client` (which the test may
-    switch, as a load balancer moves publishers), keeping the n of every acknowledged publication."""
+    switch, as a load balancer moves publishers), keeping the n of every publication it tried and of
+    every acknowledged one (what was tried and not acknowledged may or may not have been stored)."""
 
     def __init__(self, client, rid: str) -> None:
         self.client = client
         self.rid = rid
+        self.attempted: list[int] = []
         self.acknowledged: list[int] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -92,6 +94,7 @@ class SteadyPublisher:
 
         n = 0
         while True:
+            self.attempted.append(n)
             try:
                 await self.client.publish({"run": self.rid, "n": n, "even": n % 2 == 0})
                 self.acknowledged.append(n)
@@ -119,6 +122,7 @@ class Consumers:
     def __init__(self, streams: dict[str, DeliveryStream]) -> None:
         self.streams = streams
         self.received: dict[str, list[int]] = {sub_id: [] for sub_id in streams}
+        self.dropped_duplicates = 0  # by streams replaced with `move`
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -135,22 +139,30 @@ class Consumers:
         index = list(self.streams).index(sub_id)
         self._tasks[index].cancel()
         await self.streams[sub_id].aclose()
+        self.dropped_duplicates += self.streams[sub_id].dropped_duplicates
         self.streams[sub_id] = stream
         await stream.__aenter__()
         self._tasks[index] = asyncio.create_task(self._consume(sub_id))
 
-    async def expect_exactly_once_in_order(self, expected: dict[str, list[int]], timeout: float = 60.0) -> None:
-        """Every expected n delivered once, in publish order (anything published but not acknowledged
-        may or may not be there)."""
+    async def expect_exactly_once_in_order(
+        self, expected: dict[str, list[int]], possible: dict[str, list[int]], timeout: float = 60.0
+    ) -> None:
+        """Every expected n (acknowledged and matching) delivered once, in publish order; nothing else
+        but what is possible (published, acknowledged or not, and matching); and no delivery the
+        broker sent twice, not even one the client dropped as a repeat."""
         deadline = asyncio.get_running_loop().time() + timeout
         while asyncio.get_running_loop().time() < deadline and any(
             not set(expected[s]) <= set(self.received[s]) for s in self.streams
         ):
             await asyncio.sleep(0.2)
+        await asyncio.sleep(0.5)  # a delivery that should not come has had time to
         for sub_id, got in self.received.items():
             assert set(expected[sub_id]) <= set(got), f"lost {sorted(set(expected[sub_id]) - set(got))[:10]}"
+            assert set(got) <= set(possible[sub_id]), f"not matching: {sorted(set(got) - set(possible[sub_id]))[:10]}"
             assert len(got) == len(set(got)), "a publication was delivered twice"
             assert got == sorted(got), "publish order was not kept"
+        resent = self.dropped_duplicates + sum(stream.dropped_duplicates for stream in self.streams.values())
+        assert resent == 0, f"the broker re-sent {resent} deliveries the client had received"
 
     async def close(self) -> None:
         for task in self._tasks:

@@ -31,6 +31,7 @@ async def test_subscriptions_and_queues_survive_a_restart(tmp_path, store_flags)
             await client.publish({"run": rid, "n": 5})
             assert [d.publication["n"] for d in await take(stream, 1)] == [5]
             await nothing_more(stream)
+            assert stream.dropped_duplicates == 0
     finally:
         broker.close()
 
@@ -58,11 +59,13 @@ async def test_kill_9_while_publishing_loses_and_duplicates_nothing(tmp_path, st
             broker.kill()
             await asyncio.sleep(1)
             publisher.stop()
-            acknowledged = publisher.acknowledged
+            acknowledged, attempted = publisher.acknowledged, publisher.attempted
 
             broker.start()
             await consumers.expect_exactly_once_in_order(
-                {everything: acknowledged, evens: [n for n in acknowledged if n % 2 == 0]}, timeout=120
+                {everything: acknowledged, evens: [n for n in acknowledged if n % 2 == 0]},
+                {everything: attempted, evens: [n for n in attempted if n % 2 == 0]},
+                timeout=120,
             )
             assert all(stream.reconnects >= 1 for stream in consumers.streams.values())
             await consumers.close()

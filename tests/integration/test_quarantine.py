@@ -66,6 +66,7 @@ async def test_poison_publications_are_set_aside_and_the_rest_delivered_once_in_
                 await alice.publish({"run": rid, "n": n})
             got = await take(stream, len(sent), timeout=120)
             await nothing_more(stream, 3)
+            assert stream.dropped_duplicates == 0
     assert [d.publication["n"] for d in got] == sent  # each once, in order, none of the poison
     assert time.monotonic() - started < 120
     entries = {e["offset"]: e for e in await quarantined(broker)}

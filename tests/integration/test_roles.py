@@ -82,7 +82,8 @@ async def run_through_failures(a: BrokerProcess, b: BrokerProcess, kill_worker=N
         )
         await consumers.start()
         await at_a.publish({"run": rid, "n": -1, "even": False})
-        await consumers.expect_exactly_once_in_order({everything: [-1], evens: [], mover: [-1]})  # all connected
+        connected = {everything: [-1], evens: [], mover: [-1]}
+        await consumers.expect_exactly_once_in_order(connected, connected)
 
         # one connection per subscription: the same subscriber through gateway A is refused
         second = await LineConnection.open(a.tcp_port, {"subscriptionId": everything, "authHash": "pam"})
@@ -102,12 +103,17 @@ async def run_through_failures(a: BrokerProcess, b: BrokerProcess, kill_worker=N
         await consumers.move(mover, at_b.deliveries(mover))  # refused until A's claim lapses, then served
         await publisher.until(240, timeout=120)
         publisher.stop()
-        acknowledged = publisher.acknowledged
+        acknowledged, attempted = publisher.acknowledged, publisher.attempted
         await consumers.expect_exactly_once_in_order(
             {
                 everything: [-1, *acknowledged],
                 evens: [n for n in acknowledged if n % 2 == 0],
                 mover: [-1, *acknowledged],
+            },
+            {
+                everything: [-1, *attempted],
+                evens: [n for n in attempted if n % 2 == 0],
+                mover: [-1, *attempted],
             },
             timeout=120,
         )

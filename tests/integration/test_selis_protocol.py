@@ -10,6 +10,7 @@ import pytest
 
 from tests.integration.helpers import LineConnection, nothing_more, run_id, take
 from veil.client import VeilClient, VeilError
+from veil.client.channels import Channel
 from veil.config import Config
 
 pytestmark = pytest.mark.slow
@@ -241,6 +242,7 @@ async def test_disconnected_subscription_gets_everything_in_order_once(broker):
                     got = await take(stream, 20)
                     assert [d.publication["n"] for d in got] == list(range(21, 41))
                     await nothing_more(stream)
+            assert stream.dropped_duplicates == 0
 
 
 async def test_a_multiplexed_stream_delivers_to_each_subscription_once_across_reconnects(broker):
@@ -257,6 +259,7 @@ async def test_a_multiplexed_stream_delivers_to_each_subscription_once_across_re
             # live: one line per publication and matcher partition, naming the subscriptions it holds
             while sum(len(d.subscription_ids) for d in live) < 11:
                 live += await take(stream, 1)
+            assert stream.dropped_duplicates == 0
         named = sorted((d.publication["n"], s) for d in live for s in d.subscription_ids)
         assert named == [(n, s) for n, s in wanted if n < 7]
         assert all(sum(d.publication["n"] == n for d in live) <= Config.partitions for n in range(7))
@@ -269,7 +272,125 @@ async def test_a_multiplexed_stream_delivers_to_each_subscription_once_across_re
                 delivery = (await take(stream, 1))[0]
                 got += [(delivery.publication["n"], s) for s in delivery.subscription_ids]
             await nothing_more(stream)
+            assert stream.dropped_duplicates == 0  # the broker resumed each subscription where it stopped
         assert sorted(got) == wanted  # every (publication, subscription) once
+
+
+class Wire:
+    """A delivery connection read as the broker writes it: no client library between the test and
+    the lines (the library drops repeats, and would hide a broker that re-sends)."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self._documents = channel.documents()
+
+    @classmethod
+    async def open(cls, client: VeilClient, transport: str, handshake: dict) -> Wire:
+        channel = await client.open_channel(transport)
+        await channel.send(orjson.dumps(handshake))
+        return cls(channel)
+
+    async def read(self, n: int, timeout: float = 60) -> list[dict]:
+        async with asyncio.timeout(timeout):
+            return [orjson.loads(await anext(self._documents)) for _ in range(n)]
+
+    async def ack(self, seq: int) -> None:
+        await self.channel.send(orjson.dumps({"ack": seq}))
+        await asyncio.sleep(0.5)  # read by the broker before this connection closes
+
+    async def silent(self, wait: float = 1.5) -> bool:
+        try:
+            async with asyncio.timeout(wait):
+                await anext(self._documents)
+        except (TimeoutError, StopAsyncIteration):
+            return True
+        return False
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ws"])
+async def test_acknowledgements_and_resume_after_on_the_wire(broker, transport):
+    rid = run_id()
+    async with VeilClient(broker.url, auth_hash="ivan", tcp_port=broker.tcp_port, ws_port=broker.ws_port) as client:
+        sub_id = (await client.subscribe([{"key": "run", "val": rid, "op": "eq"}]))["subscriptionId"]
+        for n in range(10):
+            await client.publish({"run": rid, "n": n})
+        broker.wait_processed()
+        hello = {"authHash": "ivan", "subscriptionId": sub_id, "envelope": True, "ack": True}
+        first = await Wire.open(client, transport, hello)
+        lines = await first.read(4)
+        assert [line["publication"]["n"] for line in lines] == [0, 1, 2, 3]
+        await first.ack(lines[1]["seq"])
+        await first.close()
+
+        # no resume point: after the acknowledged line; what was written and not acknowledged comes again
+        second = await Wire.open(client, transport, hello)
+        lines += await second.read(4)
+        assert [line["publication"]["n"] for line in lines[4:]] == [2, 3, 4, 5]
+        resume = lines[-1]["seq"]
+        await second.close()
+
+        # a resume point: nothing at or below it, whatever the acknowledgements said
+        third = await Wire.open(client, transport, {**hello, "resumeAfter": resume})
+        rest = await third.read(4)
+        await client.publish({"run": rid, "n": 10})
+        rest += await third.read(1)
+        assert [line["publication"]["n"] for line in rest] == [6, 7, 8, 9, 10]
+        seqs = [line["seq"] for line in rest]
+        assert resume < seqs[0] and seqs == sorted(set(seqs))
+        assert await third.silent()
+        await third.close()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ws"])
+async def test_a_multiplexed_connection_resumes_each_subscription_on_the_wire(broker, transport):
+    rid = run_id()
+    async with VeilClient(broker.url, auth_hash="judy", tcp_port=broker.tcp_port, ws_port=broker.ws_port) as client:
+        run = {"key": "run", "val": rid, "op": "eq"}
+        every = (await client.subscribe([run]))["subscriptionId"]
+        even = (await client.subscribe([run, {"key": "even", "val": True, "op": "eq"}]))["subscriptionId"]
+        wanted = sorted([(n, every) for n in range(10)] + [(n, even) for n in range(0, 10, 2)])
+        for n in range(10):
+            await client.publish({"run": rid, "n": n, "even": n % 2 == 0})
+        broker.wait_processed()
+        hello = {"authHash": "judy", "subscriptionIds": [every, even], "ack": True}
+        got: list[tuple[int, str]] = []
+        last: dict[str, int] = {}
+        seq_of: dict[int, int] = {}
+
+        def received(lines: list[dict], after: dict[str, int]) -> None:
+            for line in lines:
+                seq_of[line["publication"]["n"]] = line["seq"]
+                for sub_id in line["subscriptionIds"]:
+                    assert line["seq"] > last.get(sub_id, after.get(sub_id, -1)), "repeated or out of order"
+                    last[sub_id] = line["seq"]
+                    got.append((line["publication"]["n"], sub_id))
+
+        first = await Wire.open(client, transport, hello)
+        while len(last) < 2 or len(got) < 5:  # both subscriptions part-way
+            received(await first.read(1), {})
+        await first.close()
+        stopped = dict(last)
+
+        second = await Wire.open(client, transport, {**hello, "resumeAfter": stopped})
+        last.clear()
+        while len(got) < len(wanted):
+            received(await second.read(1), stopped)
+        assert await second.silent()
+        assert sorted(got) == wanted  # every (publication, subscription) once
+        await second.close()
+
+        # one resume point for all of them
+        third = await Wire.open(client, transport, {**hello, "resumeAfter": seq_of[5]})
+        got.clear()
+        last.clear()
+        while len(got) < 6:
+            received(await third.read(1), dict.fromkeys((every, even), seq_of[5]))
+        assert await third.silent()
+        assert sorted(got) == sorted([(n, every) for n in range(6, 10)] + [(6, even), (8, even)])
+        await third.close()
 
 
 async def test_plain_line_subscriber_resumes_after_reconnect(broker):

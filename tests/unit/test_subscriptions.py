@@ -117,7 +117,7 @@ def test_satisfiable(predicates):
 
 def test_handshake_extensions():
     hs = parse_handshake(b'{"authHash": "h", "subscriptionId": "s", "data": [], "ack": true, "resumeAfter": 7}')
-    assert hs == ("h", "s", True, True, 7, None, "", ())
+    assert hs == ("h", "s", True, True, 7, None, "", (), None)
     with pytest.raises(ProtocolError, match="resumeAfter"):
         parse_handshake(b'{"authHash": "h", "subscriptionId": "s", "resumeAfter": -1}')
     with pytest.raises(ProtocolError, match="subscriptionId"):
@@ -144,3 +144,26 @@ def test_a_multiplexed_handshake_names_what_is_wrong(ids, field):
     assert refused.value.field == field
     with pytest.raises(ProtocolError, match="instead of"):
         parse_handshake(orjson.dumps({"subscriptionIds": ["a"], "subscriptionId": "b"}))
+
+
+def test_a_multiplexed_handshake_resumes_each_subscription_where_it_stopped():
+    hs = parse_handshake(orjson.dumps({"subscriptionIds": ["a", "b", "c"], "resumeAfter": {"a": 9, "c": 4}}))
+    assert [hs.for_subscription(s).resume_after for s in ("a", "b", "c")] == [9, None, 4]
+    assert parse_handshake(orjson.dumps({"subscriptionIds": ["a"], "resumeAfter": 3})).for_subscription("a").resume_after == 3
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({"subscriptionId": "a", "resumeAfter": {"a": 1}}, "resumeAfter"),
+        ({"subscriptionIds": ["a"], "resumeAfter": {"b": 1}}, "resumeAfter.b"),
+        ({"subscriptionIds": ["a"], "resumeAfter": {"a": -1}}, "resumeAfter.a"),
+        ({"subscriptionIds": ["a"], "resumeAfter": {"a": 2**63}}, "resumeAfter.a"),
+        ({"subscriptionIds": ["a"], "resumeAfter": {"a": True}}, "resumeAfter.a"),
+        ({"subscriptionIds": ["a"], "resumeAfter": [1]}, "resumeAfter"),
+    ],
+)
+def test_a_resume_point_per_subscription_names_what_is_wrong(doc, field):
+    with pytest.raises(ProtocolError) as refused:
+        parse_handshake(orjson.dumps(doc))
+    assert refused.value.field == field

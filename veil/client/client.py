@@ -1,9 +1,8 @@
 """Asyncio client for Veil: publish, subscribe, unsubscribe, and a delivery stream.
 
 The stream asks for the envelope and acknowledgements by default: it acknowledges what the
-application has consumed, resumes after the last consumed sequence number when it reconnects, and
-drops anything at or below it, so the application sees each publication once per subscription even
-across broker restarts.
+application has consumed and resumes after the last sequence number it received when it reconnects,
+so the application sees each publication once per subscription even across broker restarts.
 """
 
 from __future__ import annotations
@@ -304,7 +303,14 @@ class VeilClient:
 
 
 class DeliveryStream:
-    """Async iterator of deliveries over TCP or WebSocket, reconnecting after connection loss."""
+    """Async iterator of deliveries over TCP or WebSocket, reconnecting after connection loss.
+
+    A reconnect resumes after the last delivery received (what is queued and not yet consumed is
+    still delivered from the queue). A broker that honours `resumeAfter` never sends anything at or
+    below that point again; if one does, the repeat is dropped and counted in `dropped_duplicates`,
+    so that the application sees each delivery once and a test sees the broker's fault. Only lines
+    received on the current connection are acknowledged: an older line's seq may name a different
+    line on the new one."""
 
     def __init__(self, client: VeilClient, subscription_id: str, transport: str, envelope: bool) -> None:
         if transport not in ("tcp", "ws"):
@@ -313,9 +319,13 @@ class DeliveryStream:
         self.subscription_id = subscription_id
         self.transport = transport
         self.envelope = envelope
-        self.last_seq: int | None = client.positions.get(subscription_id)
+        self.last_seq: int | None = client.positions.get(subscription_id)  # the last one consumed
+        self._received = self.last_seq  # where a reconnect resumes
+        self.dropped_duplicates = 0
         self.reconnects = 0
-        self._lines: asyncio.Queue[bytes | BaseException] = asyncio.Queue(maxsize=1024)
+        self._lines: asyncio.Queue[tuple[bytes, Any, int] | BaseException] = asyncio.Queue(maxsize=1024)
+        self._connection = 0
+        self._ackable: int | None = None  # the last consumed line of the current connection
         self._acked: int | None = None
         self._unacked = 0
         self._task: asyncio.Task[None] | None = None
@@ -345,42 +355,48 @@ class DeliveryStream:
     async def __anext__(self) -> Delivery:
         if self._task is None:
             await self.__aenter__()
-        while True:
-            if self._lines.empty() or self._unacked >= ACK_EVERY:
-                await self._acknowledge()
-            item = await self._lines.get()
-            if isinstance(item, BaseException):
-                raise item
-            delivery = self._parse(item)
-            if delivery is None:
-                continue
-            if delivery.seq is not None:
-                self._consumed(delivery)
+        if self._lines.empty() or self._unacked >= ACK_EVERY:
+            await self._acknowledge()
+        item = await self._lines.get()
+        if isinstance(item, BaseException):
+            raise item
+        line, doc, connection = item
+        delivery = self._parse(line, doc)
+        if delivery.seq is not None:
+            self._consumed(delivery.seq, delivery.subscription_ids)
+            if connection == self._connection:
+                self._ackable = delivery.seq
                 self._unacked += 1
-            if self.client.keyring is not None and isinstance(delivery.publication, dict):
-                try:
-                    delivery = delivery._replace(payload=await self.client.keyring.open(delivery.publication))
-                except SealError as exc:
-                    raise TamperedPublication("veil:sealed", f"publication {delivery.id}: {exc}", 0) from None
-            return delivery
+        if self.client.keyring is not None and isinstance(delivery.publication, dict):
+            try:
+                delivery = delivery._replace(payload=await self.client.keyring.open(delivery.publication))
+            except SealError as exc:
+                raise TamperedPublication("veil:sealed", f"publication {delivery.id}: {exc}", 0) from None
+        return delivery
 
-    def _consumed(self, delivery: Delivery) -> None:
-        self.last_seq = self.client.positions[self.subscription_id] = delivery.seq
+    def _consumed(self, seq: int, subscription_ids: tuple[str, ...]) -> None:
+        self.last_seq = self.client.positions[self.subscription_id] = seq
 
-    def _parse(self, line: bytes) -> Delivery | None:
-        doc = orjson.loads(line)
+    def _fresh(self, doc: dict) -> bool:
+        """Whether this enveloped delivery is new to the stream (a re-send is counted, then dropped)."""
+        seq = doc["seq"]
+        if self._received is not None and seq <= self._received:
+            self.dropped_duplicates += 1
+            return False
+        self._received = seq
+        return True
+
+    def _parse(self, line: bytes, doc: Any) -> Delivery:
         if not self.envelope:
             return Delivery(None, None, doc)
-        seq = doc.get("seq")
-        if self.last_seq is not None and seq <= self.last_seq:
-            return None  # already consumed before a reconnect
+        seq = doc["seq"]
         publisher = doc.get("publisher")
         verified = False
         keys = self.client.trusted_keys.get(publisher) if publisher is not None else None
         if keys is not None and "signature" in doc:
             key = keys.get(doc.get("keyId"))
             if key is None or not signatures.verifies(key, published_bytes(line), doc["signature"]):
-                self.last_seq = self.client.positions[self.subscription_id] = seq
+                self._consumed(seq, tuple(doc.get("subscriptionIds", ())))
                 raise TamperedPublication(
                     "signature", f"publication {doc.get('id')} from {publisher!r} does not verify", 0
                 )
@@ -388,10 +404,10 @@ class DeliveryStream:
         return Delivery(seq, doc.get("id"), doc.get("publication"), publisher, verified, bool(doc.get("cropped")))
 
     async def _acknowledge(self) -> None:
-        if self.envelope and self.last_seq is not None and self.last_seq != self._acked and self._send is not None:
+        if self.envelope and self._ackable is not None and self._ackable != self._acked and self._send is not None:
             with contextlib.suppress(Exception):
-                await self._send(orjson.dumps({"ack": self.last_seq}))
-                self._acked = self.last_seq
+                await self._send(orjson.dumps({"ack": self._ackable}))
+                self._acked = self._ackable
                 self._unacked = 0
 
     def _handshake(self) -> bytes:
@@ -402,18 +418,28 @@ class DeliveryStream:
             doc["token"] = self.client.token
         if self.envelope:
             doc.update(envelope=True, ack=True)
-            if self.last_seq is not None:
-                doc["resumeAfter"] = self.last_seq
+            if self._received is not None:
+                doc["resumeAfter"] = self._received
         return orjson.dumps(doc)
 
-    def _error(self, line: bytes) -> VeilError | None:
+    def _document(self, line: bytes) -> Any:
+        """The line's JSON document; VeilError for an error the broker sent or a line nobody can read."""
         try:
             doc = orjson.loads(line)
         except orjson.JSONDecodeError:
-            return VeilError("", f"unreadable line from the broker: {line[:200]!r}", 0)
-        if isinstance(doc, dict) and ("seq" not in doc if self.envelope else set(doc) == ERROR_KEYS):
-            return error_from_document(doc)
-        return None
+            raise VeilError("", f"unreadable line from the broker: {line[:200]!r}", 0) from None
+        if not self.envelope:
+            if isinstance(doc, dict) and set(doc) == ERROR_KEYS:
+                raise error_from_document(doc)
+            return doc
+        if not isinstance(doc, dict):
+            raise VeilError("", f"not an envelope: {line[:200]!r}", 0)
+        if "seq" not in doc:
+            raise error_from_document(doc)
+        seq = doc["seq"]
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            raise VeilError("seq", f"not a sequence number: {line[:200]!r}", 0)
+        return doc
 
     async def _run(self) -> None:
         delay = 0.2
@@ -437,15 +463,15 @@ class DeliveryStream:
             delay = min(delay * 2, 2.0) if failures else 0.2
 
     async def _deliver(self, line: bytes) -> None:
-        error = self._error(line)
-        if error is not None:
-            raise error
-        await self._lines.put(line)
+        doc = self._document(line)
+        if not self.envelope or self._fresh(doc):
+            await self._lines.put((line, doc, self._connection))
 
     async def _connect(self) -> None:
         """One connection's life: handshake, then deliveries until the broker closes it."""
         channel = await self.client.open_channel(self.transport)
         try:
+            self._connection += 1
             await channel.send(self._handshake())
             self._send = channel.send
             self.connected.set()
@@ -458,37 +484,37 @@ class DeliveryStream:
 
 class MultiplexedStream(DeliveryStream):
     """Many subscriptions' deliveries over one connection (`VeilClient.multiplexed`). Each delivery
-    names the subscriptions it is for; after a reconnect the broker resumes after the position the
-    least advanced of them had, and what some of them had already consumed is delivered to the
-    others only. A subscription the broker ends (unsubscribed, quarantined) leaves the stream with
-    its error in `ended`; the others go on."""
+    names the subscriptions it is for. The connection's lines are not in one global order (a backlog
+    read brings older publications after newer ones), so a reconnect resumes each subscription after
+    the last delivery received for it (`resumeAfter` as an object). A subscription the broker ends
+    (unsubscribed, quarantined) leaves the stream with its error in `ended`; the others go on."""
 
     def __init__(self, client: VeilClient, subscription_ids: Sequence[str], transport: str) -> None:
         super().__init__(client, "", transport, envelope=True)
         self.subscription_ids = list(dict.fromkeys(subscription_ids))
         self.ended: dict[str, VeilError] = {}
-        known = [client.positions.get(sub_id) for sub_id in self.subscription_ids]
-        self.last_seq = None if None in known else min(known)  # type: ignore[type-var]
+        self._resume = {s: client.positions[s] for s in self.subscription_ids if s in client.positions}
 
-    def _consumed(self, delivery: Delivery) -> None:
-        for sub_id in delivery.subscription_ids:
-            self.client.positions[sub_id] = delivery.seq  # type: ignore[assignment]
-        self.last_seq = delivery.seq
+    def _consumed(self, seq: int, subscription_ids: tuple[str, ...]) -> None:
+        for sub_id in subscription_ids:
+            self.client.positions[sub_id] = seq
+        self.last_seq = seq
 
-    def _parse(self, line: bytes) -> Delivery | None:
-        doc = orjson.loads(line)
-        seq = doc.get("seq")
-        positions = self.client.positions
-        fresh = tuple(s for s in doc.get("subscriptionIds", ()) if positions.get(s, -1) < seq)
-        if not fresh:
-            return None  # consumed by all of them before a reconnect
-        last = self.last_seq
-        self.last_seq = None  # the base class checks signatures; this class checks what was consumed
-        try:
-            delivery = super()._parse(line)
-        finally:
-            self.last_seq = last
-        return None if delivery is None else delivery._replace(subscription_ids=fresh)
+    def _fresh(self, doc: dict) -> bool:
+        """Keeps, of the subscriptions the line names, those it is new to; counts the others."""
+        seq = doc["seq"]
+        named = doc.get("subscriptionIds")
+        if not isinstance(named, list) or not all(isinstance(s, str) for s in named):
+            raise VeilError("subscriptionIds", f"not a list of subscription ids in line {seq}", 0)
+        fresh = [s for s in named if self._resume.get(s, -1) < seq]
+        self.dropped_duplicates += len(named) - len(fresh)
+        for sub_id in fresh:
+            self._resume[sub_id] = seq
+        doc["subscriptionIds"] = fresh
+        return bool(fresh)
+
+    def _parse(self, line: bytes, doc: Any) -> Delivery:
+        return super()._parse(line, doc)._replace(subscription_ids=tuple(doc["subscriptionIds"]))
 
     def _handshake(self) -> bytes:
         doc: dict[str, Any] = {"subscriptionIds": self.subscription_ids, "envelope": True, "ack": True}
@@ -496,8 +522,9 @@ class MultiplexedStream(DeliveryStream):
             doc["authHash"] = self.client.auth_hash
         if self.client.token is not None:
             doc["token"] = self.client.token
-        if self.last_seq is not None:
-            doc["resumeAfter"] = self.last_seq
+        resume = {s: self._resume[s] for s in self.subscription_ids if s in self._resume}
+        if resume:
+            doc["resumeAfter"] = resume
         return orjson.dumps(doc)
 
     async def _deliver(self, line: bytes) -> None:

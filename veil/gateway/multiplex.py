@@ -23,7 +23,7 @@ async def serve_multiplexed(
     try:
         for sub_id in handshake.subscription_ids:
             try:
-                admitted.append(await admit(gateway, handshake._replace(subscription_id=sub_id), identity))
+                admitted.append(await admit(gateway, handshake.for_subscription(sub_id), identity))
             except ProtocolError as exc:
                 raise ProtocolError("subscriptionIds", f"{sub_id}: {exc.problem}", exc.status) from None
     except ProtocolError as exc:

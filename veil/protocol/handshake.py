@@ -7,7 +7,9 @@ acknowledgement-driven cursors, and for a resume point after a reconnect. An edg
 announcement (`announcementId`) instead of a subscription. A client with many subscriptions may
 name them all (`subscriptionIds`) on one connection: each publication comes once, enveloped, with the
 ids of the subscriptions it is delivered to (`subscriptionIds`); an acknowledgement then covers all of
-them.
+them. Such a connection's resume point may be one per subscription (`"resumeAfter": {id: seq}`): its
+lines are not in one global order (a backlog read brings older publications after newer ones), so no
+single number says where each subscription stopped.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ class Handshake(NamedTuple):
     token: str | None = None  # a bearer token proving the client's identity
     announcement_id: str = ""  # an edge broker's channel: the subscriptions its announcement may serve
     subscription_ids: tuple[str, ...] = ()  # a multiplexed connection: these subscriptions, in one stream
+    resume_each: dict[str, int] | None = None  # a multiplexed connection's resume point per subscription
+
+    def for_subscription(self, sub_id: str) -> Handshake:
+        """This multiplexed handshake as one naming only `sub_id` would be, its own resume point included."""
+        resume = self.resume_after if self.resume_each is None else self.resume_each.get(sub_id)
+        return self._replace(subscription_id=sub_id, resume_after=resume)
 
 
 def parse_handshake(raw: bytes | str) -> Handshake:
@@ -40,7 +48,8 @@ def parse_handshake(raw: bytes | str) -> Handshake:
     envelope = _flag(doc, "envelope")
     ack = _flag(doc, "ack")
     resume = doc.get("resumeAfter")
-    if resume is not None and not _sequence(resume):
+    each = resume if isinstance(resume, dict) else None
+    if each is None and resume is not None and not _sequence(resume):
         raise ProtocolError("resumeAfter", f"not a sequence number (an integer from 0 to {INT64_MAX})")
     token = doc.get("token")
     if token is not None and (not isinstance(token, str) or not token or len(token) > MAX_CREDENTIAL_LENGTH):
@@ -50,7 +59,25 @@ def parse_handshake(raw: bytes | str) -> Handshake:
     sub_id = subscription_id_of(doc, required=not (announcement or many))
     if many and (sub_id or announcement):
         raise ProtocolError("subscriptionIds", "names the subscriptions instead of subscriptionId or announcementId")
-    return Handshake(auth_hash_of(doc), sub_id, envelope or ack or bool(many), ack, resume, token, announcement, many)
+    if each is not None:
+        _check_resume_each(each, many)
+        resume = None
+    return Handshake(
+        auth_hash_of(doc), sub_id, envelope or ack or bool(many), ack, resume, token, announcement, many, each
+    )
+
+
+def _check_resume_each(each: dict, many: tuple[str, ...]) -> None:
+    if not many:
+        raise ProtocolError("resumeAfter", "one resume point per subscription needs subscriptionIds")
+    named = set(many)
+    for sub_id, seq in each.items():
+        if sub_id not in named:
+            raise ProtocolError(f"resumeAfter.{sub_id[:64]}", "not one of subscriptionIds")
+        if not _sequence(seq):
+            raise ProtocolError(
+                f"resumeAfter.{sub_id[:64]}", f"not a sequence number (an integer from 0 to {INT64_MAX})"
+            )
 
 
 def _subscription_ids(doc: dict) -> tuple[str, ...]:
