@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from tests.prerequisites import missing
 from veil.harness import PostgresServer, postgres_database
 from veil.harness.postgres import binaries
 
@@ -17,10 +18,7 @@ def postgres_server():
         yield url
         return
     if binaries() is None:
-        message = "PostgreSQL is not installed and VEIL_TEST_POSTGRES is not set"
-        if os.environ.get("VEIL_REQUIRE_POSTGRES") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("PostgreSQL is not installed and VEIL_TEST_POSTGRES is not set", "VEIL_REQUIRE_POSTGRES")
     server = PostgresServer().start()
     yield server.url
     server.stop()

@@ -10,6 +10,7 @@ import urllib.parse
 import pytest
 import yaml
 
+from tests.prerequisites import missing
 from veil import config
 from veil.cli import build_parser
 
@@ -48,7 +49,7 @@ def compose_command() -> list[str] | None:
 def test_docker_compose_accepts_the_file():
     compose = compose_command()
     if compose is None:
-        pytest.skip("docker compose is not installed: the other tests here check the file")
+        missing("docker compose is not installed (Debian: apt-get install docker-compose)", "VEIL_REQUIRE_COMPOSE")
     result = subprocess.run([*compose, "-f", COMPOSE, "config", "-q"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
