@@ -155,6 +155,11 @@ class ForwardedStream:
     async def __anext__(self) -> Forwarded:
         return await self._out.get()
 
+    @property
+    def dropped_duplicates(self) -> int:
+        """Deliveries the brokers sent again, which their streams dropped."""
+        return sum(stream.dropped_duplicates for stream in self.streams if stream is not None)
+
     async def _read(self, broker: int, stream: DeliveryStream) -> None:
         """One broker's deliveries; a broker that fails for good is one of the n - k tolerated."""
         with contextlib.suppress(VeilError, OSError):
