@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 
 import aiohttp
 import orjson
@@ -25,10 +26,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.helpers import LineConnection, client_for, run_id, take
+from tests.prerequisites import missing
 from veil.harness import BrokerProcess
 
 pytestmark = pytest.mark.slow
 SECRET = "monitoring-secret-1"
+# the figures the dashboard shows as numbers, by their names in /metrics
+FIGURES = {"veil_pipeline_lag", "veil_connections", "veil_subscriptions", "veil_queued_deliveries",
+           "veil_received_publications_total", "veil_deliveries_total"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -125,10 +130,8 @@ def browser():
     """Headless Chromium (Debian's chromium and chromium-driver) driven by Selenium."""
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if chromium is None or driver is None:
-        message = "Chromium and its driver are not installed (Debian: apt-get install chromium chromium-driver)"
-        if os.environ.get("VEIL_REQUIRE_BROWSER") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("Chromium and its driver are not installed (Debian: apt-get install chromium chromium-driver)",
+                "VEIL_REQUIRE_BROWSER")  # fmt: skip
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -142,10 +145,11 @@ def browser():
     session.quit()
 
 
-async def until(check, timeout: float = 30.0, what: str = "") -> None:
+async def until(check: Callable[[], object], timeout: float = 30.0, what: str | Callable[[], str] = "") -> None:
+    """Until `check()` holds; `what` names it in the failure, or says what was last seen (a callable)."""
     deadline = time.monotonic() + timeout
     while not await asyncio.to_thread(check):
-        assert time.monotonic() < deadline, f"timed out waiting for {what or check}"
+        assert time.monotonic() < deadline, f"timed out waiting for {(what() if callable(what) else what) or check}"
         await asyncio.sleep(0.25)
 
 
@@ -202,19 +206,25 @@ async def test_the_dashboard_plots_the_traffic_and_shows_what_metrics_says(broke
                     if key.startswith("veil_delivery_latency_seconds_bucket") and count == total)  # fmt: skip
     assert 0 < shown_p99 <= holds_all * 1000  # what the page computed lies within what /metrics counted
 
+    compared: dict[str, dict] = {}
+
     def agrees() -> bool:
-        """With the traffic over, every figure the page shows equals /metrics."""
-        before = reads()
+        """With the traffic over, every figure the page shows equals /metrics, read after the page's
+        next read (they differ while a gauge moves between the two, hence the retries)."""
+        before, deadline = reads(), time.monotonic() + 10
         while reads() == before:
+            assert time.monotonic() < deadline, "the page stopped reading /metrics"
             time.sleep(0.1)
         shown = {
             element.get_attribute("data-metric"): element.text.replace(",", "")
             for element in browser.find_elements("css selector", "[data-metric]")
         }
         exposed = metrics(broker)
-        return all(text not in ("", "\u2013") and float(text) == exposed[name] for name, text in shown.items())
+        compared.update(shown=shown, exposed={name: exposed.get(name) for name in shown})
+        assert set(shown) >= FIGURES, f"the page shows no figure for {sorted(FIGURES - set(shown))}"
+        return all(re.fullmatch(r"-?[0-9]+", text) and float(text) == exposed.get(name) for name, text in shown.items())
 
-    await until(agrees, what="the figures shown to equal /metrics")
+    await until(agrees, what=lambda: f"the figures shown to equal /metrics, last {compared}")
 
 
 def test_the_openapi_document_holds_for_every_endpoint(broker, tmp_path):
