@@ -6,6 +6,7 @@ wrapping the scope key for one member, in µs (median of 2,000 calls).
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -18,6 +19,7 @@ ATTRIBUTES = b'{"lat":52.1,"lon":4.3,"sensor":"NO2"}'  # what a sealed publicati
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     key = ScopeKey.new("customs")
     member = X25519PrivateKey.generate()
     rows = []
