@@ -38,9 +38,13 @@ def _fields(pid: int) -> list[str] | None:
 
 
 def _stat(pid: int) -> tuple[int, float] | None:
-    """(parent pid, CPU seconds) of a process, None if it is gone."""
+    """(parent pid, CPU seconds) of a process, None if it is gone or has ended and waits for its parent
+    to reap it: such a zombie keeps its CPU figures but not its command line, so its role cannot be
+    told, and a process that ended is not counted anyway."""
     fields = _fields(pid)
-    return None if fields is None else (int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK)
+    if fields is None or fields[0] == "Z":
+        return None
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK
 
 
 def cpu_seconds(pid: int | None, descendants: bool = True) -> float:

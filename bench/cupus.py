@@ -2,8 +2,8 @@
 
 Sensor readings (CO, O3, NO2, UFP, lat/lon, timestamp) from a fixed pool of 4,000; a subscription is
 1-3 constraints of a random reading with random <, <=, >, >=, one in five also with a 1-6 h time
-window, so about a quarter of all subscriptions match each reading (SPEC §11). Subscriptions are
-added cumulatively to one broker. For each size a separate publisher process sends readings at a
+window, so about a quarter of all subscriptions match each reading. Subscriptions are added
+cumulatively to one broker. For each size a separate publisher process sends readings at a
 constant rate over 16 HTTP connections and separate subscriber processes hold the delivery
 connections (TCP line protocol, resuming after the current log head so each size measures only its
 own publications): up to `--connect` of them, since one process may hold at most 20,000 descriptors
@@ -12,16 +12,26 @@ here; subscriptions not connected are queued durably, as for any offline subscri
 `--multiplex-processes` processes: a reading comes once per connection with the ids it is for, and
 its delay is counted once per line (the same for every id on it).
 
+A step publishes only once every delivery connection is attached and no session reads a backlog; a
+step whose sessions do not get there within two minutes is reported as not caught up, unmeasured,
+and ends the run. A step's CPU counts from then to the first of half-second snapshots after its last
+delivery, and its shares are over that same span: the subscribers wait 30 s after the last delivery
+to be sure it was the last, and what the broker does meanwhile is not the step's. The load
+generators count their own, from their connections being open to their last publication or delivery.
+With `--trace` the broker runs with VEIL_TRACE and each step's publications are followed stage by
+stage, as in `bench.latency`.
+
 Beside the end-to-end figures, the index and a naive loop over every subscription (the seed
 matcher's approach) are timed on one core in this process, on the same subscriptions and readings.
-The CUPUS columns are its published delay (Fig. 21, config5 on VM-4) and the peer measurements of
-its matcher on our machines (SPEC §11); CUPUS itself cannot be run here.
+CUPUS itself cannot be run here: its published delay (S4 Fig. 21) and a peer run of its matcher are
+printed apart, as quoted figures (sources in docs/performance/peers.md).
 
 At 100,000 subscriptions a reading matches ~23,000 of them: 1,000 readings/s would be 230 M
 deliveries in a 10 s step, so that step offers its own rate (`--step-rate 100000=25`).
 
     python -m bench.cupus [--subscriptions 1,10,100,1000,5000,10000,20000,100000] [--rate 1000]
-                          [--step-rate 100000=25] [--seconds 10] [--multiplex 1000]
+                          [--step-rate 100000=25] [--seconds 10] [--multiplex 1000] [--trace]
+                          [--plot docs/performance/cupus.png]
 """
 
 from __future__ import annotations
@@ -31,16 +41,20 @@ import asyncio
 import math
 import os
 import random
+import shutil
 import statistics
+import tempfile
 import time
+from collections.abc import Callable
 
 import aiohttp
 import orjson
 
 from bench import cpu
 from bench.brokers import add_broker_arguments, benched_broker, subscription_counts
+from bench.latency import breakdown, read_trace, stage_times
 from bench.loadgen import Processes
-from bench.report import figure, print_table
+from bench.report import add_plot_argument, draw_quoted, print_quoted, print_table, save_figure
 from bench.selis import finished_matching, percentile
 from bench.workloads import sensor_publication, sensor_subscription
 from veil.harness import BrokerProcess
@@ -49,9 +63,11 @@ from veil.matching.predicates import matches
 from veil.protocol import flatten
 from veil.protocol.subscriptions import parse_subscribe
 
-CUPUS_DELAY = {20_000: 1.0}  # s, average publish → delivery, S4 Fig. 21 (config5, VM-4, "up to ~1 s")
-CUPUS_PEER = {1_000: 1691, 10_000: 124, 20_000: 42, 100_000: 8.4}  # matched pub/s, SPEC §11
+CUPUS_DELAY = {20_000: 1.0}  # s, average publish → delivery, quoted: S4 §6 Fig. 21 (config5 on VM-4)
+CUPUS_PEER = {1_000: 1691, 10_000: 124, 20_000: 42, 100_000: 8.4}  # pub/s matched, quoted: peer run of its matcher
 PER_SUBSCRIBER_PROCESS = 5000
+CATCH_UP = 120.0  # seconds a step's delivery sessions get to attach and read their backlogs
+SNAPSHOT_EVERY = 0.5  # seconds between CPU snapshots: how far past the last delivery a step's CPU may run
 
 
 class Subscriptions:
@@ -101,12 +117,12 @@ def one_core_rates(subs: Subscriptions, budget: float = 2.0) -> tuple[float, flo
     return indexed, done / (time.perf_counter() - began)
 
 
-async def sessions_caught_up(broker: BrokerProcess, connected: int, timeout: float = 120.0) -> None:
-    """Until every delivery connection's subscriptions are attached and none reads its backlog any
-    more: a subscription just connected does, and while most do the broker refuses publishes
-    (delivery as a whole is behind), which would count against the step rather than show what it
-    holds. (A multiplexed connection is attached once all its subscriptions are admitted, seconds
-    after the connection opens.)"""
+async def sessions_caught_up(broker: BrokerProcess, connected: int, timeout: float) -> bool:
+    """Whether every delivery connection's subscriptions got attached, with none reading its backlog
+    any more, within `timeout`: a subscription just connected reads one, and while most do the broker
+    refuses publishes (delivery as a whole is behind), which would count against the step rather than
+    show what it holds. (A multiplexed connection is attached once all its subscriptions are
+    admitted, seconds after the connection opens.)"""
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as http:
         while time.monotonic() < deadline:
@@ -115,8 +131,32 @@ async def sessions_caught_up(broker: BrokerProcess, connected: int, timeout: flo
             async with http.get(broker.url + "/metrics") as response:
                 text = await response.text()
             if attached >= connected and "\nveil_sessions_behind 0.0\n" in text:
-                return
+                return True
             await asyncio.sleep(0.2)
+    return False
+
+
+class CpuSnapshots:
+    """CPU by role under `roots`, snapshotted every SNAPSHOT_EVERY seconds while a step runs, so that
+    the step is charged with what was spent until its last delivery, not until its subscribers have
+    waited long enough to be sure it was the last."""
+
+    def __init__(self, roots: list[int]) -> None:
+        self.roots = roots
+        self.taken = [(time.time(), cpu.snapshot(roots))]  # the step's start
+        self.task = asyncio.create_task(self._take())
+
+    async def _take(self) -> None:
+        while True:
+            await asyncio.sleep(SNAPSHOT_EVERY)
+            at = time.time()
+            self.taken.append((at, await asyncio.to_thread(cpu.snapshot, self.roots)))
+
+    async def until(self, moment: float) -> tuple[float, dict[str, float]]:
+        """The first snapshot taken at or after `moment`: (when, CPU by role)."""
+        self.task.cancel()
+        taken = next((snapshot for snapshot in self.taken if snapshot[0] >= moment), None)
+        return taken or (time.time(), await asyncio.to_thread(cpu.snapshot, self.roots))
 
 
 async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: argparse.Namespace) -> dict:
@@ -124,6 +164,7 @@ async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: arg
     indexed, naive = await asyncio.to_thread(one_core_rates, subs)
     head = await asyncio.to_thread(lambda: broker.health()["head"])
     connected = random.Random(n).sample(subs.ids, min(n, args.connect))
+    offered = args.step_rate.get(n, args.rate)
     assert broker.process is not None
     roots = [broker.process.pid, os.getpid()]
     processes = Processes()
@@ -140,30 +181,31 @@ async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: arg
         processes.subscribers(
             broker.tcp_port, handshakes, args.seconds + 300, math.ceil(len(connected) / PER_SUBSCRIBER_PROCESS), idle=30
         )
-    await sessions_caught_up(broker, len(connected))
-    before, began = cpu.snapshot(roots), time.time()  # what delivering costs, not connecting
-    offered = args.step_rate.get(n, args.rate)
+    step = {"subs": n, "connected": len(connected), "offered": offered, "indexed": indexed, "naive": naive}
+    if not await sessions_caught_up(broker, len(connected), CATCH_UP):
+        processes.stop()
+        return {**step, "caught_up": False}
+    snapshots = CpuSnapshots(roots)
     processes.publisher(broker.url, f"cupus-{n}", args.seconds, offered, make=sensor_publication, seed=n)
     try:
         processed_at, finished = await finished_matching(broker, args.seconds), True
     except TimeoutError:  # saturated: what it held, and where the CPU went, are still the figures wanted
         processed_at, finished = time.time(), False
     matched = await asyncio.to_thread(lambda: broker.health()["processed"]) - head
-    results = processes.results()
-    used = cpu.spent(before, cpu.snapshot(roots))
-    used["load generators"] = sum(r.cpu for r in results)  # they have ended: their own count
+    results = await asyncio.to_thread(processes.results)
     published = next(r for r in results if not hasattr(r, "lines"))
     received = [r for r in results if hasattr(r, "lines")]
     lines = sum(r.lines for r in received)
     delays = sorted(d for r in received for d in r.latencies)
     last = max([processed_at, *(r.last for r in received)])
-    wall = last - began  # to the last delivery (the subscribers then wait to be sure it was the last)
+    ended, after = await snapshots.until(last)
+    used = cpu.spent(snapshots.taken[0][1], after)
+    used["load generators"] = sum(r.cpu for r in results)  # their own count: the processes have ended
     return {
-        "subs": n,
+        **step,
+        "caught_up": True,
         "finished": finished,
         "matched": matched,
-        "connected": len(connected),
-        "offered": offered,
         "selectivity": lines / max(1, published.acked) / len(connected),
         "rate": published.acked / (published.finished - published.started),
         "acked": published.acked,
@@ -172,43 +214,62 @@ async def run_case(broker: BrokerProcess, subs: Subscriptions, n: int, args: arg
         "p50": percentile(delays, 50),
         "p99": percentile(delays, 99),
         "matches": lines / (last - published.started),
-        "indexed": indexed,
-        "naive": naive,
         "cpu": used,
-        "wall": wall,
+        "wall": ended - snapshots.taken[0][0],
         "deliveries": lines,
+        "window": (published.started * 1e9, published.finished * 1e9),
     }
 
 
+def measured(row: dict, show: Callable[[dict], object]) -> object:
+    """A figure of the step, or what stands in its place when the step could not be measured."""
+    return show(row) if row["caught_up"] else "-"
+
+
 def print_rows(rows: list[dict]) -> None:
+    def note(row: dict) -> str:
+        if not row["caught_up"]:
+            return f"did not catch up in {CATCH_UP:.0f} s: not measured"
+        return "" if row["finished"] else "not finished: what it held"
+
     print_table(
         f"CUPUS sensor workload, publications over 16 HTTP connections, TCP delivery; {os.cpu_count()} cores",
         [
             ("subs", 7, lambda r: r["subs"]),
             ("online", 7, lambda r: r["connected"]),
             ("offered", 8, lambda r: f"{r['offered']:.0f}"),
-            ("select.", 7, lambda r: f"{r['selectivity']:.3f}"),
-            ("pub/s", 6, lambda r: f"{r['rate']:.0f}"),
-            ("503s", 6, lambda r: r["refused"]),
-            ("mean s", 7, lambda r: f"{r['mean']:.3f}"),
-            ("p50 s", 7, lambda r: f"{r['p50']:.3f}"),
-            ("p99 s", 7, lambda r: f"{r['p99']:.3f}"),
-            ("deliv/s", 9, lambda r: f"{r['matches']:.0f}"),
+            ("select.", 7, lambda r: measured(r, lambda r: f"{r['selectivity']:.3f}")),
+            ("pub/s", 6, lambda r: measured(r, lambda r: f"{r['rate']:.0f}")),
+            ("503s", 6, lambda r: measured(r, lambda r: r["refused"])),
+            ("mean s", 7, lambda r: measured(r, lambda r: f"{r['mean']:.3f}")),
+            ("p50 s", 7, lambda r: measured(r, lambda r: f"{r['p50']:.3f}")),
+            ("p99 s", 7, lambda r: measured(r, lambda r: f"{r['p99']:.3f}")),
+            ("deliv/s", 9, lambda r: measured(r, lambda r: f"{r['matches']:.0f}")),
             ("index/core", 11, lambda r: f"{r['indexed']:.0f}"),
             ("naive/core", 11, lambda r: f"{r['naive']:.1f}"),
-            ("CUPUS peer", 11, lambda r: CUPUS_PEER.get(r["subs"])),
-            ("CUPUS s", 8, lambda r: CUPUS_DELAY.get(r["subs"])),
+            ("note", 4, note),
         ],
         rows,
+    )
+    print_quoted(
+        "CUPUS, which cannot be run here",
+        [
+            *((f"CUPUS matcher, {n:,} subs", f"{rate:g} pub/s", "peer run, 2 cores") for n, rate in CUPUS_PEER.items()),
+            *((f"CUPUS mean delay, {n:,} subs", f"up to {d:g} s", "S4 §6 Fig. 21") for n, d in CUPUS_DELAY.items()),
+        ],
     )
 
 
 def print_cpu(rows: list[dict]) -> None:
     """Which part of the broker the CPU went to in each step (from the moment every delivery
-    connection is attached and caught up, just before publishing, to the last delivery, or to the end
-    of the wait for a step the broker could not finish), and what a delivery cost in each."""
+    connection is attached and caught up, just before publishing, to the first snapshot after the
+    last delivery, or after the end of the wait for a step the broker could not finish), and what a
+    delivery cost in each."""
     print(f"\nCPU by part, each step: seconds (share of {os.cpu_count()} cores over the step) and µs per delivery")
     for row in rows:
+        if not row["caught_up"]:
+            print(f"{row['subs']:>7} subscriptions: did not catch up, not measured")
+            continue
         state = "" if row["finished"] else ", not finished"
         print(
             f"{row['subs']:>7} subscriptions, {row['deliveries']:,} deliveries and {row['matched']:,} readings "
@@ -220,21 +281,43 @@ def print_cpu(rows: list[dict]) -> None:
             print(f"  {role:>34} {seconds:8.1f} s ({share:4.0%}) {per:9.2f} µs")
 
 
+def print_stages(rows: list[dict], notes: dict) -> None:
+    """Publish → written, stage by stage, for every step that published something."""
+    steps = [row for row in rows if row["caught_up"] and row["acked"]]
+    if not steps:
+        return
+    stages = [breakdown(stage_times(notes, row["window"])) for row in steps]
+    width = 17
+    print(f"\nPublish → written by stage (VEIL_TRACE), CUPUS sensor workload; {os.cpu_count()} cores; ms p50 / p99")
+    header = f"{'stage':>26} " + " ".join(f"{row['subs']:>{width - 5},} subs" for row in steps)
+    print(header)
+    print("-" * len(header))
+    for i, (name, _, _) in enumerate(stages[0]):
+        cells = [f"{step[i][1]:>7.0f} / {step[i][2]:<7.0f}" for step in stages]
+        print(f"{name:>26} " + " ".join(f"{c:>{width}}" for c in cells))
+
+
 def plot(rows: list[dict], path: str) -> None:
-    subs = [r["subs"] for r in rows]
-    with figure(path, columns=2) as (left, right):
-        left.loglog(subs, [r["mean"] for r in rows], "o-", label="Veil mean, end to end")
-        left.loglog(subs, [r["p99"] for r in rows], "^-", label="Veil p99, end to end")
-        left.loglog(list(CUPUS_DELAY), list(CUPUS_DELAY.values()), "s", label="CUPUS mean (S4 Fig. 21)")
+    shown = [r for r in rows if r["caught_up"]]
+
+    def draw(axes: list) -> None:
+        left, right = axes
+        left.loglog([r["subs"] for r in shown], [r["mean"] for r in shown], "o-", label="Veil mean, end to end")
+        left.loglog([r["subs"] for r in shown], [r["p99"] for r in shown], "^-", label="Veil p99, end to end")
+        draw_quoted(left, list(CUPUS_DELAY), list(CUPUS_DELAY.values()), "CUPUS mean (S4 Fig. 21)")
         left.set(xlabel="subscriptions", ylabel="publish → delivery, s", title="Propagation delay (S4 Fig. 21)")
-        right.loglog(subs, [r["indexed"] for r in rows], "o-", label="Veil index, one core")
-        right.loglog(subs, [r["naive"] for r in rows], "x--", label="naive loop, one core")
-        right.loglog(list(CUPUS_PEER), list(CUPUS_PEER.values()), "s--", label="CUPUS matcher (SPEC §11)")
+        right.loglog([r["subs"] for r in rows], [r["indexed"] for r in rows], "o-", label="Veil index, one core")
+        right.loglog([r["subs"] for r in rows], [r["naive"] for r in rows], "x--", label="naive loop, one core")
+        draw_quoted(right, list(CUPUS_PEER), list(CUPUS_PEER.values()), "CUPUS matcher (peer run)", "D")
         right.set(xlabel="subscriptions", ylabel="publications/s matched", title="Matching, same subscriptions")
+
+    save_figure(path, draw, columns=2)
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    with benched_broker(*args.broker_args, keep=args.keep) as broker:
+    trace = tempfile.mkdtemp(prefix="veil-trace-") if args.trace else None
+    env = {"VEIL_TRACE": trace} if trace else None
+    with benched_broker(*args.broker_args, keep=args.keep, env=env) as broker:
         warm_up = Processes()  # JIT, Python workers and caches, before anything is measured
         warm_up.publisher(broker.url, "warm-up", 3, args.rate, make=sensor_publication)
         warm_up.results()
@@ -242,17 +325,25 @@ async def main_async(args: argparse.Namespace) -> None:
         subs = Subscriptions(broker.url)
         rows = []
         for n in args.subscriptions:
-            rows.append(await run_case(broker, subs, n, args))
-            print(rows[-1], flush=True)
-            if not rows[-1]["finished"]:  # the broker is saturated: the steps after it would only be slower
-                row = rows[-1]
+            row = await run_case(broker, subs, n, args)
+            rows.append(row)
+            print({k: v for k, v in row.items() if k != "window"}, flush=True)
+            if not row["caught_up"]:  # more subscriptions would only take longer
+                print(f"{n} subscriptions: the delivery sessions did not catch up in {CATCH_UP:.0f} s", flush=True)
+                break
+            if not row["finished"]:  # the broker is saturated: the steps after it would only be slower
                 print(f"{n} subscriptions: not finished; {row['matched']:,} of {row['acked']:,} readings matched "
                       f"in {row['wall']:.0f} s", flush=True)  # fmt: skip
                 break
     print_rows(rows)
     print_cpu(rows)
-    if args.plot:
-        plot(rows, args.plot)
+    if trace:
+        print_stages(rows, read_trace(trace))
+        if args.keep:
+            print(f"trace kept in {trace}")
+        else:
+            shutil.rmtree(trace, ignore_errors=True)
+    plot(rows, args.plot)
 
 
 def step_rates(text: str) -> dict[int, float]:
@@ -277,7 +368,8 @@ def main() -> None:
         "--multiplex", type=int, default=0, help="subscriptions per delivery connection (0: one each, unmultiplexed)"
     )
     parser.add_argument("--multiplex-processes", type=int, default=2, help="subscriber processes when multiplexed")
-    parser.add_argument("--plot", default="docs/performance/cupus.png")
+    parser.add_argument("--trace", action="store_true", help="run the broker with VEIL_TRACE: each step by stage")
+    add_plot_argument(parser, "cupus")
     add_broker_arguments(parser)
     asyncio.run(main_async(parser.parse_args()))
 

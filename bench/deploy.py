@@ -10,7 +10,9 @@
 For each: publications/s end to end, publish → delivery p50/p99 at a constant rate, and the CPU each
 component spent per publication (all processes of the component, from /proc, over the whole case).
 PostgreSQL is a throwaway server of the benchmark's own, so that its CPU is the store's alone. On two
-cores the point is the overhead of each part, not a speed-up.
+cores the point is the overhead of each part, not a speed-up. As in `bench.selis`, a phase whose
+deliveries are not exactly the ones its acknowledged publications should make prints how many
+arrived instead of its figures.
 
     python -m bench.deploy [--subscriptions 1,128,512] [--seconds 5] [--only sqlite,postgres,...]
 """
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from bench.brokers import subscription_counts
 from bench.cpu import cpu_seconds
 from bench.report import print_table
-from bench.selis import run_case
+from bench.selis import arrived, checked, complete, run_case
 from veil.harness import BrokerProcess, PostgresServer, SparkCluster, postgres_database
 
 KINDS = ("sqlite", "postgres", "2 gateways", "cluster 1w", "cluster 2w")
@@ -120,15 +122,17 @@ def print_rows(rows: list[dict]) -> None:
         [
             ("deployment", 12, lambda r: r["kind"]),
             ("subs", 5, lambda r: r["subs"]),
-            ("e2e pub/s", 10, lambda r: f"{r['sustained']:.0f}"),
+            ("e2e pub/s", 10, lambda r: checked(r, "flat out", f"{r['sustained']:.0f}")),
             ("vs sqlite", 9, lambda r: f"{r['ratio']:.2f}" if r.get("ratio") else None),
-            ("p50 ms", 7, lambda r: f"{r['p50'] * 1000:.0f}"),
-            ("p99 ms", 7, lambda r: f"{r['p99'] * 1000:.0f}"),
+            ("p50 ms", 7, lambda r: checked(r, "steady", f"{r['p50'] * 1000:.0f}")),
+            ("p99 ms", 7, lambda r: checked(r, "steady", f"{r['p99'] * 1000:.0f}")),
             ("gateway", 8, us("gateway")),
             ("pipeline", 9, us("pipeline")),
             ("executors", 10, us("executors")),
             ("postgres", 9, us("postgres")),
             ("total", 7, lambda r: f"{sum(r['cpu'].values()) * 1e6:.0f}"),
+            ("arrived at pub/s", 17, lambda r: arrived(r, "steady")),
+            ("arrived flat out", 17, lambda r: arrived(r, "flat out")),
         ],
         rows,
     )
@@ -142,9 +146,9 @@ async def main_async(args: argparse.Namespace) -> None:
             rows += await measure(kind, postgres, args.subscriptions, args.seconds, args.rate)
     finally:
         postgres.stop()
-    baseline = {r["subs"]: r["sustained"] for r in rows if r["kind"] == "sqlite"}
+    baseline = {r["subs"]: r["sustained"] for r in rows if r["kind"] == "sqlite" and complete(r, "flat out")}
     for row in rows:
-        if row["subs"] in baseline:
+        if row["subs"] in baseline and complete(row, "flat out"):
             row["ratio"] = row["sustained"] / baseline[row["subs"]]
     print_rows(rows)
 

@@ -4,7 +4,7 @@ The index matches batches of publications; the baseline is the seeds' approach, 
 subscription evaluating its predicates (the reference semantics), on identical data in the same run.
 Results of both are compared on the publications the baseline gets through.
 
-    python bench/kernel.py [--sizes 100,1000,10000,100000,1000000] [--plot bench/results/kernel.png]
+    python -m bench.kernel [--sizes 100,1000,10000,100000,1000000] [--plot docs/performance/kernel.png]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the issue's kernel figures ask
 
-from bench.report import figure, print_table
+from bench.report import add_plot_argument, print_table, save_figure
 from bench.workloads import logistics_publication, logistics_subscription
 from veil.matching import Predicate, SubscriptionIndex, matches
 
@@ -62,16 +62,20 @@ def run(size: int, rng: random.Random) -> dict:
 
 def plot(rows: list[dict], path: str) -> None:
     sizes = [r["subs"] for r in rows]
-    with figure(path) as (ax,):
+
+    def draw(axes: list) -> None:
+        (ax,) = axes
         ax.loglog(sizes, [r["index"] for r in rows], "o-", label="Veil index (batched)")
         ax.loglog(sizes, [r["naive"] for r in rows], "s--", label="naive loop (seed approach)")
         ax.set(xlabel="subscriptions", ylabel="publications/s (one core)", title="Matching kernel, logistics workload")
+
+    save_figure(path, draw)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="100,1000,10000,100000,1000000")
-    parser.add_argument("--plot", default="docs/performance/kernel.png")
+    add_plot_argument(parser, "kernel")
     args = parser.parse_args()
     rng = random.Random(1)
     rows = [run(int(size), rng) for size in args.sizes.split(",")]

@@ -26,6 +26,7 @@ broker was). Veil's pipeline runs no micro-batch per publication (`veil.pipeline
 the floor is the design it replaced.
 
     python -m bench.latency [--rates 200,1000,2000] [--subscriptions 128] [--seconds 10]
+                            [--plot docs/performance/latency.png]
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import orjson
 
 from bench.brokers import add_broker_arguments, benched_broker
 from bench.loadgen import Processes
-from bench.report import figure
+from bench.report import add_plot_argument, save_figure
 from bench.selis import box
 from veil.client import VeilClient
 from veil.harness import BrokerProcess
@@ -170,7 +171,8 @@ def print_report(results: list[dict], floors: list[dict], subscriptions: int) ->
 
 
 def plot(results: list[dict], floors: list[dict], path: str) -> None:
-    with figure(path, legend={"loc": "center right", "fontsize": "small"}) as (ax,):
+    def draw(axes: list) -> None:
+        (ax,) = axes
         labels = [f"{r['rate']:.0f} pub/s" for r in results]
         left = np.zeros(len(results))
         colours = iter(__import__("matplotlib").colormaps["tab10"].colors)
@@ -182,6 +184,8 @@ def plot(results: list[dict], floors: list[dict], path: str) -> None:
                 label="micro-batch floor p50")  # fmt: skip
         ax.set_xlim(0, 1.6 * max(left.max(), *(f["p50"] * 1000 for f in floors)))
         ax.set(xlabel="ms, median per stage (stacked)", title="Publish → deliver, by stage")
+
+    save_figure(path, draw, legend={"loc": "center right", "fontsize": "small"})
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -199,8 +203,7 @@ async def main_async(args: argparse.Namespace) -> None:
     floors = [floor(rate, args.floor_seconds, args.trigger_ms) for rate in args.rates]
     print_report(results, floors, args.subscriptions)
     print(f"\nfirst delivery after /ready: {first * 1000:.0f} ms from its publish")
-    if args.plot:
-        plot(results, floors, args.plot)
+    plot(results, floors, args.plot)
 
 
 def main() -> None:
@@ -210,7 +213,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--floor-seconds", type=float, default=15.0)
     parser.add_argument("--trigger-ms", type=int, default=50, help="the floor pipeline's trigger (as the broker's)")
-    parser.add_argument("--plot", default="docs/performance/latency.png")
+    add_plot_argument(parser, "latency")
     add_broker_arguments(parser)
     asyncio.run(main_async(parser.parse_args()))
 

@@ -25,9 +25,10 @@ import orjson
 class PublishResult:
     acked: int = 0
     refused: int = 0
-    started: float = 0.0
+    started: float = 0.0  # once every connection is open
     finished: float = 0.0
-    cpu: float = 0.0  # seconds this process spent (it has ended when the benchmark takes its figures)
+    cpu: float = 0.0  # seconds this process spent from `started` to `finished`
+    kept: list[dict] = field(default_factory=list)  # the acknowledged publications, if asked to keep them
 
 
 @dataclass
@@ -35,7 +36,7 @@ class SubscribeResult:
     lines: int = 0
     last: float = 0.0
     latencies: list[float] = field(default_factory=list)
-    cpu: float = 0.0
+    cpu: float = 0.0  # seconds this process spent from its connections being open to `last`
 
 
 def lat_lon(rng: random.Random, run: str) -> dict:
@@ -80,22 +81,26 @@ class _Connection:
 
 async def _publish(
     url: str, run: str, seconds: float, rate: float | None, connections: int, batch: int, seed: int, make,
-    auth_hash: str | None,
+    auth_hash: str | None, keep: bool,
 ) -> PublishResult:  # fmt: skip
     rng = random.Random(seed)
-    result = PublishResult(started=time.time())
-    stop_at = time.monotonic() + seconds
     content_type = "application/x-ndjson" if batch > 1 else "application/json"
+    opened = [await _Connection.open(url, "/publish", content_type, auth_hash) for _ in range(connections)]
+    result = PublishResult(started=time.time())
+    cpu_started = time.process_time()
+    stop_at = time.monotonic() + seconds
 
-    async def worker(index: int) -> None:
-        connection = await _Connection.open(url, "/publish", content_type, auth_hash)
+    async def worker(connection: _Connection) -> None:
         sent = 0
         begin = time.monotonic()
         while time.monotonic() < stop_at:
-            body = b"\n".join(orjson.dumps(make(rng, run)) for _ in range(batch))
+            documents = [make(rng, run) for _ in range(batch)]
+            body = b"\n".join(map(orjson.dumps, documents))
             status, retry_after = await connection.post(body)
             if status == 200:
                 result.acked += batch
+                if keep:
+                    result.kept += documents
             else:
                 result.refused += batch
                 await asyncio.sleep(retry_after or 0.1)
@@ -104,9 +109,9 @@ async def _publish(
                 await asyncio.sleep(max(0.0, begin + sent * batch * connections / rate - time.monotonic()))
         connection.close()
 
-    await asyncio.gather(*(worker(i) for i in range(connections)))
+    await asyncio.gather(*map(worker, opened))
     result.finished = time.time()
-    result.cpu = time.process_time()
+    result.cpu = time.process_time() - cpu_started
     return result
 
 
@@ -123,8 +128,10 @@ async def _subscribe(
         await writer.drain()
         connections.append((reader, writer))
     ready.set()
+    cpu_connected = cpu_last = time.process_time()
 
     async def read(reader: asyncio.StreamReader) -> None:
+        nonlocal cpu_last
         carried = b""  # the start of a line the last read ended in
         while (remaining := deadline - time.monotonic()) > 0:
             if result.lines and time.time() - result.last > idle:
@@ -137,6 +144,8 @@ async def _subscribe(
                 return
             now = time.time()
             lines = chunk.count(b"\n")
+            if lines:
+                cpu_last = time.process_time()
             if lines and multiplexed:
                 result.last = now
                 *complete, carried = (carried + chunk).split(b"\n")
@@ -166,7 +175,7 @@ async def _subscribe(
     await asyncio.gather(*(read(r) for r, _ in connections))
     for _, writer in connections:
         writer.close()
-    result.cpu = time.process_time()
+    result.cpu = cpu_last - cpu_connected
     return result
 
 
@@ -222,10 +231,14 @@ class Processes:
         make=lat_lon,
         seed: int = 0,
         auth_hash: str | None = None,
+        keep: bool = False,
     ) -> None:
-        """`make(rng, run)` makes each publication (a picklable callable: it runs in the process)."""
+        """`make(rng, run)` makes each publication (a picklable callable: it runs in the process);
+        `keep`: report the acknowledged publications, for a benchmark that checks every delivery they
+        should have made arrived."""
         process = self.context.Process(
-            target=_run_publisher, args=(self.queue, url, run, seconds, rate, connections, batch, seed, make, auth_hash)
+            target=_run_publisher,
+            args=(self.queue, url, run, seconds, rate, connections, batch, seed, make, auth_hash, keep),
         )
         process.start()
         self.processes.append(process)
@@ -236,3 +249,12 @@ class Processes:
             process.join()
         self.processes = []
         return out
+
+    def stop(self) -> None:
+        """End the processes without their figures: a step that cannot be measured need not wait for
+        its subscribers to time out."""
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            process.join()
+        self.processes = []

@@ -3,10 +3,12 @@
 Publications carry 40 numeric attributes; each subscription holds one `ge` bound per attribute, drawn
 so that about 1 % of the subscriptions match a publication. For every partition count a broker runs
 with `--partitions N`; a separate publisher process saturates it over 16 HTTP connections and a
-separate subscriber process receives every match. The seed's figures (20 pub/s with one matcher, ~90
-with eight, on eight machines with SGX) are printed beside ours; they cannot be re-run here.
+separate subscriber process receives every match. The paper's figures (20 pub/s with one matcher, ~90
+with eight, on eight machines with SGX) cannot be re-run here: they are printed apart from ours, as
+quoted figures (source in docs/performance/peers.md).
 
     python -m bench.pubsub_sgx [--partitions 1,2,4,8] [--seconds 10] [--mode subscriptions]
+                               [--plot docs/performance/pubsub_sgx.png]
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ import orjson
 
 from bench.brokers import benched_broker
 from bench.loadgen import Processes
-from bench.report import figure, print_table
+from bench.report import add_plot_argument, draw_quoted, print_quoted, print_table, save_figure
 from bench.selis import finished_matching
 from veil.client import VeilClient
 
 ATTRIBUTES = 40
 SUBSCRIPTIONS = 256
-SEED_FIGURES = {1: 20, 8: 90}  # pub/s, S1 Fig. 2
+SEED_FIGURES = {1: 20, 8: 90}  # pub/s, quoted: S1 §V-C.1 Fig. 2 (8 machines, 1 and 8 matchers)
 BOUND_MAX = 21.8  # P(value >= bound) averages 0.891 per attribute: 0.891**40 ≈ 1 %
 
 
@@ -72,7 +74,7 @@ def main() -> None:
     parser.add_argument("--partitions", default="1,2,4,8")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--mode", choices=("subscriptions", "publications"), default="subscriptions")
-    parser.add_argument("--plot", default="docs/performance/pubsub_sgx.png")
+    add_plot_argument(parser, "pubsub_sgx")
     args = parser.parse_args()
     rows = []
     for n in (int(x) for x in args.partitions.split(",")):
@@ -87,22 +89,31 @@ def main() -> None:
             ("acked/s", 8, lambda r: f"{r['acked']:.0f}"),
             ("e2e pub/s", 10, lambda r: f"{r['sustained']:.0f}"),
             ("matches/s", 10, lambda r: f"{r['matches']:.0f}"),
-            ("seed pub/s", 11, lambda r: SEED_FIGURES.get(r["partitions"])),
         ],
         rows,
     )
-    if args.plot:
-        with figure(args.plot) as (ax,):
-            ax.plot(
-                [r["partitions"] for r in rows], [r["sustained"] for r in rows], "o-", label="Veil, 1 machine (2 cores)"
-            )
-            ax.plot(list(SEED_FIGURES), list(SEED_FIGURES.values()), "s--", label="PubSub-SGX, 8 machines (S1 Fig. 2)")
-            ax.set(
-                xlabel="matcher partitions",
-                ylabel="publications/s",
-                yscale="log",
-                title="256 subscriptions x 40 attributes",
-            )
+    print_quoted(
+        "PubSub-SGX",
+        [
+            (f"{n} matcher{'s' * (n > 1)}, 8 machines", f"{v} pub/s", "S1 §V-C.1 Fig. 2")
+            for n, v in SEED_FIGURES.items()
+        ],
+    )
+
+    def draw(axes: list) -> None:
+        (ax,) = axes
+        ax.plot(
+            [r["partitions"] for r in rows], [r["sustained"] for r in rows], "o-", label="Veil, 1 machine (2 cores)"
+        )
+        draw_quoted(ax, list(SEED_FIGURES), list(SEED_FIGURES.values()), "PubSub-SGX, 8 machines (S1 Fig. 2)")
+        ax.set(
+            xlabel="matcher partitions",
+            ylabel="publications/s",
+            yscale="log",
+            title="256 subscriptions x 40 attributes",
+        )
+
+    save_figure(args.plot, draw)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,13 @@ separate publisher process sends over 16 HTTP connections:
   * latency: a constant rate; publish-sent → delivery-received, p50 and p99;
   * saturation: as fast as acknowledgements come; publications/s and matches/s counted until the last
     delivery arrived (end to end, not just acknowledged). `--batch N` sends NDJSON batches of N.
-The SELIS columns are the peer measurements of SPEC §11 (same machine type) and the seed's figure;
-the SELIS server itself cannot be run here.
+A phase's figures are printed only if every delivery its acknowledged publications should have made
+(counted here, from the boxes) arrived, and none more; otherwise the row says how many of how many
+arrived instead. The SELIS server cannot be run here: the figures of its paper (S0 Fig. 9) and of peer
+runs of it are printed apart, as quoted figures (sources in docs/performance/peers.md).
 
     python -m bench.selis [--subscriptions 1,2,4,8,16,32,128,512] [--seconds 10] [--rate 200] [--batch 1]
+                          [--plot docs/performance/selis.png]
 """
 
 from __future__ import annotations
@@ -22,16 +25,19 @@ import statistics
 import time
 from typing import Any
 
+import numpy as np
 import orjson
 
 from bench.brokers import add_broker_arguments, benched_broker, subscription_counts
 from bench.loadgen import Processes, PublishResult, SubscribeResult
-from bench.report import figure, print_table
+from bench.report import add_plot_argument, draw_quoted, print_quoted, print_table, save_figure
 from veil.client import VeilClient
 from veil.harness import BrokerProcess
 
-SELIS_PEER = {1: 459, 8: 674, 128: 264, 512: 86}  # pub/s, SPEC §11, measured 2026-11-21
-SELIS_SEED = {1: 700, 8: 420}  # pub/s, S0 Fig. 9 (i5-4590, wrk2)
+# quoted, not measured here (docs/performance/peers.md): pub/s of the SELIS server
+SELIS_PEER = {1: 459, 8: 674, 128: 264, 512: 86}  # peer run, 2026-11-21 (the README table's comparison)
+SELIS_PEER_AGAIN = {1: 1638, 8: 1231, 128: 396, 512: 141}  # peer run side by side with Veil, 2026-11-23
+SELIS_SEED = {1: 700, 8: 420}  # S0 §7.4 Fig. 9 (i5-4590, wrk2)
 
 
 def box(rng: random.Random, run: str) -> list[dict]:
@@ -65,6 +71,20 @@ async def saturated(
     return published, drained, max(drained.last, processed_at) - published.started
 
 
+def expected_deliveries(boxes: list[list[dict]], publications: list[dict]) -> int:
+    """How many deliveries `publications` make to `boxes` (lat ge, lat le, lon ge, lon le, run eq; every
+    publication is of the boxes' run), counted here rather than asked of the broker under test."""
+    bounds = np.array([[constraint["val"] for constraint in b[:4]] for b in boxes], dtype=float).reshape(-1, 4)
+    total = 0
+    for low in range(0, len(publications), 4096):
+        chunk = publications[low : low + 4096]
+        lat = np.array([p["lat"] for p in chunk])[:, None]
+        lon = np.array([p["lon"] for p in chunk])[:, None]
+        inside = (lat >= bounds[:, 0]) & (lat <= bounds[:, 1]) & (lon >= bounds[:, 2]) & (lon <= bounds[:, 3])
+        total += int(inside.sum())
+    return total
+
+
 def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) > 2 else float("nan")
 
@@ -77,17 +97,20 @@ async def run_case(
     tcp_port = (deliver_from or broker).tcp_port
     rng = random.Random(n)
     run = f"selis-{n}-{time.time_ns()}"
+    boxes = [box(rng, run) for _ in range(n)]
     async with VeilClient(broker.url, auth_hash="bench") as client:
-        sub_ids = [(await client.subscribe(box(rng, run)))["subscriptionId"] for _ in range(n)]
+        sub_ids = [(await client.subscribe(b))["subscriptionId"] for b in boxes]
     handshakes = [orjson.dumps({"authHash": "bench", "subscriptionId": s}) for s in sub_ids]
     processes = Processes()
 
     processes.subscribers(tcp_port, handshakes, seconds + 60, every_line=True)
-    processes.publisher(broker.url, run, seconds, rate, seed=n)
+    processes.publisher(broker.url, run, seconds, rate, seed=n, keep=True)
     steady, listened = sorted(processes.results(), key=lambda r: hasattr(r, "lines"))
     latencies = sorted(listened.latencies)
 
-    flat_out, drained, elapsed = await saturated(broker, tcp_port, handshakes, run, seconds, batch=batch, seed=n + 1)
+    flat_out, drained, elapsed = await saturated(
+        broker, tcp_port, handshakes, run, seconds, batch=batch, seed=n + 1, keep=True
+    )
     async with VeilClient(broker.url, auth_hash="bench") as client:
         for sub_id in sub_ids:
             await client.unsubscribe(sub_id)
@@ -102,7 +125,28 @@ async def run_case(
         "sustained": flat_out.acked / elapsed,
         "matches": drained.lines / elapsed,
         "published": steady.acked + flat_out.acked,
+        "steady arrived": (listened.lines, expected_deliveries(boxes, steady.kept)),
+        "flat out arrived": (drained.lines, expected_deliveries(boxes, flat_out.kept)),
     }
+
+
+def complete(row: dict, phase: str) -> bool:
+    arrived, expected = row[f"{phase} arrived"]
+    return arrived == expected
+
+
+def checked(row: dict, phase: str, figure: str) -> str:
+    """A figure of the phase, or, when its deliveries are not exactly the ones expected, which way they
+    are off: a rate over deliveries that did not all arrive would overstate what the broker held."""
+    if complete(row, phase):
+        return figure
+    arrived, expected = row[f"{phase} arrived"]
+    return "incomplete" if arrived < expected else "extra"
+
+
+def arrived(row: dict, phase: str) -> str:
+    got, expected = row[f"{phase} arrived"]
+    return "all" if got == expected else f"{got:,} of {expected:,}"
 
 
 def print_rows(rows: list[dict], batch: int) -> None:
@@ -113,33 +157,50 @@ def print_rows(rows: list[dict], batch: int) -> None:
             ("subs", 5, lambda r: r["subs"]),
             ("select.", 7, lambda r: f"{r['selectivity']:.3f}"),
             ("at pub/s", 9, lambda r: f"{r['rate']:.0f}"),
-            ("p50 ms", 7, lambda r: f"{r['p50'] * 1000:.0f}"),
-            ("p99 ms", 7, lambda r: f"{r['p99'] * 1000:.0f}"),
+            ("p50 ms", 7, lambda r: checked(r, "steady", f"{r['p50'] * 1000:.0f}")),
+            ("p99 ms", 7, lambda r: checked(r, "steady", f"{r['p99'] * 1000:.0f}")),
             ("acked/s", 8, lambda r: f"{r['acked']:.0f}"),
             ("503s", 6, lambda r: r["refused"]),
-            ("e2e pub/s", 10, lambda r: f"{r['sustained']:.0f}"),
-            ("matches/s", 10, lambda r: f"{r['matches']:.0f}"),
-            ("SELIS peer", 11, lambda r: SELIS_PEER.get(r["subs"])),
-            ("SELIS seed", 11, lambda r: SELIS_SEED.get(r["subs"])),
+            ("e2e pub/s", 10, lambda r: checked(r, "flat out", f"{r['sustained']:.0f}")),
+            ("matches/s", 10, lambda r: checked(r, "flat out", f"{r['matches']:.0f}")),
+            ("arrived at pub/s", 17, lambda r: arrived(r, "steady")),
+            ("arrived flat out", 17, lambda r: arrived(r, "flat out")),
         ],
         rows,
+    )
+    print_quoted(
+        "the SELIS server, pub/s",
+        [
+            *((f"{n} subs, peer run 2026-11-21", f"{v:,}", "2 cores, 16 conn.") for n, v in SELIS_PEER.items()),
+            *((f"{n} subs, peer run 2026-11-23", f"{v:,}", "2 cores, wrk") for n, v in SELIS_PEER_AGAIN.items()),
+            *((f"{n} subs, paper", f"{v:,}", "S0 §7.4 Fig. 9, i5-4590") for n, v in SELIS_SEED.items()),
+        ],
     )
 
 
 def plot(rows: list[dict], path: str) -> None:
-    subs = [r["subs"] for r in rows]
-    peers = sorted(SELIS_PEER.items())
-    with figure(path, columns=2) as (left, right):
-        left.semilogx(subs, [r["sustained"] for r in rows], "o-", base=2, label="Veil, end to end")
-        left.semilogx([p[0] for p in peers], [p[1] for p in peers], "s--", base=2, label="SELIS server (SPEC §11)")
+    """Only phases whose deliveries all arrived are drawn."""
+    flat_out = [r for r in rows if complete(r, "flat out")]
+    steady = [r for r in rows if complete(r, "steady")]
+
+    def draw(axes: list) -> None:
+        left, right = axes
+        subs = [r["subs"] for r in flat_out]
+        left.semilogx(subs, [r["sustained"] for r in flat_out], "o-", base=2, label="Veil, end to end")
+        draw_quoted(left, list(SELIS_PEER), list(SELIS_PEER.values()), "SELIS server, peer run 2026-11-21")
+        draw_quoted(left, list(SELIS_PEER_AGAIN), list(SELIS_PEER_AGAIN.values()), "SELIS server, 2026-11-23", "D")
+        draw_quoted(left, list(SELIS_SEED), list(SELIS_SEED.values()), "SELIS paper, i5-4590 (S0 Fig. 9)", "v")
         left.set(xlabel="subscriptions", ylabel="publications/s", title="Throughput (S0 Fig. 9)")
-        right.semilogx(subs, [r["p50"] * 1000 for r in rows], "o-", base=2, label="p50")
-        right.semilogx(subs, [r["p99"] * 1000 for r in rows], "^-", base=2, label="p99")
+        subs = [r["subs"] for r in steady]
+        right.semilogx(subs, [r["p50"] * 1000 for r in steady], "o-", base=2, label="p50")
+        right.semilogx(subs, [r["p99"] * 1000 for r in steady], "^-", base=2, label="p99")
         right.set(
             xlabel="subscriptions",
             ylabel="publish → delivery, ms",
             title=f"Latency at {rows[0]['rate']:.0f} pub/s (S0 Fig. 11)",
         )
+
+    save_figure(path, draw, columns=2)
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -150,8 +211,7 @@ async def main_async(args: argparse.Namespace) -> None:
             rows.append(await run_case(broker, n, args.seconds, args.rate, args.batch))
             print(rows[-1], flush=True)
     print_rows(rows, args.batch)
-    if args.plot:
-        plot(rows, args.plot)
+    plot(rows, args.plot)
 
 
 def main() -> None:
@@ -160,7 +220,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=200.0, help="publications/s in the latency phase")
     parser.add_argument("--batch", type=int, default=1, help="publications per POST in the saturation phase")
-    parser.add_argument("--plot", default="docs/performance/selis.png")
+    add_plot_argument(parser, "selis")
     add_broker_arguments(parser)
     asyncio.run(main_async(parser.parse_args()))
 

@@ -19,7 +19,7 @@ import time
 from collections import deque
 
 from bench.brokers import subscription_counts
-from bench.report import figure, print_table
+from bench.report import add_plot_argument, print_table, save_figure
 from veil.matching.topkw import Delivery, Skyband
 
 BUDGET = 2.0  # seconds per measurement
@@ -96,7 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--k", type=subscription_counts, default=[1, 10, 100])
     parser.add_argument("--windows", type=subscription_counts, default=[100, 1000, 10000, 100000])
-    parser.add_argument("--plot", default="docs/performance/topkw.png")
+    add_plot_argument(parser, "topkw")
     args = parser.parse_args()
     rng = random.Random(5)
     rows = []
@@ -118,14 +118,17 @@ def main() -> None:
         ],
         rows,
     )
-    if args.plot:
-        with figure(args.plot) as (ax,):
-            for k in args.k:
-                mine = [r for r in rows if r["k"] == k]
-                shown = [r["window"] for r in mine]
-                ax.loglog(shown, [r["skyband"] for r in mine], "o-", label=f"k-skyband, k={k}")
-                ax.loglog(shown, [r["resort"] for r in mine], "x--", label=f"re-sorting the window, k={k}")
-            ax.set(xlabel="readings in the window", ylabel="µs per reading", title="Top-k/w matching, one core")
+
+    def draw(axes: list) -> None:
+        (ax,) = axes
+        for k in args.k:
+            mine = [r for r in rows if r["k"] == k]
+            shown = [r["window"] for r in mine]
+            ax.loglog(shown, [r["skyband"] for r in mine], "o-", label=f"k-skyband, k={k}")
+            ax.loglog(shown, [r["resort"] for r in mine], "x--", label=f"re-sorting the window, k={k}")
+        ax.set(xlabel="readings in the window", ylabel="µs per reading", title="Top-k/w matching, one core")
+
+    save_figure(args.plot, draw)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Workload generators shared by the benchmarks (SPEC §11 "Benchmark workloads")."""
+"""Workload generators shared by the benchmarks: Veil's own, shaped after the workloads of the papers
+whose figures are quoted beside them (docs/performance/peers.md says how each paper's differs)."""
 
 from __future__ import annotations
 
