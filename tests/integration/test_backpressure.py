@@ -1,9 +1,14 @@
-"""Bounded memory: when the pipeline cannot keep up, publishes get 503 with Retry-After, and
-everything that was acknowledged is still delivered."""
+"""Bounded memory: when the pipeline cannot keep up, publishes get 503 with Retry-After; when a
+subscriber reads nothing, what it is owed waits in the store and the gateway's resident memory stays
+far below what it is owed; either way everything acknowledged is still delivered."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
+import time
+import urllib.request
 
 import aiohttp
 import orjson
@@ -14,6 +19,10 @@ from veil.client import VeilClient
 from veil.harness import BrokerProcess
 
 pytestmark = pytest.mark.slow
+PAYLOAD = 8 * 1024
+FLOOD = 40_000  # 320 MB of deliveries owed to a subscriber that reads none of them
+PER_REQUEST = 120  # publications per NDJSON request, under the 1 MiB body limit
+GROWTH_BOUND = 128 << 20  # a gateway holding what it owes in memory grows by 320 MB or more
 
 
 async def test_lagging_pipeline_sheds_load_with_503(tmp_path):
@@ -48,5 +57,100 @@ async def test_lagging_pipeline_sheds_load_with_503(tmp_path):
             async with client.deliveries(reply["subscriptionId"]) as stream:
                 got = await take(stream, len(accepted) + 1)
                 assert [d.publication["n"] for d in got] == [*accepted, 60]
+    finally:
+        broker.close()
+
+
+def resident(pid: int) -> int:
+    """A process's resident memory in bytes, as the kernel counts it (VmRSS)."""
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"/proc/{pid}/status has no VmRSS")
+
+
+class Peak:
+    """The most resident memory a process had, sampled every 50 ms from a thread (a peak between two
+    reads at the end of the test would be missed otherwise)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.bytes = resident(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            self.bytes = max(self.bytes, resident(self.pid))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.bytes
+
+
+def counter(broker: BrokerProcess, name: str) -> float:
+    text = urllib.request.urlopen(broker.url + "/metrics", timeout=10).read().decode()
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+async def publish_flood(broker: BrokerProcess, rid: str, count: int) -> None:
+    """`count` publications of PAYLOAD bytes in NDJSON batches, one after the other so that the log
+    holds them in order, each sent again after a 503 (the pipeline may lag behind such a flood)."""
+    pad = "x" * PAYLOAD
+    batches = [
+        b"\n".join(orjson.dumps({"run": rid, "n": n, "pad": pad}) for n in range(start, min(start + PER_REQUEST, count)))
+        for start in range(0, count, PER_REQUEST)
+    ]
+    async with aiohttp.ClientSession() as http:
+        async def send(batch: bytes) -> None:
+            while True:
+                async with http.post(f"{broker.url}/publish", data=batch,
+                                     headers={"Content-Type": "application/x-ndjson", "X-Auth-Hash": "hugo"}) as response:  # fmt: skip
+                    if response.status != 503:
+                        assert response.status == 200, await response.text()
+                        return
+                await asyncio.sleep(int(response.headers["Retry-After"]))
+
+        for batch in batches:
+            await send(batch)
+
+
+async def test_a_subscriber_that_never_reads_costs_bounded_memory(tmp_path):
+    broker = BrokerProcess(str(tmp_path)).start()
+    try:
+        assert broker.process is not None
+        rid = run_id()
+        async with VeilClient(broker.url, auth_hash="hugo", tcp_port=broker.tcp_port) as client:
+            sub = (await client.subscribe([{"key": "run", "val": rid, "op": "eq"}]))["subscriptionId"]
+        await publish_flood(broker, run_id(), 2 * PER_REQUEST)  # the publish path's buffers, before the baseline
+        stuck = socket.socket()
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel holds little for it either
+        stuck.connect(("127.0.0.1", broker.tcp_port))
+        stuck.sendall(orjson.dumps({"authHash": "hugo", "subscriptionId": sub}) + b"\n")
+        matched = counter(broker, "veil_matches_total")
+        baseline = resident(broker.process.pid)
+        peak = Peak(broker.process.pid)
+        try:
+            await publish_flood(broker, rid, FLOOD)
+            deadline = time.monotonic() + 300
+            while counter(broker, "veil_matches_total") < matched + FLOOD:  # every delivery owed is queued
+                assert time.monotonic() < deadline, "the pipeline did not match the flood"
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(5)  # and the gateway has had the feed to offer to the session
+            written = counter(broker, "veil_deliveries_total")
+        finally:
+            grown = peak.stop() - baseline
+        assert written < FLOOD / 4, written  # the subscriber really read nothing: most of it is owed
+        assert grown < GROWTH_BOUND, f"the gateway grew by {grown >> 20} MiB for one subscriber that reads nothing"
+        reader, writer = await asyncio.open_connection(sock=stuck)
+        try:
+            async with asyncio.timeout(300):
+                got = [orjson.loads(await reader.readline())["n"] for _ in range(FLOOD)]
+        finally:
+            writer.close()
+        assert got == list(range(FLOOD))  # all of it waited in the store, in order
     finally:
         broker.close()
