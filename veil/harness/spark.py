@@ -6,6 +6,7 @@ get over the network."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ import pyspark
 from veil.harness.broker import free_ports
 
 START_TIMEOUT = 60.0
+EXECUTOR = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 PRIVATE_MOUNTS = ("unshare", "--mount", "--propagation", "private")
 # mounts an empty, unreadable file system over each directory before `--`, then runs what follows
 HIDE = 'while [ "$1" != -- ]; do mount -t tmpfs -o size=1m,mode=000 none "$1"; shift; done; shift; exec "$@"'
@@ -69,12 +71,50 @@ class SparkCluster:
             "--work-dir", os.path.join(self.directory, name, "work"),
         )  # fmt: skip
 
-    def kill_worker(self, index: int) -> None:
-        """kill -9 the worker's JVM; its executors notice and exit on their own."""
+    def kill_worker(self, index: int | None = None, timeout: float = START_TIMEOUT) -> list[int]:
+        """kill -9 a worker's JVM while it runs an executor of an application the master runs: killing
+        one that runs none would lose nothing, and a test of surviving the loss would pass untested.
+        Waits up to `timeout` for worker `index` (any worker if None) to run one, and raises
+        otherwise; then waits for the executors to notice and exit on their own, as they must for
+        the application to have lost them. Returns the executors' process ids."""
+        candidates = range(len(self.workers)) if index is None else [index]
+        deadline = time.monotonic() + timeout
+        while not (busy := [(i, pids) for i in candidates if (pids := self.executor_pids(i))]):
+            if time.monotonic() > deadline:
+                where = "any worker" if index is None else f"worker {index}"
+                raise AssertionError(f"no executor of a running application on {where}: {self._status()}")
+            time.sleep(0.25)
+        index, pids = busy[0]
         worker = self.workers[index]
         assert worker is not None
         worker.send_signal(signal.SIGKILL)
         worker.wait(10)
+        deadline = time.monotonic() + timeout
+        while alive := [pid for pid in pids if process_running(pid)]:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"executors {alive} outlived their worker by {timeout} s")
+            time.sleep(0.25)
+        return pids
+
+    def executor_pids(self, index: int) -> list[int]:
+        """The executor JVMs worker `index` runs for an application the master lists as running: its
+        children running CoarseGrainedExecutorBackend with such an `--app-id`, the processes a kill
+        of the worker takes down."""
+        worker = self.workers[index]
+        if worker is None or worker.poll() is not None:
+            return []
+        running = {app["id"] for app in self._status().get("activeapps", []) if app.get("state") == "RUNNING"}
+        pids = []
+        for pid in children(worker.pid):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    argv = handle.read().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            options = dict(itertools.pairwise(argv))
+            if EXECUTOR in argv and options.get("--app-id") in running:
+                pids.append(pid)
+        return pids
 
     def _launch(self, name: str, main: str, *args: str) -> subprocess.Popen:
         home = os.path.join(self.directory, name)
@@ -131,3 +171,30 @@ class SparkCluster:
                 except subprocess.TimeoutExpired:
                     process.kill()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of `pid`, whichever of its threads started them (a JVM starts processes
+    from threads other than its main one)."""
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                found += [int(child) for child in handle.read().split()]
+        except OSError:
+            continue
+    return found
+
+
+def process_running(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited: an orphan that exited stays a zombie until
+    whoever adopted it reaps it."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
