@@ -6,6 +6,8 @@ a time."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.integration.helpers import Consumers, LineConnection, SteadyPublisher, client_for, run_id
@@ -95,7 +97,7 @@ async def run_through_failures(a: BrokerProcess, b: BrokerProcess, kill_worker=N
         publisher.start()
         if kill_worker is not None:
             await publisher.until(80)
-            kill_worker()
+            await asyncio.to_thread(kill_worker)  # it waits for the worker's executor
         await publisher.until(160, timeout=120)
         a.kill()
         publisher.client = at_b  # the load balancer moves the publishers to the gateway left
@@ -132,6 +134,6 @@ async def test_on_a_standalone_cluster_survive_a_worker_and_a_gateway(tmp_path, 
     )  # fmt: skip
     try:
         a, b, _ = processes
-        await run_through_failures(a, b, kill_worker=lambda: cluster.kill_worker(0))
+        await run_through_failures(a, b, kill_worker=cluster.kill_worker)
     finally:
         stop_deployment(processes)
