@@ -91,6 +91,18 @@ def publications(draw: st.DrawFn) -> tuple[str, dict]:
     return draw(st.sampled_from(PUBLISHERS)), doc
 
 
+def without(doc: dict, fields: frozenset[str], prefix: str = "") -> dict:
+    """The document rebuilt member by member, leaving out every member whose dotted path from the
+    root is a cropped field: written apart from the pipeline's `crop`, which deletes the fields from
+    a parsed copy, so that the two can disagree."""
+    kept = {}
+    for name, value in doc.items():
+        path = prefix + name
+        if path not in fields:
+            kept[name] = without(value, fields, f"{path}.") if isinstance(value, dict) else value
+    return kept
+
+
 subscriptions = st.tuples(st.sampled_from(USERS), constraints(), st.sampled_from(["", *SCOPES]), st.booleans())
 
 
@@ -120,7 +132,7 @@ def test_pipeline_delivers_exactly_what_the_oracle_allows(registry_doc, with_aut
         if sub_no != MARK
     }
     expected = {}
-    for offset, ((publisher, doc), body) in enumerate(zip(published, bodies, strict=True), start=1):
+    for offset, (publisher, doc) in enumerate(published, start=1):
         attributes = flatten(doc)
         for number, (owner, data, scope, admitted) in enumerate(subscriptions):
             if not matches([Predicate(c["key"], c["op"], c["val"]) for c in data], attributes):
@@ -133,13 +145,13 @@ def test_pipeline_delivers_exactly_what_the_oracle_allows(registry_doc, with_aut
             if not (visible and member):
                 assert not allowed
             if allowed:
-                expected[(offset, number)] = (crop(body, sorted(cropped)) if cropped else None, cropped)
+                expected[(offset, number)] = (without(doc, cropped) if cropped else None, cropped)
     assert delivered.keys() == expected.keys()  # no leak, no loss
     for pair, copy in delivered.items():
         expected_copy, removed = expected[pair]
         assert (copy is None) == (expected_copy is None), pair
         if copy is not None:
-            assert orjson.loads(copy) == orjson.loads(expected_copy)
+            assert orjson.loads(copy) == expected_copy
             kept = flatten(orjson.loads(copy))
             assert not any(key == name or key.startswith(name + ".") for key in kept for name in removed)
 

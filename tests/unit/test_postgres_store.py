@@ -58,24 +58,35 @@ def test_concurrent_appends_become_visible_in_offset_order(stores):
         assert offsets == [offset for offset in final if offset <= head]
 
 
-def test_only_one_of_two_racing_owners_gets_a_subscription_id(stores):
-    outcomes: list[str] = []
+def test_only_one_of_racing_owners_gets_a_subscription_id(stores):
+    """Every round contests a fresh id, and the three claims leave a barrier together: a claim made
+    after another had committed would test only the ownership check, not the race."""
+    owners = "xyz"
 
-    def claim(store, owner: str) -> None:
+    def claim(store, owner: str, sub_id: str, barrier: threading.Barrier, outcomes: dict[str, str]) -> None:
+        barrier.wait(timeout=10)
         try:
-            store.put_subscription("contested", owner, b"[]")
-            outcomes.append(owner)
+            store.put_subscription(sub_id, owner, b"[]")
+            outcomes[owner] = "owns it"
         except NotOwner:
-            outcomes.append("refused")
+            outcomes[owner] = "refused"
 
-    for _ in range(20):
-        threads = [threading.Thread(target=claim, args=(store, owner)) for store, owner in zip(stores, "xy", strict=False)]
+    for round_number in range(20):
+        sub_id = f"contested-{round_number}"
+        barrier = threading.Barrier(len(owners))
+        outcomes: dict[str, str] = {}
+        threads = [
+            threading.Thread(target=claim, args=(store, owner, sub_id, barrier, outcomes))
+            for store, owner in zip(stores, owners, strict=True)
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-    owner = stores[0].subscription_owner("contested")
-    assert outcomes.count(owner) == 20 and outcomes.count("refused") == 20
+        winner = stores[0].subscription_owner(sub_id)
+        assert winner in owners, (round_number, winner)
+        assert outcomes == {owner: "owns it" if owner == winner else "refused" for owner in owners}, round_number
+        assert all(store.subscription_owner(sub_id) == winner for store in stores)
 
 
 def test_a_feed_row_wakes_a_waiting_gateway(stores):
