@@ -88,6 +88,8 @@ def test_request_level_errors():
         [("a", "between", [5, 1])],
         [("a", "ge", 2), ("a", "le", 2), ("a", "ne", 2)],
         [("a", "lt", "")],
+        [("a", "le", ""), ("a", "ne", "")],
+        [("a", "le", ""), ("a", "contains", "x")],
         [("a", "contains", "x"), ("a", "eq", "abc")],
     ],
 )
@@ -102,6 +104,7 @@ def test_unsatisfiable(predicates):
     [
         [("a", "gt", 5), ("a", "lt", 6)],
         [("a", "ge", 5), ("a", "le", 5)],
+        [("a", "le", ""), ("a", "ne", "x")],
         [("a", "eq", 1), ("a", "eq", 1.0)],
         [("a", "in", [1, 2]), ("a", "gt", 1)],
         [("a", "starts_with", "ab"), ("a", "starts_with", "a"), ("a", "ends_with", "z")],

@@ -41,6 +41,8 @@ def _check_key(key: str, group: list[Predicate]) -> None:
             raise Unsatisfiable(key, "the ranges do not overlap")
         if low is not None and high is not None and low[0] == high[0]:
             candidates = [low[0]]
+        elif high == ("", True):
+            candidates = [""]  # nothing sorts below the empty string: it is the only value left
     if candidates is not None and not _any_satisfies(typed, candidates, low, high):
         raise Unsatisfiable(key, "no value satisfies all of them")
 
