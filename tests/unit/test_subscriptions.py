@@ -150,20 +150,23 @@ def test_a_multiplexed_handshake_names_what_is_wrong(ids, field):
 
 
 def test_a_multiplexed_handshake_resumes_each_subscription_where_it_stopped():
-    hs = parse_handshake(orjson.dumps({"subscriptionIds": ["a", "b", "c"], "resumeAfter": {"a": 9, "c": 4}}))
-    assert [hs.for_subscription(s).resume_after for s in ("a", "b", "c")] == [9, None, 4]
-    assert parse_handshake(orjson.dumps({"subscriptionIds": ["a"], "resumeAfter": 3})).for_subscription("a").resume_after == 3
+    hs = parse_handshake(orjson.dumps({"subscriptionIds": ["a", "b", "c"], "resumeAfter": [9, None, 4]}))
+    assert [hs.for_subscription(place).resume_after for place in range(3)] == [9, None, 4]
+    assert [hs.for_subscription(place).subscription_id for place in range(3)] == ["a", "b", "c"]
+    assert parse_handshake(orjson.dumps({"subscriptionIds": ["a"], "resumeAfter": 3})).for_subscription(0).resume_after == 3
 
 
 @pytest.mark.parametrize(
     ("doc", "field"),
     [
-        ({"subscriptionId": "a", "resumeAfter": {"a": 1}}, "resumeAfter"),
-        ({"subscriptionIds": ["a"], "resumeAfter": {"b": 1}}, "resumeAfter.b"),
-        ({"subscriptionIds": ["a"], "resumeAfter": {"a": -1}}, "resumeAfter.a"),
-        ({"subscriptionIds": ["a"], "resumeAfter": {"a": 2**63}}, "resumeAfter.a"),
-        ({"subscriptionIds": ["a"], "resumeAfter": {"a": True}}, "resumeAfter.a"),
-        ({"subscriptionIds": ["a"], "resumeAfter": [1]}, "resumeAfter"),
+        ({"subscriptionId": "a", "resumeAfter": [1]}, "resumeAfter"),
+        ({"subscriptionIds": ["a"], "resumeAfter": [1, 2]}, "resumeAfter"),
+        ({"subscriptionIds": ["a", "b"], "resumeAfter": [1]}, "resumeAfter"),
+        ({"subscriptionIds": ["a", "b"], "resumeAfter": [1, -1]}, "resumeAfter[1]"),
+        ({"subscriptionIds": ["a"], "resumeAfter": [2**63]}, "resumeAfter[0]"),
+        ({"subscriptionIds": ["a"], "resumeAfter": [True]}, "resumeAfter[0]"),
+        ({"subscriptionIds": ["a"], "resumeAfter": [[1]]}, "resumeAfter[0]"),
+        ({"subscriptionIds": ["a"], "resumeAfter": {"a": 1}}, "resumeAfter"),
     ],
 )
 def test_a_resume_point_per_subscription_names_what_is_wrong(doc, field):

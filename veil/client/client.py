@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from veil.client.channels import Channel, TcpChannel, WebSocketChannel
 from veil.client.errors import (
     FATAL,
+    BrokerFault,
     NotFound,
     Replaced,
     TamperedPublication,
@@ -32,6 +33,7 @@ from veil.client.errors import (
 )
 from veil.client.sealed import ScopeKeyring, seal_publication
 from veil.protocol.envelope import published_bytes
+from veil.protocol.limits import INT64_MAX
 from veil.security import signatures
 from veil.security.sealing import ScopeKey, SealError, wrap
 from veil.security.tls import client_context
@@ -305,12 +307,13 @@ class VeilClient:
 class DeliveryStream:
     """Async iterator of deliveries over TCP or WebSocket, reconnecting after connection loss.
 
-    A reconnect resumes after the last delivery received (what is queued and not yet consumed is
-    still delivered from the queue). A broker that honours `resumeAfter` never sends anything at or
-    below that point again; if one does, the repeat is dropped and counted in `dropped_duplicates`,
-    so that the application sees each delivery once and a test sees the broker's fault. Only lines
-    received on the current connection are acknowledged: an older line's seq may name a different
-    line on the new one."""
+    A reconnect resumes after the last delivery consumed (`resumeAfter`), and what was received and
+    not yet consumed is dropped from the queue, to come again: the broker takes a resume point for
+    what the client consumed, and a standby that takes over the subscription starts there. A broker
+    that honours `resumeAfter` never sends anything at or below it; if one does, the repeat is
+    dropped and counted in `dropped_duplicates`, so that the application sees each delivery once and
+    a test sees the broker's fault. Acknowledgements start afresh on each connection: an older
+    line's seq may name a different line on the new one."""
 
     def __init__(self, client: VeilClient, subscription_id: str, transport: str, envelope: bool) -> None:
         if transport not in ("tcp", "ws"):
@@ -320,11 +323,10 @@ class DeliveryStream:
         self.transport = transport
         self.envelope = envelope
         self.last_seq: int | None = client.positions.get(subscription_id)  # the last one consumed
-        self._received = self.last_seq  # where a reconnect resumes
+        self._received = self.last_seq  # the last one queued: what is at or below it is a repeat
         self.dropped_duplicates = 0
         self.reconnects = 0
-        self._lines: asyncio.Queue[tuple[bytes, Any, int] | BaseException] = asyncio.Queue(maxsize=1024)
-        self._connection = 0
+        self._lines: asyncio.Queue[tuple[bytes, Any] | BaseException] = asyncio.Queue(maxsize=1024)
         self._ackable: int | None = None  # the last consumed line of the current connection
         self._acked: int | None = None
         self._unacked = 0
@@ -360,13 +362,11 @@ class DeliveryStream:
         item = await self._lines.get()
         if isinstance(item, BaseException):
             raise item
-        line, doc, connection = item
-        delivery = self._parse(line, doc)
+        delivery = self._parse(*item)
         if delivery.seq is not None:
             self._consumed(delivery.seq, delivery.subscription_ids)
-            if connection == self._connection:
-                self._ackable = delivery.seq
-                self._unacked += 1
+            self._ackable = delivery.seq
+            self._unacked += 1
         if self.client.keyring is not None and isinstance(delivery.publication, dict):
             try:
                 delivery = delivery._replace(payload=await self.client.keyring.open(delivery.publication))
@@ -376,6 +376,15 @@ class DeliveryStream:
 
     def _consumed(self, seq: int, subscription_ids: tuple[str, ...]) -> None:
         self.last_seq = self.client.positions[self.subscription_id] = seq
+
+    def _restart(self) -> None:
+        """Before a new connection: unconsumed lines are dropped (they come again, after the resume
+        point), and nothing is acknowledged until a line of the new connection is consumed."""
+        while not self._lines.empty():
+            self._lines.get_nowait()
+        self._received = self.last_seq
+        self._ackable = self._acked = None
+        self._unacked = 0
 
     def _fresh(self, doc: dict) -> bool:
         """Whether this enveloped delivery is new to the stream (a re-send is counted, then dropped)."""
@@ -423,22 +432,20 @@ class DeliveryStream:
         return orjson.dumps(doc)
 
     def _document(self, line: bytes) -> Any:
-        """The line's JSON document; VeilError for an error the broker sent or a line nobody can read."""
-        try:
-            doc = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            raise VeilError("", f"unreadable line from the broker: {line[:200]!r}", 0) from None
+        """The line's JSON document; VeilError for an error the broker sent, BrokerFault for a line
+        the protocol does not allow."""
+        doc = _load(line)
         if not self.envelope:
             if isinstance(doc, dict) and set(doc) == ERROR_KEYS:
                 raise error_from_document(doc)
             return doc
         if not isinstance(doc, dict):
-            raise VeilError("", f"not an envelope: {line[:200]!r}", 0)
+            raise BrokerFault("", f"not an envelope: {line[:200]!r}", 0)
         if "seq" not in doc:
             raise error_from_document(doc)
         seq = doc["seq"]
-        if not isinstance(seq, int) or isinstance(seq, bool):
-            raise VeilError("seq", f"not a sequence number: {line[:200]!r}", 0)
+        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= INT64_MAX:
+            raise BrokerFault("seq", f"not a sequence number: {line[:200]!r}", 0)
         return doc
 
     async def _run(self) -> None:
@@ -448,11 +455,16 @@ class DeliveryStream:
             try:
                 await self._connect()
                 error: BaseException | None = None
+            except BrokerFault as exc:
+                failures += 1
+                error = exc if failures > MAX_FAILURES else None
             except VeilError as exc:
                 error = exc if isinstance(exc, FATAL) else None
             except (OSError, aiohttp.ClientError, asyncio.IncompleteReadError, ssl.SSLError) as exc:
                 failures = 0 if self.connected.is_set() else failures + 1
                 error = exc if failures > MAX_FAILURES else None
+            except Exception as exc:  # a fault of this library's: the application sees it, never a hang
+                error = exc
             self._send = None
             self.connected.clear()
             if error is not None:
@@ -465,13 +477,13 @@ class DeliveryStream:
     async def _deliver(self, line: bytes) -> None:
         doc = self._document(line)
         if not self.envelope or self._fresh(doc):
-            await self._lines.put((line, doc, self._connection))
+            await self._lines.put((line, doc))
 
     async def _connect(self) -> None:
         """One connection's life: handshake, then deliveries until the broker closes it."""
         channel = await self.client.open_channel(self.transport)
         try:
-            self._connection += 1
+            self._restart()
             await channel.send(self._handshake())
             self._send = channel.send
             self.connected.set()
@@ -486,30 +498,40 @@ class MultiplexedStream(DeliveryStream):
     """Many subscriptions' deliveries over one connection (`VeilClient.multiplexed`). Each delivery
     names the subscriptions it is for. The connection's lines are not in one global order (a backlog
     read brings older publications after newer ones), so a reconnect resumes each subscription after
-    the last delivery received for it (`resumeAfter` as an object). A subscription the broker ends
-    (unsubscribed, quarantined) leaves the stream with its error in `ended`; the others go on."""
+    the last delivery consumed for it (`resumeAfter` as a list, one per subscription). A subscription
+    the broker ends (unsubscribed, quarantined) leaves the stream with its error in `ended`; the
+    others go on."""
 
     def __init__(self, client: VeilClient, subscription_ids: Sequence[str], transport: str) -> None:
         super().__init__(client, "", transport, envelope=True)
         self.subscription_ids = list(dict.fromkeys(subscription_ids))
         self.ended: dict[str, VeilError] = {}
-        self._resume = {s: client.positions[s] for s in self.subscription_ids if s in client.positions}
+        self._carried = frozenset(self.subscription_ids)
+        self._each: dict[str, int] = {}  # per subscription, the last one queued
 
     def _consumed(self, seq: int, subscription_ids: tuple[str, ...]) -> None:
         for sub_id in subscription_ids:
             self.client.positions[sub_id] = seq
         self.last_seq = seq
 
+    def _restart(self) -> None:
+        super()._restart()
+        positions = self.client.positions
+        self._each = {s: positions[s] for s in self.subscription_ids if s in positions}
+
     def _fresh(self, doc: dict) -> bool:
         """Keeps, of the subscriptions the line names, those it is new to; counts the others."""
-        seq = doc["seq"]
-        named = doc.get("subscriptionIds")
-        if not isinstance(named, list) or not all(isinstance(s, str) for s in named):
-            raise VeilError("subscriptionIds", f"not a list of subscription ids in line {seq}", 0)
-        fresh = [s for s in named if self._resume.get(s, -1) < seq]
+        seq, named = doc["seq"], doc.get("subscriptionIds")
+        each = self._each
+        if (
+            not isinstance(named, list) or not named or len(set(named)) < len(named)
+            or not all(isinstance(s, str) and s in self._carried for s in named)
+        ):  # fmt: skip
+            raise BrokerFault("subscriptionIds", f"line {seq} names subscriptions this connection does not carry", 0)
+        fresh = [s for s in named if each.get(s, -1) < seq]
         self.dropped_duplicates += len(named) - len(fresh)
         for sub_id in fresh:
-            self._resume[sub_id] = seq
+            each[sub_id] = seq
         doc["subscriptionIds"] = fresh
         return bool(fresh)
 
@@ -522,15 +544,25 @@ class MultiplexedStream(DeliveryStream):
             doc["authHash"] = self.client.auth_hash
         if self.client.token is not None:
             doc["token"] = self.client.token
-        resume = {s: self._resume[s] for s in self.subscription_ids if s in self._resume}
-        if resume:
-            doc["resumeAfter"] = resume
+        if self._each:
+            doc["resumeAfter"] = [self._each.get(s) for s in self.subscription_ids]
         return orjson.dumps(doc)
 
     async def _deliver(self, line: bytes) -> None:
-        doc = orjson.loads(line) if line.startswith(b'{"error"') else None
-        if isinstance(doc, dict) and "subscriptionId" in doc and "seq" not in doc:
-            self.ended[doc["subscriptionId"]] = error_from_document(doc)
-            self.subscription_ids = [s for s in self.subscription_ids if s != doc["subscriptionId"]]
-            return
+        doc = _load(line) if line.startswith(b'{"error"') else None
+        if isinstance(doc, dict) and "seq" not in doc:
+            ended = doc.get("subscriptionId")
+            if isinstance(ended, str) and ended in self._carried:
+                self.ended[ended] = error_from_document(doc)
+                self.subscription_ids = [s for s in self.subscription_ids if s != ended]
+                return
         await super()._deliver(line)
+
+
+def _load(line: bytes) -> Any:
+    """A line's JSON document (BrokerFault when it is none: a line cut short by a connection that
+    broke is one)."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        raise BrokerFault("", f"unreadable line from the broker: {line[:200]!r}", 0) from None

@@ -53,6 +53,12 @@ class TamperedPublication(VeilError):
     """A delivery whose publisher signature does not verify: it is not handed to the application."""
 
 
+class BrokerFault(VeilError):
+    """The broker sent what the protocol does not allow (a line that is no envelope, a sequence
+    number out of range, subscriptions the connection does not carry). The stream reconnects, backing
+    off, and gives up with this error once that keeps happening."""
+
+
 BY_STATUS: dict[int, type[VeilError]] = {
     400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Replaced, 410: Gone,
     422: Quarantined, 503: Overloaded,
@@ -67,8 +73,14 @@ def error_for(status: int, field: str, problem: str) -> VeilError:
 
 
 def error_from_document(doc: dict, status: int = 0) -> VeilError:
-    """The error an error document (`{"error", "field", "status"}`) reports."""
-    return error_for(doc.get("status", status), doc.get("field", ""), doc.get("error", ""))
+    """The error an error document (`{"error", "field", "status"}`) reports; members of the wrong
+    type (from a broker gone wrong) count as missing."""
+    code, field, problem = doc.get("status"), doc.get("field"), doc.get("error")
+    return error_for(
+        code if isinstance(code, int) and not isinstance(code, bool) else status,
+        field if isinstance(field, str) else "",
+        problem if isinstance(problem, str) else "",
+    )
 
 
 def error_from_body(status: int, body: bytes) -> VeilError:

@@ -21,9 +21,9 @@ async def serve_multiplexed(
     """Serve a connection that named several subscriptions, until the client leaves or none is left."""
     admitted: list[Admitted] = []
     try:
-        for sub_id in handshake.subscription_ids:
+        for place, sub_id in enumerate(handshake.subscription_ids):
             try:
-                admitted.append(await admit(gateway, handshake.for_subscription(sub_id), identity))
+                admitted.append(await admit(gateway, handshake.for_subscription(place), identity))
             except ProtocolError as exc:
                 raise ProtocolError("subscriptionIds", f"{sub_id}: {exc.problem}", exc.status) from None
     except ProtocolError as exc:

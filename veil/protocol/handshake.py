@@ -7,9 +7,11 @@ acknowledgement-driven cursors, and for a resume point after a reconnect. An edg
 announcement (`announcementId`) instead of a subscription. A client with many subscriptions may
 name them all (`subscriptionIds`) on one connection: each publication comes once, enveloped, with the
 ids of the subscriptions it is delivered to (`subscriptionIds`); an acknowledgement then covers all of
-them. Such a connection's resume point may be one per subscription (`"resumeAfter": {id: seq}`): its
-lines are not in one global order (a backlog read brings older publications after newer ones), so no
-single number says where each subscription stopped.
+them. Such a connection's resume point may be one per subscription (`"resumeAfter": [seq or null,
+...]`, in the order of `subscriptionIds`; a list rather than an object keyed by id, so that the
+handshake of a thousand subscriptions still fits in one line): its lines are not in one global order
+(a backlog read brings older publications after newer ones), so no single number says where each
+subscription stopped.
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ class Handshake(NamedTuple):
     token: str | None = None  # a bearer token proving the client's identity
     announcement_id: str = ""  # an edge broker's channel: the subscriptions its announcement may serve
     subscription_ids: tuple[str, ...] = ()  # a multiplexed connection: these subscriptions, in one stream
-    resume_each: dict[str, int] | None = None  # a multiplexed connection's resume point per subscription
+    resume_each: tuple[int | None, ...] | None = None  # a multiplexed connection's, per subscription
 
-    def for_subscription(self, sub_id: str) -> Handshake:
-        """This multiplexed handshake as one naming only `sub_id` would be, its own resume point included."""
-        resume = self.resume_after if self.resume_each is None else self.resume_each.get(sub_id)
-        return self._replace(subscription_id=sub_id, resume_after=resume)
+    def for_subscription(self, place: int) -> Handshake:
+        """This multiplexed handshake as one naming only its `place`-th subscription would be, with
+        that subscription's resume point."""
+        resume = self.resume_after if self.resume_each is None else self.resume_each[place]
+        return self._replace(subscription_id=self.subscription_ids[place], resume_after=resume)
 
 
 def parse_handshake(raw: bytes | str) -> Handshake:
@@ -48,7 +51,7 @@ def parse_handshake(raw: bytes | str) -> Handshake:
     envelope = _flag(doc, "envelope")
     ack = _flag(doc, "ack")
     resume = doc.get("resumeAfter")
-    each = resume if isinstance(resume, dict) else None
+    each = resume if isinstance(resume, list) else None
     if each is None and resume is not None and not _sequence(resume):
         raise ProtocolError("resumeAfter", f"not a sequence number (an integer from 0 to {INT64_MAX})")
     token = doc.get("token")
@@ -59,25 +62,19 @@ def parse_handshake(raw: bytes | str) -> Handshake:
     sub_id = subscription_id_of(doc, required=not (announcement or many))
     if many and (sub_id or announcement):
         raise ProtocolError("subscriptionIds", "names the subscriptions instead of subscriptionId or announcementId")
-    if each is not None:
-        _check_resume_each(each, many)
-        resume = None
     return Handshake(
-        auth_hash_of(doc), sub_id, envelope or ack or bool(many), ack, resume, token, announcement, many, each
-    )
+        auth_hash_of(doc), sub_id, envelope or ack or bool(many), ack, None if each is not None else resume, token,
+        announcement, many, None if each is None else _resume_each(each, many),
+    )  # fmt: skip
 
 
-def _check_resume_each(each: dict, many: tuple[str, ...]) -> None:
-    if not many:
-        raise ProtocolError("resumeAfter", "one resume point per subscription needs subscriptionIds")
-    named = set(many)
-    for sub_id, seq in each.items():
-        if sub_id not in named:
-            raise ProtocolError(f"resumeAfter.{sub_id[:64]}", "not one of subscriptionIds")
-        if not _sequence(seq):
-            raise ProtocolError(
-                f"resumeAfter.{sub_id[:64]}", f"not a sequence number (an integer from 0 to {INT64_MAX})"
-            )
+def _resume_each(each: list, many: tuple[str, ...]) -> tuple[int | None, ...]:
+    if len(each) != len(many):
+        raise ProtocolError("resumeAfter", "one resume point (or null) per subscription of subscriptionIds")
+    for i, seq in enumerate(each):
+        if seq is not None and not _sequence(seq):
+            raise ProtocolError(f"resumeAfter[{i}]", f"not a sequence number (an integer from 0 to {INT64_MAX})")
+    return tuple(each)
 
 
 def _subscription_ids(doc: dict) -> tuple[str, ...]:

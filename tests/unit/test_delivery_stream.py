@@ -1,0 +1,178 @@
+"""The client's delivery streams against a scripted broker, hostile where the test says so: where a
+reconnect resumes, what is acknowledged on the new connection, what is dropped as a repeat (and
+counted), and lines the protocol does not allow, which never reach the application or stall it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import orjson
+
+from veil.client import VeilClient
+from veil.client.client import DeliveryStream
+
+Script = Callable[[asyncio.StreamWriter], Awaitable[None]]
+
+
+class ScriptedBroker:
+    """A delivery port that plays one script per connection (the last one again for any later
+    connection) and records every document the client sends on each."""
+
+    def __init__(self, *scripts: Script) -> None:
+        self.scripts = scripts
+        self.sent: list[list[dict]] = []
+        self.connected = asyncio.Condition()
+
+    async def __aenter__(self) -> ScriptedBroker:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self.server.close()
+
+    def client(self) -> VeilClient:
+        return VeilClient("http://127.0.0.1:1", auth_hash="h", tcp_port=self.port)
+
+    async def connections(self, n: int) -> None:
+        async with asyncio.timeout(20), self.connected:
+            await self.connected.wait_for(lambda: len(self.sent) >= n)
+
+    async def acks(self, connection: int) -> list[int]:
+        """The acknowledgements of a connection, once it has some."""
+        async with asyncio.timeout(20):
+            while len(self.sent[connection]) < 2:
+                await asyncio.sleep(0.02)
+        return [doc["ack"] for doc in self.sent[connection][1:]]
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        got: list[dict] = [orjson.loads(await reader.readline())]
+        async with self.connected:
+            self.sent.append(got)
+            self.connected.notify_all()
+        script = self.scripts[min(len(self.sent), len(self.scripts)) - 1]
+        reading = asyncio.create_task(_read(reader, got))
+        try:
+            await script(writer)
+            await writer.drain()
+            await asyncio.sleep(0.1)  # what the client sends back arrives before the close
+        except asyncio.CancelledError:
+            pass  # the test is over
+        finally:
+            writer.close()
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+
+
+async def _read(reader: asyncio.StreamReader, into: list[dict]) -> None:
+    while line := await reader.readline():
+        into.append(orjson.loads(line))
+
+
+def line(seq: int, *ids: str) -> bytes:
+    doc: dict = {"seq": seq, "id": f"p{seq}", "publication": {"n": seq}}
+    if ids:
+        doc["subscriptionIds"] = list(ids)
+    return orjson.dumps(doc) + b"\n"
+
+
+def lines(*docs: bytes, stay: bool = False) -> Script:
+    """Write `docs`, then close, or `stay` connected."""
+
+    async def script(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"".join(docs))
+        if stay:
+            await asyncio.sleep(3600)
+
+    return script
+
+
+def after(event: asyncio.Event, *docs: bytes, then: tuple[bytes, ...] = ()) -> Script:
+    """Write `docs`, wait for the test's event, write `then`, and close."""
+
+    async def script(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"".join(docs))
+        await writer.drain()
+        await event.wait()
+        writer.write(b"".join(then))
+
+    return script
+
+
+def forever() -> Script:
+    return lines(stay=True)
+
+
+async def take(stream: DeliveryStream, n: int) -> list[tuple[int | None, tuple[str, ...]]]:
+    async with asyncio.timeout(20):
+        return [((d := await anext(stream)).seq, d.subscription_ids) for _ in range(n)]
+
+
+async def test_a_reconnect_resumes_after_what_was_consumed_and_the_rest_comes_again():
+    consumed = asyncio.Event()
+    first = after(consumed, line(1), line(2), then=(line(3),))
+    async with ScriptedBroker(first, lines(line(2), line(3), line(4)), forever()) as broker:
+        client = broker.client()
+        async with client.deliveries("s") as stream:
+            assert await take(stream, 1) == [(1, ())]
+            consumed.set()  # 2 and 3 reach the queue unconsumed; the connection breaks
+            await broker.connections(2)
+            assert [seq for seq, _ in await take(stream, 3)] == [2, 3, 4]
+            assert stream.dropped_duplicates == 0
+        assert broker.sent[1][0]["resumeAfter"] == 1
+        assert not [ack for ack in broker.sent[1][1:] if ack["ack"] < 2]  # nothing of the first connection
+        await client.close()
+
+
+async def test_a_broker_that_sends_again_what_was_consumed_is_caught():
+    consumed = asyncio.Event()
+    async with ScriptedBroker(after(consumed, line(1), line(2)), lines(line(2), line(1), line(3)), forever()) as broker:
+        client = broker.client()
+        async with client.deliveries("s") as stream:
+            assert [seq for seq, _ in await take(stream, 2)] == [1, 2]
+            consumed.set()
+            assert [seq for seq, _ in await take(stream, 1)] == [3]
+            assert stream.dropped_duplicates == 2  # 2 and 1, after resumeAfter 2
+        await client.close()
+
+
+async def test_a_multiplexed_reconnect_resumes_each_subscription_and_acknowledges_only_the_new_connection():
+    consumed = asyncio.Event()
+    first = after(consumed, line(3, "a", "b"), line(7, "a"), then=(line(9, "b"),))
+    second = lines(line(9, "b"), line(11, "a", "b"), stay=True)
+    async with ScriptedBroker(first, second) as broker:
+        client = broker.client()
+        async with client.multiplexed(["a", "b"]) as stream:
+            assert await take(stream, 2) == [(3, ("a", "b")), (7, ("a",))]
+            consumed.set()
+            await broker.connections(2)
+            assert await take(stream, 2) == [(9, ("b",)), (11, ("a", "b"))]
+            assert stream.dropped_duplicates == 0
+        assert broker.sent[1][0]["resumeAfter"] == [7, 3]  # a consumed 7, b only 3 (9 came again)
+        assert set(await broker.acks(1)) <= {9, 11}  # 7 would name b's line 9, unconsumed
+        assert client.positions == {"a": 11, "b": 11}
+        await client.close()
+
+
+async def test_lines_the_protocol_does_not_allow_never_reach_the_application():
+    bad_status = b'{"error": "x", "field": "f", "status": [1]}\n'
+    async with ScriptedBroker(
+        lines(line(1, "a", "victim")),  # a subscription this connection does not carry
+        lines(line(2**63, "a")),  # beyond any sequence number
+        lines(line(2, "a", "a")),  # one subscription twice
+        lines(line(3)),  # no subscriptions named
+        lines(bad_status),  # an error document of the wrong types
+        lines(b'{"error" cut short\n'),
+        lines(line(5, "a")),
+        forever(),
+    ) as broker:
+        client = broker.client()
+        async with client.multiplexed(["a"]) as stream:
+            assert await take(stream, 1) == [(5, ("a",))]
+            assert stream.reconnects == 6 and stream.dropped_duplicates == 0
+        assert client.positions == {"a": 5}
+        assert all("resumeAfter" not in sent[0] for sent in broker.sent[:7])  # nothing was taken from them
+        await client.close()
