@@ -8,13 +8,12 @@ import asyncio
 import socket
 import threading
 import time
-import urllib.request
 
 import aiohttp
 import orjson
 import pytest
 
-from tests.integration.helpers import run_id, take
+from tests.integration.helpers import metrics, run_id, take
 from veil.client import VeilClient
 from veil.harness import BrokerProcess
 
@@ -91,11 +90,6 @@ class Peak:
         return self.bytes
 
 
-def counter(broker: BrokerProcess, name: str) -> float:
-    text = urllib.request.urlopen(broker.url + "/metrics", timeout=10).read().decode()
-    return float(next(line.split()[1] for line in text.splitlines() if line.startswith(name + " ")))
-
-
 async def publish_flood(broker: BrokerProcess, rid: str, count: int) -> None:
     """`count` publications of PAYLOAD bytes in NDJSON batches, one after the other so that the log
     holds them in order, each sent again after a 503 (the pipeline may lag behind such a flood)."""
@@ -130,17 +124,17 @@ async def test_a_subscriber_that_never_reads_costs_bounded_memory(tmp_path):
         stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel holds little for it either
         stuck.connect(("127.0.0.1", broker.tcp_port))
         stuck.sendall(orjson.dumps({"authHash": "hugo", "subscriptionId": sub}) + b"\n")
-        matched = counter(broker, "veil_matches_total")
+        matched = metrics(broker)["veil_matches_total"]
         baseline = resident(broker.process.pid)
         peak = Peak(broker.process.pid)
         try:
             await publish_flood(broker, rid, FLOOD)
             deadline = time.monotonic() + 300
-            while counter(broker, "veil_matches_total") < matched + FLOOD:  # every delivery owed is queued
+            while metrics(broker)["veil_matches_total"] < matched + FLOOD:  # every delivery owed is queued
                 assert time.monotonic() < deadline, "the pipeline did not match the flood"
                 await asyncio.sleep(0.5)
             await asyncio.sleep(5)  # and the gateway has had the feed to offer to the session
-            written = counter(broker, "veil_deliveries_total")
+            written = metrics(broker)["veil_deliveries_total"]
         finally:
             grown = peak.stop() - baseline
         assert written < FLOOD / 4, written  # the subscriber really read nothing: most of it is owed

@@ -17,15 +17,13 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 
 import aiohttp
 import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.helpers import LineConnection, client_for, run_id, take
+from tests.integration.helpers import LineConnection, client_for, metrics, run_id, take
 from tests.prerequisites import missing
 from veil.harness import BrokerProcess
 
@@ -114,15 +112,6 @@ async def test_totals_survive_a_restart(broker):
     assert (await after.line())["operations"] == totals
     after.close()
 
-
-
-def metrics(broker: BrokerProcess) -> dict[str, float]:
-    text = urllib.request.urlopen(broker.url + "/metrics", timeout=10).read().decode()
-    return {
-        sample.name + "".join(f'{{{k}="{v}"}}' for k, v in sorted(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Asyncio client for Veil: publish, subscribe, unsubscribe, and a delivery stream.
 
 The stream asks for the envelope and acknowledgements by default: it acknowledges what the
-application has consumed and resumes after the last sequence number it received when it reconnects,
-so the application sees each publication once per subscription even across broker restarts.
+application has consumed and resumes after it when it reconnects, so the application sees each
+publication once per subscription even across broker restarts.
 """
 
 from __future__ import annotations
