@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import urllib.request
 import uuid
 
 import orjson
-from prometheus_client.parser import text_string_to_metric_families
 
 from veil.client import Delivery, DeliveryStream, VeilClient
 from veil.harness import BrokerProcess
@@ -18,16 +16,6 @@ DELIVERY_TIMEOUT = 60.0
 def client_for(broker: BrokerProcess, auth_hash: str) -> VeilClient:
     """A client of one broker (or gateway), its delivery ports included."""
     return VeilClient(broker.url, auth_hash=auth_hash, tcp_port=broker.tcp_port, ws_port=broker.ws_port)
-
-
-def metrics(broker: BrokerProcess) -> dict[str, float]:
-    """The broker's /metrics, by sample name with its labels (`name{label="value"}`)."""
-    text = urllib.request.urlopen(broker.url + "/metrics", timeout=10).read().decode()
-    return {
-        sample.name + "".join(f'{{{k}="{v}"}}' for k, v in sorted(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def run_id() -> str:

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 
 import aiohttp
 import orjson
 import pytest
 
-from tests.integration.helpers import metrics, run_id, take
+from tests.integration.helpers import run_id, take
 from veil.client import VeilClient
 from veil.harness import BrokerProcess
+from veil.harness.memory import Peak, resident
 
 pytestmark = pytest.mark.slow
 PAYLOAD = 8 * 1024
@@ -60,45 +60,18 @@ async def test_lagging_pipeline_sheds_load_with_503(tmp_path):
         broker.close()
 
 
-def resident(pid: int) -> int:
-    """A process's resident memory in bytes, as the kernel counts it (VmRSS)."""
-    with open(f"/proc/{pid}/status") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"/proc/{pid}/status has no VmRSS")
-
-
-class Peak:
-    """The most resident memory a process had, sampled every 50 ms from a thread (a peak between two
-    reads at the end of the test would be missed otherwise)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.bytes = resident(pid)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.05):
-            self.bytes = max(self.bytes, resident(self.pid))
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return self.bytes
-
-
 async def publish_flood(broker: BrokerProcess, rid: str, count: int) -> None:
     """`count` publications of PAYLOAD bytes in NDJSON batches, one after the other so that the log
     holds them in order, each sent again after a 503 (the pipeline may lag behind such a flood)."""
     pad = "x" * PAYLOAD
     batches = [
-        b"\n".join(orjson.dumps({"run": rid, "n": n, "pad": pad}) for n in range(start, min(start + PER_REQUEST, count)))
+        b"\n".join(
+            orjson.dumps({"run": rid, "n": n, "pad": pad}) for n in range(start, min(start + PER_REQUEST, count))
+        )
         for start in range(0, count, PER_REQUEST)
     ]
     async with aiohttp.ClientSession() as http:
+
         async def send(batch: bytes) -> None:
             while True:
                 async with http.post(f"{broker.url}/publish", data=batch,
@@ -124,17 +97,17 @@ async def test_a_subscriber_that_never_reads_costs_bounded_memory(tmp_path):
         stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel holds little for it either
         stuck.connect(("127.0.0.1", broker.tcp_port))
         stuck.sendall(orjson.dumps({"authHash": "hugo", "subscriptionId": sub}) + b"\n")
-        matched = metrics(broker)["veil_matches_total"]
+        matched = broker.metrics()["veil_matches_total"]
         baseline = resident(broker.process.pid)
         peak = Peak(broker.process.pid)
         try:
             await publish_flood(broker, rid, FLOOD)
             deadline = time.monotonic() + 300
-            while metrics(broker)["veil_matches_total"] < matched + FLOOD:  # every delivery owed is queued
+            while broker.metrics()["veil_matches_total"] < matched + FLOOD:  # every delivery owed is queued
                 assert time.monotonic() < deadline, "the pipeline did not match the flood"
                 await asyncio.sleep(0.5)
             await asyncio.sleep(5)  # and the gateway has had the feed to offer to the session
-            written = metrics(broker)["veil_deliveries_total"]
+            written = broker.metrics()["veil_deliveries_total"]
         finally:
             grown = peak.stop() - baseline
         assert written < FLOOD / 4, written  # the subscriber really read nothing: most of it is owed

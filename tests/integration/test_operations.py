@@ -23,7 +23,7 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.integration.helpers import LineConnection, client_for, metrics, run_id, take
+from tests.integration.helpers import LineConnection, client_for, run_id, take
 from tests.prerequisites import missing
 from veil.harness import BrokerProcess
 
@@ -143,7 +143,7 @@ async def until(check: Callable[[], object], timeout: float = 30.0, what: str | 
 
 
 async def test_metrics_carry_the_pipeline_figures(broker):
-    before = metrics(broker)
+    before = broker.metrics()
     rid = run_id()
     async with client_for(broker, "measured") as client:
         sub = await client.subscribe([{"key": "rid", "op": "eq", "val": rid}])
@@ -156,13 +156,13 @@ async def test_metrics_carry_the_pipeline_figures(broker):
     def counted() -> bool:
         """The deliveries are counted as they are sent; a batch's duration when Spark has reported
         it and the pipeline's next heartbeat has taken it to the store."""
-        now = metrics(broker)
+        now = broker.metrics()
         return now["veil_deliveries_total"] - before["veil_deliveries_total"] == 6 and (
             now["veil_batch_duration_seconds_count"] >= 1
         )
 
     await until(counted, what="the deliveries and a micro-batch counted in /metrics")
-    after = metrics(broker)
+    after = broker.metrics()
     grown = {name: after[name] - before.get(name, 0) for name in after}
     assert grown["veil_received_publications_total"] == grown["veil_matches_total"] == 6
     assert grown["veil_delivery_latency_seconds_count"] == 6
@@ -189,7 +189,7 @@ async def test_the_dashboard_plots_the_traffic_and_shows_what_metrics_says(broke
             await asyncio.to_thread(browser.save_screenshot, str(tmp_path / "dashboard.png"))
             shown_p99 = float(browser.find_element("css selector", '[data-quantile="0.99"]').text.replace(",", ""))
     assert (tmp_path / "dashboard.png").stat().st_size > 20_000
-    latency = metrics(broker)
+    latency = broker.metrics()
     total = latency["veil_delivery_latency_seconds_count"]
     holds_all = min(float(key.split('"')[1]) for key, count in latency.items()
                     if key.startswith("veil_delivery_latency_seconds_bucket") and count == total)  # fmt: skip
@@ -208,7 +208,7 @@ async def test_the_dashboard_plots_the_traffic_and_shows_what_metrics_says(broke
             element.get_attribute("data-metric"): element.text.replace(",", "")
             for element in browser.find_elements("css selector", "[data-metric]")
         }
-        exposed = metrics(broker)
+        exposed = broker.metrics()
         compared.update(shown=shown, exposed={name: exposed.get(name) for name in shown})
         assert set(shown) >= FIGURES, f"the page shows no figure for {sorted(FIGURES - set(shown))}"
         return all(re.fullmatch(r"-?[0-9]+", text) and float(text) == exposed.get(name) for name, text in shown.items())

@@ -81,6 +81,17 @@ class BrokerProcess:
         with urllib.request.urlopen(f"{self.url}/health", timeout=5, context=context) as response:
             return json.loads(response.read())
 
+    def metrics(self) -> dict[str, float]:
+        """The broker's /metrics, by sample name with its labels (`name{label="value"}`)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = urllib.request.urlopen(self.url + "/metrics", timeout=10).read().decode()
+        return {
+            sample.name + "".join(f'{{{k}="{v}"}}' for k, v in sorted(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
