@@ -6,17 +6,13 @@ loopback only whatever --bind says. The gateways run without a pipeline: nothing
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
-import os
 import socket
 import ssl
 import time
 
 import jwt
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
 
 from tests.integration.helpers import LineConnection, run_id, serving
 from tests.integration.test_trust import AUDIENCE, ISSUER, IdentityProvider
@@ -29,36 +25,11 @@ pytestmark = pytest.mark.slow
 CLAIM = {"veil": {"scopes": ["customs"]}}
 
 
-def write_crl(directory: str, revoked: list[str]) -> None:
-    """The CA's revocation list naming these clients' certificates, put in place by a rename (as an
-    operator's tooling would, so that the broker never reads half a file)."""
-    with open(f"{directory}/ca.pem", "rb") as handle:
-        ca = x509.load_pem_x509_certificate(handle.read())
-    with open(f"{directory}/ca-key.pem", "rb") as handle:
-        key = serialization.load_pem_private_key(handle.read(), None)
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateRevocationListBuilder()
-        .issuer_name(ca.subject)
-        .last_update(now)
-        .next_update(now + datetime.timedelta(days=1))
-    )
-    for name in revoked:
-        with open(f"{directory}/client-{name}.pem", "rb") as handle:
-            serial = x509.load_pem_x509_certificate(handle.read()).serial_number
-        entry = x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(now).build()
-        builder = builder.add_revoked_certificate(entry)
-    crl = builder.sign(key, hashes.SHA256())  # type: ignore[arg-type]
-    with open(f"{directory}/crl.pem.new", "wb") as handle:
-        handle.write(crl.public_bytes(serialization.Encoding.PEM))
-    os.replace(f"{directory}/crl.pem.new", f"{directory}/crl.pem")
-
-
 @pytest.fixture(scope="module")
 def material(tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("credentials"))
     certs.create(directory, ["localhost", "127.0.0.1"], ["alice", "mallory"])
-    write_crl(directory, [])
+    certs.revoke(directory, [])
     idp = IdentityProvider()
     with open(f"{directory}/jwks.json", "w") as handle:
         json.dump(idp.jwks(), handle)
@@ -145,7 +116,7 @@ async def test_a_delivery_connection_ends_with_an_error_line_when_its_token_expi
 
 async def test_a_revoked_certificate_is_refused_once_the_revocation_list_names_it(material, tmp_path):
     directory, _ = material
-    write_crl(directory, [])
+    certs.revoke(directory, [])
     process = BrokerProcess(
         str(tmp_path), "--role", "gateway", *tls_flags(directory), "--crl", f"{directory}/crl.pem",
         "--auth", "certificate", ca_file=f"{directory}/ca.pem",
@@ -159,7 +130,7 @@ async def test_a_revoked_certificate_is_refused_once_the_revocation_list_names_i
         async with mallory_client as mallory, alice_client as alice:
             reply = await mallory.subscribe([{"key": "run", "val": run_id(), "op": "eq"}])
             assert await mallory.publish({"before": "revocation"})
-            write_crl(directory, ["mallory"])
+            certs.revoke(directory, ["mallory"])
             with pytest.raises(VeilError) as refused:
                 await mallory.publish({"after": "revocation"})
             assert (refused.value.status, refused.value.field) == (401, "certificate")
@@ -173,7 +144,7 @@ async def test_a_revoked_certificate_is_refused_once_the_revocation_list_names_i
         assert line is not None and (line["status"], line["field"]) == (401, "certificate")
     finally:
         process.close()
-        write_crl(directory, [])
+        certs.revoke(directory, [])
 
 
 def outward_address() -> str:
