@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
+import logging
 import os
 import re
 import socket
@@ -18,6 +19,8 @@ from typing import Any
 
 from veil.protocol.limits import DAY_MS, Limits
 from veil.security.identity import METHODS as AUTH_METHODS
+
+log = logging.getLogger("veil.config")
 
 
 def _bool(text: str | bool) -> bool:
@@ -52,6 +55,11 @@ class Config:
     client_cert: str = _opt(
         "optional", "client certificates: optional or required (with client-ca)", ("VEIL_CLIENT_CERT",)
     )
+    crl: str | None = _opt(
+        None, "certificate revocation list (PEM or DER) of client certificates, signed by a client-ca CA; read "
+        "again whenever the file changes",
+        ("VEIL_CRL",), str,
+    )  # fmt: skip
     allow_plain_remote: bool = _opt(
         False, "allow plain (non-TLS) listeners on non-loopback addresses", ("VEIL_ALLOW_PLAIN_REMOTE",)
     )
@@ -239,6 +247,10 @@ class Config:
                 raise ValueError(f"--{_flag(name)}: no such file {path!r}")
         if self.client_ca and not self.tls:
             raise ValueError("--client-ca needs --certificate (mutual TLS is TLS)")
+        if self.crl is not None and not self.client_ca:
+            raise ValueError("--crl needs --client-ca (it lists revoked client certificates)")
+        if self.crl is not None and not os.path.isfile(self.crl):
+            raise ValueError(f"--crl: no such file {self.crl!r}")
         if self.client_cert not in ("optional", "required"):
             raise ValueError("--client-cert: use optional or required")
         if self.client_cert == "required" and not self.client_ca:
@@ -381,6 +393,11 @@ def load(args: argparse.Namespace | None = None, environ: dict[str, str] | None 
     if values.get("dev"):
         for name, value in DEV_PROFILE.items():
             values.setdefault(name, value)
+        asked = values.get("bind")
+        if asked is not None and not _loopback(asked):
+            # anyone who reaches a --dev broker is whoever they claim to be, an admin included
+            log.warning("--dev listens on loopback only: binding 127.0.0.1, not --bind %s", asked)
+            values["bind"] = "127.0.0.1"
     config = Config(**values)
     config.validate()
     return config

@@ -15,7 +15,12 @@ from veil.gateway.rest import create_app
 from veil.gateway.server import Broker
 
 ALICE, BOB, ROOT = "alice-secret-1", "bob-secret-1", "root-secret-1"
-REGISTRY = {"admins": ["root"], "hashes": {ALICE: "alice", BOB: "bob", ROOT: "root"}, "rules": {"*": [[]]}}
+REGISTRY = {
+    "admins": ["root"],
+    "hashes": {ALICE: "alice", BOB: "bob", ROOT: "root"},
+    "rules": {"*": [[]]},
+    "announce": {"*": [[]]},
+}
 
 
 @pytest.fixture

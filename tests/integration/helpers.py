@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import orjson
@@ -16,6 +17,20 @@ DELIVERY_TIMEOUT = 60.0
 def client_for(broker: BrokerProcess, auth_hash: str) -> VeilClient:
     """A client of one broker (or gateway), its delivery ports included."""
     return VeilClient(broker.url, auth_hash=auth_hash, tcp_port=broker.tcp_port, ws_port=broker.ws_port)
+
+
+def serving(broker: BrokerProcess, timeout: float = 60.0) -> BrokerProcess:
+    """Until the broker answers /health: what a gateway without a pipeline (`--role gateway`) waits
+    for, since it is never ready alone."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert broker.process is not None and broker.process.poll() is None, broker.tail()
+        try:
+            broker.health()
+            return broker
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(broker.tail())
 
 
 def run_id() -> str:

@@ -1,4 +1,5 @@
 import argparse
+import logging
 
 import pytest
 
@@ -103,3 +104,18 @@ def test_help_shows_every_default():
     text = parser.format_help()
     assert "(default: 20000; environment VEIL_PORT, PORT)" in " ".join(text.split())
     assert "--no-with-authorization" in text and "(default: on;" in text
+
+
+def test_dev_binds_loopback_whatever_bind_says_and_says_so(caplog):
+    with caplog.at_level(logging.WARNING, "veil.config"):
+        dev = config.load(parse(["--dev", "--bind", "0.0.0.0", "--allow-plain-remote"]), {})
+    assert dev.bind == "127.0.0.1" and "--bind 0.0.0.0" in caplog.text
+    assert config.load(parse([]), {"VEIL_DEV": "1", "VEIL_BIND": "192.0.2.7"}).bind == "127.0.0.1"
+    assert config.load(parse(["--dev", "--bind", "::1"]), {}).bind == "::1"
+
+
+def test_a_crl_needs_the_client_ca_it_is_checked_against(tmp_path):
+    crl = tmp_path / "crl.pem"
+    crl.write_bytes(b"")
+    with pytest.raises(ValueError, match="--crl needs --client-ca"):
+        config.load(parse(["--crl", str(crl)]), {})

@@ -60,6 +60,10 @@ class Background:
         while True:
             try:
                 gateway.ingest.processed = await gateway.threads.read(gateway.threads.store.processed_offset)
+                # the log's head counts what every gateway logged (publications and subscriptions alike),
+                # so that /health and --max-lag see the pipeline's whole backlog, not this gateway's part
+                head = await gateway.threads.read(gateway.threads.store.head_offset)
+                gateway.ingest.head = max(gateway.ingest.head, head)
                 gateway.ingest.behind = (gateway.hub.behind(), len(gateway.hub.holders))
                 problems = await self._pipeline_problems()
                 if time.monotonic() - self._quarantine_checked >= QUARANTINE_INTERVAL:

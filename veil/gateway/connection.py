@@ -1,12 +1,14 @@
 """A delivery connection after its first message, whatever carries it: a subscription's session
 (deliveries pushed, acknowledgements read), the sessions of a multiplexed connection, or an edge
-broker's channel, chosen by the handshake."""
+broker's channel, chosen by the handshake. The credentials of the handshake are checked once, and a
+connection that a bearer token opened ends when the token expires, with an error line saying so."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import ssl
+import time
 
 from veil.gateway import membership
 from veil.gateway.channel import Close, Receive, Send, read_while
@@ -17,15 +19,17 @@ from veil.gateway.multiplex import serve_multiplexed
 from veil.gateway.subscriber import admit
 from veil.monitoring import selis as monitoring
 from veil.protocol import Handshake, ProtocolError, parse_ack, parse_handshake
+from veil.security.identity import Credentials, Principal
+from veil.security.tls import fingerprint
 
 MAX_LINE = 64 * 1024
 
 
 async def open_session(
-    gateway: Gateway, handshake: Handshake, identity: str | None, send: Send, close: Close
+    gateway: Gateway, handshake: Handshake, principal: Principal, send: Send, close: Close
 ) -> Session:
     """Admit the handshake's subscription and attach its session; ProtocolError when refused."""
-    admitted = await admit(gateway, handshake, identity)
+    admitted = await admit(gateway, handshake, principal)
     threads, hub = gateway.threads, gateway.hub
     session = Session(hub, handshake, admitted.number, admitted.start_after, send, close, admitted.claimed)
     await hub.attach(session)
@@ -45,22 +49,40 @@ def handle_client_line(session: Session, raw: bytes | str) -> None:
 
 
 async def serve_connection(
-    gateway: Gateway, handshake: bytes | str, identity: str | None, send: Send, close: Close, receive: Receive
+    gateway: Gateway, handshake: bytes | str, certificate: bytes | None, send: Send, close: Close, receive: Receive
 ) -> None:
-    """Serve one delivery connection until either side ends it."""
+    """Serve one delivery connection until either side ends it; `certificate` is the client's
+    verified certificate (DER), if it showed one."""
     if monitoring.is_monitor(gateway, handshake):
         await monitoring.serve(gateway, send, close, receive)
         return
     try:
         parsed = parse_handshake(handshake)
-        if parsed.announcement_id:
-            await run_edge(gateway, parsed, identity, send, close, receive)
+        fingerprinted = fingerprint(certificate) if certificate else None
+        principal = gateway.auth.principal(Credentials(fingerprinted, parsed.token, parsed.auth_hash, certificate))
+    except ProtocolError as exc:
+        await close(exc.to_json())
+        return
+    expiry = _end_at_expiry(principal, close)
+    try:
+        await _serve(gateway, parsed, principal, send, close, receive)
+    finally:
+        if expiry is not None:
+            expiry.cancel()
+
+
+async def _serve(
+    gateway: Gateway, handshake: Handshake, principal: Principal, send: Send, close: Close, receive: Receive
+) -> None:
+    try:
+        if handshake.announcement_id:
+            await run_edge(gateway, handshake, principal, send, close, receive)
             await close(None)
             return
-        if parsed.subscription_ids:
-            await serve_multiplexed(gateway, parsed, identity, send, close, receive)
+        if handshake.subscription_ids:
+            await serve_multiplexed(gateway, handshake, principal, send, close, receive)
             return
-        session = await open_session(gateway, parsed, identity, send, close)
+        session = await open_session(gateway, handshake, principal, send, close)
     except ProtocolError as exc:
         await close(exc.to_json())
         return
@@ -74,3 +96,17 @@ async def serve_connection(
             await pusher
         with contextlib.suppress(Exception):  # a claim not released lapses with this gateway's renewals
             await membership.release(gateway, session.sub_id, session.claimed)
+
+
+def _end_at_expiry(principal: Principal, close: Close) -> asyncio.Task[None] | None:
+    """Close the connection when the token that proved its client expires: what a token allowed
+    lasts no longer than the token."""
+    expires = principal.expires
+    if expires is None:
+        return None
+
+    async def end() -> None:
+        await asyncio.sleep(max(0.0, expires - time.time()))
+        await close(ProtocolError("token", "expired: a delivery connection lasts as long as its token", 401).to_json())
+
+    return asyncio.create_task(end())

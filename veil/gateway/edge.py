@@ -7,6 +7,11 @@ make an edge sensor work), as `{"subscribe": ID, "data": [[key, op, value], ...]
 `{"synced": OFFSET}` line; afterwards the changes, as they are logged, including `{"unsubscribe":
 ID}` for subscriptions that went or no longer could be served. IDs are the subscriptions' numbers, so
 the edge learns what is wanted, not who wants it. Revoking the announcement closes the channel.
+
+What an edge learns is as much as its owner could publish to: announcing takes the registry's
+`announce` privilege (checked again when the channel opens), and a subscription made in a scope is
+shown only to an owner who may publish into that scope (`security.admission`), so that no client
+reads the filters of a scope it is outside of.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from veil.gateway.context import Gateway
 from veil.matching import Predicate, Unsatisfiable, check_satisfiable
 from veil.matching.stored import decode_subscription
 from veil.protocol import Handshake, ProtocolError
-from veil.security.identity import Credentials
+from veil.security.admission import admit_announcement, is_member
+from veil.security.identity import Principal
+from veil.security.scopes import WORLD
 
 POLL = 0.2  # seconds between looks at the log for subscription changes
 
@@ -40,10 +47,13 @@ def could_serve(announced: Sequence[Predicate], wanted: Sequence[Predicate], rul
 
 
 class EdgeChannel:
-    def __init__(self, gateway: Gateway, announcement_id: str, announced: list[Predicate], send: Send) -> None:
+    def __init__(
+        self, gateway: Gateway, announcement_id: str, announced: list[Predicate], principal: Principal, send: Send
+    ) -> None:
         self.gateway = gateway
         self.announcement_id = announcement_id
         self.announced = announced
+        self.principal = principal  # the announcement's owner, as its credentials on this channel prove
         self.send = send
         self.sent: dict[str, int] = {}  # subscription id -> the number the edge knows it by
         self.offset = 0
@@ -57,7 +67,10 @@ class EdgeChannel:
             orjson.dumps({"unsubscribe": f"s{self.sent.pop(sub_id)}"}) for sub_id in dropped if sub_id in self.sent
         ]
         for sub_id, number, owner, body in added:
-            predicates = decode_subscription(body).predicates
+            stored = decode_subscription(body)
+            predicates = stored.predicates
+            if stored.scope != WORLD and not is_member(self.gateway.registry.current, self.principal, stored.scope):
+                continue
             if could_serve(self.announced, predicates, self._rules(owner)):
                 self.sent[sub_id] = number
                 lines.append(orjson.dumps({"subscribe": f"s{number}", "data": [list(p) for p in predicates]}))
@@ -81,19 +94,20 @@ class EdgeChannel:
 
 
 async def run_edge(
-    gateway: Gateway, handshake: Handshake, identity: str | None, send: Send, close: Close, receive: Receive
+    gateway: Gateway, handshake: Handshake, principal: Principal, send: Send, close: Close, receive: Receive
 ) -> None:
     """Follow the subscriptions the announcement could serve until the edge closes its side or the
     announcement is revoked (anything the edge sends is ignored)."""
-    client = gateway.auth.identify(Credentials(identity, handshake.token, handshake.auth_hash))
     ann_id = handshake.announcement_id
     found = await gateway.threads.read(gateway.threads.store.announcement, ann_id)
     if found is None:
         raise ProtocolError("announcementId", "unknown announcement", 404)
     owner, body = found
-    if owner != client:
+    if owner != principal.identity:
         raise ProtocolError("authHash", "not the owner of this announcement", 403)
-    channel = EdgeChannel(gateway, ann_id, [Predicate(*p) for p in orjson.loads(body)], send)
+    announced = [Predicate(*p) for p in orjson.loads(body)]
+    admit_announcement(gateway.registry.current, principal, announced)
+    channel = EdgeChannel(gateway, ann_id, announced, principal, send)
     follower = asyncio.create_task(channel.follow())
     gateway.edges.add(ann_id, id(channel), close)
     try:

@@ -23,12 +23,6 @@ def certificate_of(request: web.Request) -> bytes | None:
     return peer_certificate(request.transport.get_extra_info("ssl_object") if request.transport else None)
 
 
-def identity_of(request: web.Request) -> str | None:
-    """What the client's certificate proves, if it showed one."""
-    der = certificate_of(request)
-    return fingerprint(der) if der else None
-
-
 def bearer_token(request: web.Request) -> str | None:
     header = request.headers.get("Authorization")
     if header is None:

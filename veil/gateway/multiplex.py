@@ -13,17 +13,18 @@ from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
 from veil.gateway.subscriber import Admitted, admit
 from veil.protocol import Handshake, ProtocolError, parse_ack
+from veil.security.identity import Principal
 
 
 async def serve_multiplexed(
-    gateway: Gateway, handshake: Handshake, identity: str | None, send: Send, close: Close, receive: Receive
+    gateway: Gateway, handshake: Handshake, principal: Principal, send: Send, close: Close, receive: Receive
 ) -> None:
     """Serve a connection that named several subscriptions, until the client leaves or none is left."""
     admitted: list[Admitted] = []
     try:
         for place, sub_id in enumerate(handshake.subscription_ids):
             try:
-                admitted.append(await admit(gateway, handshake.for_subscription(place), identity))
+                admitted.append(await admit(gateway, handshake.for_subscription(place), principal))
             except ProtocolError as exc:
                 raise ProtocolError("subscriptionIds", f"{sub_id}: {exc.problem}", exc.status) from None
     except ProtocolError as exc:

@@ -263,7 +263,8 @@ PATHS: dict[str, Schema] = {
     },
     "/announce": {
         "post": _operation(
-            "An edge broker announces what its publishers can produce",
+            "An edge broker announces what its publishers can produce (covered by a filter of the registry's "
+            "announce section for the caller or for anyone)",
             {"200": _json(_ref("Where")), **_errors(*BODY_ERRORS)},
             requestBody=_body(_ref("AnnounceRequest")),
         )

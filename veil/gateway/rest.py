@@ -34,7 +34,7 @@ from veil.protocol import (
 from veil.protocol.limits import Limits
 from veil.protocol.publications import Routed
 from veil.security import signatures
-from veil.security.admission import admit_publication, admit_subscription
+from veil.security.admission import admit_announcement, admit_publication, admit_subscription
 from veil.security.identity import Principal
 from veil.security.registry import Registry
 from veil.store import Publication
@@ -146,8 +146,12 @@ async def unsubscribe(request: web.Request) -> web.Response:
 async def announce(request: web.Request) -> web.Response:
     """An edge broker announces what its publishers can produce (SPEC §9)."""
     gateway = request.app[GATEWAY]
-    req = await parsed(gateway, await body_of(gateway, request), parse_announce, gateway.limits)
-    owner = client_of(gateway, request, req.auth_hash)
+    raw = await body_of(gateway, request)
+    req = await parsed(gateway, raw, parse_announce, gateway.limits)
+    principal = principal_of(gateway, request, req.auth_hash)
+    owner = principal.identity
+    announced = [Predicate(*p) for p in req.predicates]
+    await sized(gateway, len(raw), admit_announcement, gateway.registry.current, principal, announced)
     ann_id = req.announcement_id or uuid.uuid4().hex
     await gateway.threads.write(gateway.threads.store.put_announcement, ann_id, owner, orjson.dumps(req.predicates))
     return where_delivered(gateway, announcementId=ann_id)

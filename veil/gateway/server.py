@@ -34,6 +34,7 @@ from veil.monitoring.figures import store_figures
 from veil.monitoring.metrics import Metrics
 from veil.monitoring.selis import read_hash
 from veil.security.identity import Authenticator, TokenVerifier
+from veil.security.revocation import RevocationList
 from veil.security.tls import server_context
 from veil.store import open_store
 
@@ -47,6 +48,7 @@ def build_gateway(config: Config) -> Gateway:
     hub = DeliveryHub(threads)
     registry = CurrentRegistry(threads)
     tokens = TokenVerifier(config.jwks, config.token_issuer, config.token_audience) if config.jwks else None
+    revoked = RevocationList(config.crl, config.client_ca).revoked if config.crl and config.client_ca else None
     health = Health(threads, ingest, hub)
     metrics = Metrics()
     gateway = Gateway(
@@ -55,7 +57,7 @@ def build_gateway(config: Config) -> Gateway:
         threads=threads,
         ingest=ingest,
         hub=hub,
-        auth=Authenticator(config.auth_methods, config.anonymous, tokens, lambda: registry.current),
+        auth=Authenticator(config.auth_methods, config.anonymous, tokens, lambda: registry.current, revoked),
         registry=registry,
         admission=Admission(config.max_unauthenticated, config.read_timeout),
         parsing=ThreadPoolExecutor(1, thread_name_prefix="parse"),

@@ -1,6 +1,8 @@
 """Who may receive a subscription's deliveries on a delivery connection: its owner, proven by the
 handshake's credentials, while the subscription is neither quarantined nor connected through another
-gateway; and where its deliveries resume."""
+gateway, and while those credentials would still admit it (a scope or a filter that a token claim or a
+certificate attribute allowed when it was made may be allowed no more); and where its deliveries
+resume."""
 
 from __future__ import annotations
 
@@ -8,8 +10,10 @@ from typing import NamedTuple
 
 from veil.gateway import membership
 from veil.gateway.context import Gateway
+from veil.matching.stored import decode_subscription
 from veil.protocol import Handshake, ProtocolError
-from veil.security.identity import Credentials
+from veil.security.admission import admit_subscription
+from veil.security.identity import Principal
 
 
 class Admitted(NamedTuple):
@@ -22,17 +26,23 @@ class Admitted(NamedTuple):
     claimed: float
 
 
-async def admit(gateway: Gateway, handshake: Handshake, identity: str | None) -> Admitted:
+async def admit(gateway: Gateway, handshake: Handshake, principal: Principal) -> Admitted:
     """Check the handshake for its subscription; ProtocolError (with the reason to send back) when refused."""
-    client = gateway.auth.identify(Credentials(identity, handshake.token, handshake.auth_hash))
     threads, hub = gateway.threads, gateway.hub
     store = threads.store
-    owner = await threads.read(store.subscription_owner, handshake.subscription_id)
+    found = await threads.read(store.live_subscription, handshake.subscription_id)
     number = await threads.read(store.subscription_number, handshake.subscription_id)
-    if owner is None or number is None:
+    if found is None or number is None:
         raise ProtocolError("subscriptionId", "unknown subscription", 404)
-    if owner != client:
+    owner, body = found
+    if owner != principal.identity:
         raise ProtocolError("authHash", "not the owner of this subscription", 403)
+    stored = decode_subscription(body)
+    try:
+        admit_subscription(gateway.registry.current, principal, stored.predicates, stored.scope)
+    except ProtocolError as exc:
+        problem = f"these credentials no longer admit this subscription ({exc.field}: {exc.problem})"
+        raise ProtocolError("subscriptionId", problem, 403) from None
     refusal = await threads.read(store.subscription_refusal, handshake.subscription_id)
     if refusal is not None:
         raise ProtocolError("subscriptionId", f"quarantined by the broker: {refusal}", 422)

@@ -10,7 +10,7 @@ import ssl
 from veil.gateway.connection import MAX_LINE, serve_connection
 from veil.gateway.context import Gateway
 from veil.protocol import ProtocolError
-from veil.security.tls import peer_identity
+from veil.security.tls import peer_certificate
 
 
 async def start_tcp(gateway: Gateway, host: str, port: int, context: ssl.SSLContext | None) -> asyncio.Server:
@@ -60,4 +60,5 @@ async def _serve(gateway: Gateway, reader: asyncio.StreamReader, writer: asyncio
         except ValueError:
             return None  # an over-long client line: the client is not speaking the protocol
 
-    await serve_connection(gateway, line, peer_identity(writer.get_extra_info("ssl_object")), send, close, receive)
+    certificate = peer_certificate(writer.get_extra_info("ssl_object"))
+    await serve_connection(gateway, line, certificate, send, close, receive)

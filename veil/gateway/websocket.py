@@ -8,7 +8,7 @@ from aiohttp import WSMsgType, web
 from veil.gateway.connection import MAX_LINE, serve_connection
 from veil.gateway.context import GATEWAY, Gateway
 from veil.gateway.errors import errors
-from veil.gateway.http import identity_of
+from veil.gateway.http import certificate_of
 from veil.protocol import ProtocolError
 
 routes = web.RouteTableDef()
@@ -24,7 +24,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     gateway.admission.admit(request.protocol, transport.close if transport is not None else lambda: None)
     try:
         with gateway.health.connection():
-            await _serve(gateway, ws, identity_of(request), request.protocol)
+            await _serve(gateway, ws, certificate_of(request), request.protocol)
     finally:
         gateway.admission.settle(request.protocol)
         await ws.close()
@@ -38,7 +38,7 @@ def create_ws_app(gateway: Gateway) -> web.Application:
     return app
 
 
-async def _serve(gateway: Gateway, ws: web.WebSocketResponse, identity: str | None, connection: object) -> None:
+async def _serve(gateway: Gateway, ws: web.WebSocketResponse, certificate: bytes | None, connection: object) -> None:
     async def send(frames: list[bytes]) -> None:
         for payload in frames:
             await ws.send_str(payload.decode())
@@ -62,4 +62,4 @@ async def _serve(gateway: Gateway, ws: web.WebSocketResponse, identity: str | No
         message = await ws.receive()
         return message.data if message.type in (WSMsgType.TEXT, WSMsgType.BINARY) else None
 
-    await serve_connection(gateway, first.data, identity, send, close, receive)
+    await serve_connection(gateway, first.data, certificate, send, close, receive)

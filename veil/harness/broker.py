@@ -13,7 +13,7 @@ import time
 import urllib.request
 
 READY_TIMEOUT = 180.0
-OPEN_REGISTRY = {"rules": {"*": [[]]}}
+OPEN_REGISTRY = {"rules": {"*": [[]]}, "announce": {"*": [[]]}}
 
 
 def free_ports(n: int) -> list[int]:
@@ -60,8 +60,9 @@ class BrokerProcess:
 
     def _development_defaults(self) -> list[str]:
         """Unless told otherwise: any claimed authHash is an identity, clients without one are
-        anonymous, and every subscriber may receive everything (a registry whose only rule is the
-        empty rule for anyone), so that tests and benchmarks about other things need no registry."""
+        anonymous, every subscriber may receive everything and every client may announce (a registry
+        whose only rules are the empty ones for anyone), so that tests and benchmarks about other
+        things need no registry."""
         defaults = []
         if "--auth" not in self.extra:
             defaults += ["--auth", "certificate,token,any-hash"]

@@ -23,6 +23,8 @@ import orjson
 from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
 from veil.monitoring.figures import totals
+from veil.protocol import ProtocolError
+from veil.protocol.limits import load_json
 from veil.store import Totals
 
 
@@ -42,9 +44,9 @@ def is_monitor(gateway: Gateway, handshake: bytes | str) -> bool:
     secret = gateway.metrics_hash
     if secret is None:
         return False
-    try:
-        doc = orjson.loads(handshake)
-    except orjson.JSONDecodeError:
+    try:  # read as every handshake is (duplicate keys refused), so that no reading differs from another
+        doc = load_json(handshake, "handshake")
+    except ProtocolError:
         return False
     claimed = doc.get("authHash") if isinstance(doc, dict) else None
     return isinstance(claimed, str) and hmac.compare_digest(claimed.encode(), secret.encode())

@@ -8,6 +8,9 @@ the scope's `subscribe` filters, if it has them; otherwise it is refused before 
 curious client cannot even ask. A sealed publication must use the scope's newest key version, and
 that version must not have been wrapped for anyone who has left the scope since: after a member
 leaves, nothing is accepted until the key is rotated.
+
+Announcing for an edge broker is a privilege too, since the broker answers an announcement with the
+filters of the subscriptions it could serve: the registry's `announce` section must cover it.
 """
 
 from __future__ import annotations
@@ -72,3 +75,14 @@ def admit_subscription(
     if bounds is not None and not covered_by_any(bounds, predicates):
         raise ProtocolError("data", f"not covered by any of the {len(bounds)} filters scope {scope!r} allows", 403)
     return not by_registry
+
+
+def admit_announcement(registry: Registry, principal: Principal, predicates: Sequence[Predicate]) -> None:
+    """Refuse (403) an announcement that none of the filters the registry lets the client announce
+    covers."""
+    allowed = registry.announce_filters_of(principal.identity)
+    if not allowed:
+        raise ProtocolError("authHash", "may not announce: the registry's announce section allows you nothing", 403)
+    if not covered_by_any(allowed, predicates):
+        problem = f"not covered by any of the {len(allowed)} filters the registry lets you announce"
+        raise ProtocolError("data", problem, 403)

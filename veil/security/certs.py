@@ -1,4 +1,5 @@
-"""Development certificates: a CA, a server certificate for the given host names, client certificates.
+"""Development certificates: a CA, a server certificate for the given host names, client certificates,
+and the CA's revocation list.
 
 For local TLS and tests only; production deployments bring certificates from their own CA.
 """
@@ -92,3 +93,28 @@ def create(
         _write(os.path.join(directory, f"client-{name}"), client_key, client)
         identities[name] = fingerprint(client.public_bytes(serialization.Encoding.DER))
     return identities
+
+
+def revoke(directory: str, clients: list[str]) -> str:
+    """Write crl.pem, the CA's list revoking these clients' certificates (none: an empty list), by a
+    rename, so that a broker reading it (`--crl`) never sees half a file; returns its path."""
+    with open(os.path.join(directory, "ca.pem"), "rb") as handle:
+        ca = x509.load_pem_x509_certificate(handle.read())
+    with open(os.path.join(directory, "ca-key.pem"), "rb") as handle:
+        ca_key = serialization.load_pem_private_key(handle.read(), None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{directory}/ca-key.pem: not the key of a CA this module made")
+    now = datetime.datetime.now(datetime.UTC)
+    builder = x509.CertificateRevocationListBuilder().issuer_name(ca.subject).last_update(now)
+    builder = builder.next_update(now + datetime.timedelta(days=1))
+    for name in clients:
+        with open(os.path.join(directory, f"client-{name}.pem"), "rb") as handle:
+            serial = x509.load_pem_x509_certificate(handle.read()).serial_number
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(now).build()
+        )
+    path = os.path.join(directory, "crl.pem")
+    with open(f"{path}.new", "wb") as handle:
+        handle.write(builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    os.replace(f"{path}.new", path)
+    return path

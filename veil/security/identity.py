@@ -40,6 +40,7 @@ class Credentials:
 class Principal(NamedTuple):
     identity: str
     attributes: Attributes = NONE
+    expires: float | None = None  # when the proving token expires (Unix time); None: it does not
 
 
 class TokenVerifier:
@@ -92,10 +93,11 @@ class TokenVerifier:
         subject = claims["sub"]
         if not isinstance(subject, str) or not subject:
             raise ProtocolError("token", "its subject is not a non-empty string", 401)
-        principal = Principal(subject, from_claims(claims))
+        expires = float(claims["exp"])
+        principal = Principal(subject, from_claims(claims), expires)
         if len(self._verified) >= VERIFIED_LIMIT:
             self._verified.clear()
-        self._verified[token] = (principal, float(claims["exp"]))
+        self._verified[token] = (principal, expires)
         return principal
 
     def _key(self, token: str) -> jwt.PyJWK:
@@ -118,11 +120,13 @@ class Authenticator:
         anonymous: bool,
         tokens: TokenVerifier | None,
         registry: Callable[[], Registry],
+        revoked: Callable[[bytes], bool] | None = None,
     ) -> None:
         self.methods = methods
         self.anonymous = anonymous
         self.tokens = tokens
         self._registry = registry
+        self._revoked = revoked  # whether a (verified) client certificate has been revoked since
 
     def identify(self, credentials: Credentials) -> str:
         """The identity the credentials prove; ProtocolError (401, or 403 for a contradiction)."""
@@ -133,6 +137,10 @@ class Authenticator:
         static hash carries none)."""
         identity = None
         attributes = NONE
+        expires = None
+        revoked = self._revoked
+        if credentials.certificate is not None and revoked is not None and revoked(credentials.certificate):
+            raise ProtocolError("certificate", "revoked (listed in the broker's certificate revocation list)", 401)
         if credentials.fingerprint is not None and "certificate" in self.methods:
             identity = credentials.fingerprint
             if credentials.certificate is not None:
@@ -140,7 +148,7 @@ class Authenticator:
         if credentials.token is not None:
             if "token" not in self.methods or self.tokens is None:
                 raise ProtocolError("token", "bearer tokens are not accepted by this broker", 401)
-            subject, stated = self.tokens.verify(credentials.token)
+            subject, stated, expires = self.tokens.verify(credentials.token)
             if identity is not None and subject != identity:
                 raise ProtocolError("token", "its subject is not the client certificate's identity", 403)
             identity = subject
@@ -162,7 +170,7 @@ class Authenticator:
                     "authHash", "static hashes are not accepted: use a client certificate or a bearer token", 401
                 )
         if identity is not None:
-            return Principal(identity, attributes)
+            return Principal(identity, attributes, expires)
         if self.anonymous:
             return Principal(ANONYMOUS)
         raise ProtocolError("authHash", "authentication required (client certificate, bearer token or authHash)", 401)

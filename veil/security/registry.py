@@ -19,6 +19,8 @@ offending field, whether the document came from a file at start or from the admi
     keys: {truckco: {k1: <base64 Ed25519 public key>}}
     recipients: {alice: <base64 X25519 public key>}   # what scope keys are wrapped for (sealing)
     scopes: {customs: {users: [alice], ...}}          # see security.scopes
+    announce:                               # user or "*" -> what its edge brokers may announce; an
+      sensors: [[{key: type, val: air, op: eq}]]   # announcement must be covered by one ([] = anything)
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from veil.security.scopes import Scopes, parse_scopes
 
 ANYONE = "*"
 ANONYMOUS = ""  # the identity of a client without credentials, where the operator allows them
-SECTIONS = ("admins", "hashes", "users", "groups", "rules", "policies", "cropping", "keys", "recipients", "scopes")
+SECTIONS = (
+    "admins", "hashes", "users", "groups", "rules", "policies", "cropping", "keys", "recipients", "scopes", "announce",
+)  # fmt: skip
 MAX_ID = 256
 MIN_SECRET = 8  # characters of a static hash: a secret a client proves itself with, not a name
 
@@ -68,6 +72,7 @@ class Registry:
     hashes: dict[str, str] = field(default_factory=dict)  # static hash (a secret) -> the user it proves
     recipients: dict[str, bytes] = field(default_factory=dict)  # user -> raw X25519 public key
     scopes: Scopes = field(default_factory=Scopes)
+    announce: dict[str, tuple[tuple[Predicate, ...], ...]] = field(default_factory=dict)  # user -> filters
     document: dict[str, Any] = field(default_factory=dict)  # as given, for persistence and the admin API
 
     def groups_of(self, user: str) -> frozenset[str]:
@@ -75,6 +80,10 @@ class Registry:
 
     def rules_of(self, user: str) -> tuple[tuple[Predicate, ...], ...]:
         return self.rules.get(user, ()) + (self.rules.get(ANYONE, ()) if user != ANYONE else ())
+
+    def announce_filters_of(self, user: str) -> tuple[tuple[Predicate, ...], ...]:
+        """What the user's edge brokers may announce (its own filters and anyone's)."""
+        return self.announce.get(user, ()) + (self.announce.get(ANYONE, ()) if user != ANYONE else ())
 
     def user_of_hash(self, secret: str) -> str | None:
         """The user a static hash proves (SPEC §3): only secrets the registry declares. A user id is a
@@ -112,6 +121,10 @@ def parse_registry(doc: object) -> Registry:
     rules = {
         user: tuple(parse_filter(rule, f"rules.{user}[{i}]") for i, rule in enumerate(_list(listed, f"rules.{user}")))
         for user, listed in _mapping(doc.get("rules", {}), "rules").items()
+    }
+    announce = {
+        user: tuple(parse_filter(f, f"announce.{user}[{i}]") for i, f in enumerate(_list(listed, f"announce.{user}")))
+        for user, listed in _mapping(doc.get("announce", {}), "announce").items()
     }
     policies = {
         publisher: tuple(
@@ -154,6 +167,7 @@ def parse_registry(doc: object) -> Registry:
         hashes=hashes,
         recipients=recipients,
         scopes=scopes,
+        announce=announce,
         document=doc,
     )
 

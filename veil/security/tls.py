@@ -36,9 +36,3 @@ def fingerprint(der: bytes) -> str:
 def peer_certificate(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> bytes | None:
     """The verified client certificate (DER), or None without one."""
     return (ssl_object.getpeercert(binary_form=True) or None) if ssl_object is not None else None
-
-
-def peer_identity(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str | None:
-    """The verified client certificate's fingerprint, or None without one."""
-    der = peer_certificate(ssl_object)
-    return fingerprint(der) if der else None

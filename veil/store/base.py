@@ -250,6 +250,10 @@ class GatewayStore(LogReader):
     def subscription_owner(self, sub_id: str) -> str | None: ...
 
     @abstractmethod
+    def live_subscription(self, sub_id: str) -> tuple[str, bytes] | None:
+        """(owner, body) of the subscription's live version, if it has one."""
+
+    @abstractmethod
     def subscription_number(self, sub_id: str) -> int | None:
         """The compact number a subscription id goes by in queues and feeds."""
 

@@ -158,6 +158,13 @@ class LogSql(Dialect):
         with self._read() as db:
             return _live_owner(db, sub_id)
 
+    def live_subscription(self, sub_id: str) -> tuple[str, bytes] | None:
+        with self._read() as db:
+            row = db.execute(
+                "SELECT owner, body FROM subscriptions WHERE sub_id = ? AND deleted IS NULL", (sub_id,)
+            ).fetchone()
+        return (row[0], bytes(row[1])) if row else None
+
     def subscription_number(self, sub_id: str) -> int | None:
         with self._read() as db:
             row = db.execute("SELECT no FROM subscription_numbers WHERE sub_id = ?", (sub_id,)).fetchone()
