@@ -53,6 +53,7 @@ async def serve_connection(
         return
     try:
         parsed = parse_handshake(handshake)
+        await gateway.registry.fresh()  # credentials revoked through another gateway are refused already
         if parsed.announcement_id:
             await run_edge(gateway, parsed, identity, send, close, receive)
             await close(None)

@@ -45,7 +45,8 @@ def build_gateway(config: Config) -> Gateway:
     threads = StoreThreads(open_store(config.store_url))
     ingest = Ingest(threads, config.max_pending, config.max_lag)
     hub = DeliveryHub(threads)
-    registry = CurrentRegistry(threads)
+    parsing = ThreadPoolExecutor(1, thread_name_prefix="parse")
+    registry = CurrentRegistry(threads, parsing, config.max_registry)
     tokens = TokenVerifier(config.jwks, config.token_issuer, config.token_audience) if config.jwks else None
     health = Health(threads, ingest, hub)
     metrics = Metrics()
@@ -58,7 +59,7 @@ def build_gateway(config: Config) -> Gateway:
         auth=Authenticator(config.auth_methods, config.anonymous, tokens, lambda: registry.current),
         registry=registry,
         admission=Admission(config.max_unauthenticated, config.read_timeout),
-        parsing=ThreadPoolExecutor(1, thread_name_prefix="parse"),
+        parsing=parsing,
         edges=EdgeChannels(),
         health=health,
         metrics=metrics,
