@@ -13,6 +13,7 @@ it was acknowledged. Parsing and serializing registries run off the event loop."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import hashlib
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from aiohttp import web
 from veil.gateway.store_threads import StoreThreads
 from veil.protocol import ProtocolError
 from veil.security.registry import Registry, load_registry_file, parse_registry, registry_from_json
-from veil.store import StaleRegistry
+from veil.store import StaleRegistry, StoreUnavailable
 
 FOLLOW_INTERVAL = 2.0  # seconds between looks for a version another gateway stored, between requests
 AMEND_ATTEMPTS = 8  # times a change is made again from a newer version before the client is told to retry
@@ -71,10 +72,11 @@ class CurrentRegistry:
         store = self._threads.store
         if file is not None:
             registry = await self._off_loop(load_registry_file, file)
-            digest = int.from_bytes(hashlib.sha256(registry.to_json()).digest()[:7], "big")
+            body = await self._off_loop(registry.to_json)
+            digest = int.from_bytes(hashlib.sha256(body).digest()[:7], "big")
             if await self._threads.read(store.registry_file_digest) != digest:
                 async with self._changing:
-                    await self._store(registry, await self._off_loop(registry.to_json), file_digest=digest)
+                    await self._store(registry, body, file_digest=digest)
                 return
         await self._adopt_stored()
 
@@ -82,7 +84,8 @@ class CurrentRegistry:
         """Adopt the versions other gateways store while no request asks (scope keys, admin changes)."""
         while True:
             await asyncio.sleep(FOLLOW_INTERVAL)
-            await self._adopt_stored()
+            with contextlib.suppress(StoreUnavailable):  # looked at again next time
+                await self.fresh()
 
     async def fresh(self) -> Registry:
         """The newest registry as of a look at the store that began after this call: a request
@@ -103,14 +106,17 @@ class CurrentRegistry:
             await asyncio.wait({after})
             self._look, self._next = self._next, None
         try:
-            if await self._threads.head(self._threads.store.registry_version) > self.version:
-                await self._adopt_stored()
+            await self._adopt_stored()
         finally:
             if self._look is asyncio.current_task() and self._next is None:
                 self._look = None
 
     async def _adopt_stored(self) -> None:
-        version, body = await self._threads.read(self._threads.store.newest_registry)
+        """The store's newest version, if it is newer: looked up first, read whole only then."""
+        store = self._threads.store
+        if await self._threads.head(store.registry_version) <= self.version:
+            return
+        version, body = await self._threads.read(store.newest_registry)
         if version > self.version:
             registry = await self._off_loop(registry_from_json, body)
             if version > self.version:  # no newer one adopted meanwhile
@@ -131,12 +137,13 @@ class CurrentRegistry:
         async with self._changing:
             for _ in range(AMEND_ATTEMPTS):
                 await self._adopt_stored()
-                if base is not None and base != self.version:
-                    raise stale(self.version, base)
-                registry, body = await self._off_loop(_edited, self.current, change)
+                current, version = self.current, self.version  # as one: a newer one may be adopted meanwhile
+                if base is not None and base != version:
+                    raise stale(version, base)
+                registry, body = await self._off_loop(_edited, current, change)
                 self._check_size(len(body))
                 try:
-                    return registry, await self._store(registry, body, base=self.version)
+                    return registry, await self._store(registry, body, base=version)
                 except StaleRegistry:
                     if base is not None:
                         raise
