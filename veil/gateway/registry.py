@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import hashlib
+import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -137,10 +137,10 @@ class CurrentRegistry:
         async with self._changing:
             for _ in range(AMEND_ATTEMPTS):
                 await self._adopt_stored()
-                current, version = self.current, self.version  # as one: a newer one may be adopted meanwhile
+                current, version, stored = self.current, self.version, self.body  # as one: see `fresh`
                 if base is not None and base != version:
                     raise stale(version, base)
-                registry, body = await self._off_loop(_edited, current, change)
+                registry, body = await self._off_loop(_edited, current, stored, change)
                 self._check_size(len(body))
                 try:
                     return registry, await self._store(registry, body, base=version)
@@ -170,8 +170,8 @@ class CurrentRegistry:
         return await asyncio.get_running_loop().run_in_executor(self._parsing, work, *args)
 
 
-def _edited(current: Registry, change: Callable[[Registry, dict], None]) -> tuple[Registry, bytes]:
-    document = copy.deepcopy(current.document)
+def _edited(current: Registry, stored: bytes, change: Callable[[Registry, dict], None]) -> tuple[Registry, bytes]:
+    document = json.loads(stored)  # a copy of `current.document`, ten times faster than copying it
     change(current, document)
     registry = parse_registry(document)
     return registry, registry.to_json()
