@@ -137,7 +137,7 @@ class CurrentRegistry:
         async with self._changing:
             for _ in range(AMEND_ATTEMPTS):
                 await self._adopt_stored()
-                current, version, stored = self.current, self.version, self.body  # as one: see `fresh`
+                current, version, stored = self.current, self.version, self.body  # together: a look may adopt more
                 if base is not None and base != version:
                     raise stale(version, base)
                 registry, body = await self._off_loop(_edited, current, stored, change)
