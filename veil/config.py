@@ -155,6 +155,15 @@ class Config:
     token_issuer: str | None = _opt(None, "required issuer (iss) of bearer tokens", ("VEIL_TOKEN_ISSUER",), str)
     token_audience: str | None = _opt(None, "required audience (aud) of bearer tokens", ("VEIL_TOKEN_AUDIENCE",), str)
     max_body: int = _opt(1 << 20, "largest accepted request body in bytes", ("VEIL_MAX_BODY",))
+    max_registry: int = _opt(
+        1 << 20, "largest registry in bytes that changes through the API may make (each change stores a whole "
+        "copy, which every gateway and the pipeline parse)",
+        ("VEIL_MAX_REGISTRY",),
+    )  # fmt: skip
+    max_publisher_rules: int = _opt(
+        64 * 1024, "largest policies and cropping rules in bytes one publisher may set (/publisher/rules)",
+        ("VEIL_MAX_PUBLISHER_RULES",),
+    )  # fmt: skip
     max_lag: int = _opt(200000, "log entries the pipeline may lag behind before publishes get 503", ("VEIL_MAX_LAG",))
     max_pending: int = _opt(
         20000, "publications waiting for a commit before publishes get 503 (also the largest batch)",
@@ -290,6 +299,8 @@ class Config:
             raise ValueError(f"--registry: no such file {self.registry!r}")
         if min(self.max_batch_rows, self.max_batch_matches, self.max_body) < 1:
             raise ValueError("--max-batch-rows, --max-batch-matches and --max-body must be positive")
+        if min(self.max_registry, self.max_publisher_rules) < 1:
+            raise ValueError("--max-registry and --max-publisher-rules must be positive")
         if not 0 <= self.round_gap_ms <= 10_000:
             raise ValueError("--round-gap-ms: from 0 to 10000")
         if not 1 <= self.epoch_seconds <= 3600:

@@ -105,7 +105,8 @@ async def test_the_registry_is_for_admins_and_a_replacement_is_logged(http, gate
     response = await http.get("/admin/registry", headers={"X-Auth-Hash": ALICE})
     assert response.status == 403
     registry = {**orjson.loads(gateway.registry.current.to_json()), "admins": ["root", "alice"]}
-    response = await http.put("/admin/registry", data=orjson.dumps(registry), headers={"X-Auth-Hash": ROOT})
+    headers = {"X-Auth-Hash": ROOT, "X-Registry-Version": str(gateway.registry.version)}
+    response = await http.put("/admin/registry", data=orjson.dumps(registry), headers=headers)
     assert response.status == 200 and "alice" in (await response.json())["admins"]
     assert (await http.get("/admin/registry", headers={"X-Auth-Hash": ALICE})).status == 200
     assert orjson.loads(gateway.threads.store.registry_at())["admins"] == ["root", "alice"]

@@ -31,7 +31,9 @@ def registry(members: list[str], **scope: object) -> dict:
 
 
 async def put_registry(http, doc: dict) -> None:
-    response = await http.put("/admin/registry", data=orjson.dumps(doc), headers={"X-Auth-Hash": ROOT})
+    version = (await http.get("/admin/registry", headers={"X-Auth-Hash": ROOT})).headers["X-Registry-Version"]
+    headers = {"X-Auth-Hash": ROOT, "X-Registry-Version": version}
+    response = await http.put("/admin/registry", data=orjson.dumps(doc), headers=headers)
     assert response.status == 200, await response.text()
 
 
@@ -129,9 +131,9 @@ async def test_subscriptions_in_a_scope_are_admitted_only_inside_its_filters(htt
 
 async def test_a_gateway_adopts_the_versions_another_gateway_stored(gateway, monkeypatch):
     """A scope key stored through one gateway is known to the others on the store within moments."""
-    other = CurrentRegistry(gateway.threads)
+    other = CurrentRegistry(gateway.threads, gateway.parsing, gateway.config.max_registry)
     await other.load(None)
-    await gateway.registry.replace(parse_registry(registry(["alice"])))
+    await gateway.registry.replace(parse_registry(registry(["alice"])), gateway.registry.version)
     await gateway.registry.amend(lambda _, doc: doc["scopes"]["customs"]["users"].append("bob"))
     monkeypatch.setattr(registry_module, "FOLLOW_INTERVAL", 0.01)
     following = asyncio.create_task(other.follow())

@@ -41,6 +41,14 @@ def constraints(draw: st.DrawFn, most: int = 2) -> list[dict]:
 
 
 @st.composite
+def policies(draw: st.DrawFn) -> list[dict]:
+    return [
+        {"data": draw(constraints()), "group": draw(st.sampled_from([*GROUPS, "*"]))}
+        for _ in range(draw(st.integers(0, 2)))
+    ]
+
+
+@st.composite
 def registries(draw: st.DrawFn) -> dict:
     named = [u for u in USERS if u]
     doc: dict = {"users": {u: {"groups": draw(st.lists(st.sampled_from(GROUPS), unique=True))} for u in named}}
@@ -48,13 +56,9 @@ def registries(draw: st.DrawFn) -> dict:
         user: draw(st.lists(constraints(), max_size=2))
         for user in draw(st.lists(st.sampled_from([*named, "*"]), unique=True))
     }
-    doc["policies"] = {
-        publisher: [
-            {"data": draw(constraints()), "group": draw(st.sampled_from([*GROUPS, "*"]))}
-            for _ in range(draw(st.integers(0, 2)))
-        ]
-        for publisher in ("p0", "p1")
-    }
+    doc["policies"] = {publisher: draw(policies()) for publisher in ("p0", "p1")}
+    # what publishers set themselves: policies that hold beside the admins'
+    doc["publishers"] = {publisher: {"policies": draw(policies())} for publisher in ("p0", "p1") if draw(st.booleans())}
     doc["cropping"] = {
         publisher: [
             {
@@ -154,6 +158,30 @@ def test_pipeline_delivers_exactly_what_the_oracle_allows(registry_doc, with_aut
             assert orjson.loads(copy) == expected_copy
             kept = flatten(orjson.loads(copy))
             assert not any(key == name or key.startswith(name + ".") for key in kept for name in removed)
+
+
+def test_a_publisher_cannot_lift_the_admins_policy_with_one_of_its_own():
+    """An admin's policy keeps fleet's truck-bcd to group A; fleet's own policy opening it to anyone
+    (or to another group) does not widen it, in the oracle and in the pipeline alike."""
+    truck = [{"key": "id", "val": "truck-b", "op": "eq"}]
+    for group, expected in (("*", [True, False]), ("g1", [False, False])):
+        doc = {
+            "users": {"u0": {"groups": ["g0"]}, "u1": {"groups": ["g1"]}},
+            "rules": {"*": [[]]},
+            "policies": {"fleet": [{"data": truck, "group": "g0"}]},
+            "publishers": {"fleet": {"policies": [{"data": [], "group": group}]}},
+        }
+        registry = parse_registry(doc)
+        attributes = {"id": "truck-b"}
+        assert [decide(registry, True, "fleet", attributes, user)[0] for user in ("u0", "u1")] == expected
+        state = State(orjson.dumps(doc), True)
+        for number, user in enumerate(("u0", "u1")):
+            state.add(f"s{number}", number, user, encode_subscription([], scope=""))
+        run, out = _Run(), _Output()
+        run.add(1, orjson.dumps(attributes), "fleet", 0)
+        run.match(state, out)
+        rows = pa.Table.from_batches(out.take()).to_pydict()
+        assert sorted(n for n in rows["sub_no"] if n != MARK) == [n for n, allowed in enumerate(expected) if allowed]
 
 
 def test_the_border_agency_example():

@@ -12,7 +12,7 @@ import base64
 import contextlib
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import quote, urlsplit
 
 import aiohttp
@@ -41,6 +41,9 @@ from veil.security.tls import client_context
 ERROR_KEYS = frozenset({"error", "field", "status"})
 MAX_FAILURES = 60
 ACK_EVERY = 256
+REGISTRY_VERSION = "X-Registry-Version"  # the registry version an answer shows, and a change is based on
+CHANGE_ATTEMPTS = 8  # read-modify-write changes redone after another client's change came first (409)
+T = TypeVar("T")
 
 
 class Delivery(NamedTuple):
@@ -92,6 +95,7 @@ class VeilClient:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._http: aiohttp.ClientSession | None = None
         self.positions: dict[str, int] = {}  # last consumed sequence number per subscription
+        self.registry_version: int | None = None  # of the registry this client last read or changed
         self.keyring = ScopeKeyring(recipient_key, self._envelope) if recipient_key is not None else None
 
     async def __aenter__(self) -> VeilClient:
@@ -130,6 +134,9 @@ class VeilClient:
         headers = {**self._headers(content_type), **(extra or {})}
         async with self.http().request(method, f"{self.url}{path}", data=body, headers=headers) as response:
             payload = await response.read()
+            version = response.headers.get(REGISTRY_VERSION)
+            if version is not None and version.isdigit():
+                self.registry_version = int(version)
             if response.status != 200:
                 raise error_from_body(response.status, payload)
             return orjson.loads(payload) if payload else None
@@ -197,7 +204,14 @@ class VeilClient:
 
     async def rotate_scope_key(self, scope: str) -> tuple[int, list[str]]:
         """As the scope's manager: a new key version, wrapped for every member the registry lists a
-        recipient key for. Returns the version and the members left without it (no recipient key)."""
+        recipient key for. Returns the version and the members left without it (no recipient key).
+        When another rotation or registry change came first (409), rotates again from the newest."""
+        return await _redone(
+            lambda: self._rotate(scope),
+            lambda field: field in ("version", REGISTRY_VERSION) or field.startswith("envelopes."),
+        )
+
+    async def _rotate(self, scope: str) -> tuple[int, list[str]]:
         path = f"/scopes/{quote(scope, safe='')}"
         described = await self.request(path, b"", method="GET")
         key = ScopeKey.new(scope, described["version"] + 1)
@@ -238,11 +252,28 @@ class VeilClient:
             doc["authHash"] = self.auth_hash
         await self.request("/unpublish", orjson.dumps(doc))
 
-    async def registry(self, document: dict | None = None) -> dict:
-        """The broker's registry (admins only); with `document`, replace it first."""
+    async def registry(self, document: dict | None = None, *, version: int | None = None) -> dict:
+        """The broker's registry (admins only); with `document`, replace it first: the version it was
+        made from is `version`, by default the one this client last read (`registry_version`). If
+        another change was stored since, the broker refuses (`Replaced`, 409) and nothing changes:
+        `change_registry` reads, edits and writes again until its change lands."""
         if document is None:
             return await self.request("/admin/registry", b"", method="GET")
-        return await self.request("/admin/registry", orjson.dumps(document), method="PUT")
+        base = self.registry_version if version is None else version
+        extra = None if base is None else {REGISTRY_VERSION: str(base)}
+        return await self.request("/admin/registry", orjson.dumps(document), extra=extra, method="PUT")
+
+    async def change_registry(self, edit: Callable[[dict], None]) -> dict:
+        """Change the registry (admins only): `edit` changes the newest document in place; when another
+        change was stored between the read and the write, the change is made again on the newer one."""
+
+        async def changed() -> dict:
+            document = await self.registry()
+            version = self.registry_version  # this read's, whatever other calls read meanwhile
+            edit(document)
+            return await self.registry(document, version=version)
+
+        return await _redone(changed, lambda field: field == REGISTRY_VERSION)
 
     async def publish_batch(self, publications: list[dict]) -> list[str]:
         body = b"\n".join(orjson.dumps(p) for p in publications)
@@ -302,6 +333,18 @@ class VeilClient:
                 result = callback(delivery)
                 if asyncio.iscoroutine(result):
                     await result
+
+
+async def _redone(change: Callable[[], Awaitable[T]], conflicting: Callable[[str], bool]) -> T:
+    """A read-modify-write `change`, made again from the start while another client's change came
+    first (409 naming a field that is `conflicting`), up to CHANGE_ATTEMPTS times in all."""
+    for _ in range(CHANGE_ATTEMPTS - 1):
+        try:
+            return await change()
+        except Replaced as exc:
+            if not conflicting(exc.field):
+                raise
+    return await change()
 
 
 class DeliveryStream:

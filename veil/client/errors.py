@@ -33,8 +33,8 @@ class NotFound(VeilError):
 
 
 class Replaced(VeilError):
-    """409: another connection took over the subscription, or a scope key version is not (or no
-    longer) the one to seal with."""
+    """409: another connection took over the subscription, a scope key version is not (or no
+    longer) the one to seal with, or the registry changed since the version a change was made from."""
 
 
 class Gone(VeilError):

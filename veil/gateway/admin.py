@@ -9,7 +9,8 @@ from aiohttp import web
 
 from veil.gateway.context import GATEWAY, Gateway
 from veil.gateway.errors import json_response
-from veil.gateway.http import body_of, client_of, parsed
+from veil.gateway.http import body_of, client_of, parsed, sized
+from veil.gateway.registry import VERSION_HEADER, base_version
 from veil.protocol import ProtocolError
 from veil.protocol.limits import load_json
 from veil.security.registry import parse_registry
@@ -41,14 +42,22 @@ def admin(gateway: Gateway, request: web.Request) -> str:
 @routes.get("/admin/registry")
 @routes.put("/admin/registry")
 async def registry(request: web.Request) -> web.Response:
-    """Read or replace the registry; only its admins may."""
+    """Read or replace the registry; only its admins may. A replacement names the version it was made
+    from (`X-Registry-Version`, as the GET answered): 409 naming the newest if another change was
+    stored since, so that no one's change is undone unseen."""
     gateway = request.app[GATEWAY]
     admin(gateway, request)
+    current = gateway.registry
     if request.method == "PUT":
         raw = await body_of(gateway, request)
         document = await parsed(gateway, raw, load_json, "body", gateway.limits)
-        await gateway.registry.replace(parse_registry(document))
-    return web.Response(body=gateway.registry.current.to_json(), content_type="application/json")
+        replacement = await sized(gateway, len(raw), parse_registry, document)
+        if not replacement.admins:
+            raise ProtocolError("admins", "the last administrator cannot be removed: name at least one", 409)
+        base = base_version(request, required=True)
+        await current.replace(replacement, base)
+    headers = {VERSION_HEADER: str(current.version)}
+    return web.Response(body=current.body, content_type="application/json", headers=headers)
 
 
 @routes.get("/admin/quarantine")

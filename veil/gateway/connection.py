@@ -58,6 +58,7 @@ async def serve_connection(
         return
     try:
         parsed = parse_handshake(handshake)
+        await gateway.registry.fresh()  # credentials revoked through another gateway are refused already
         fingerprinted = fingerprint(certificate) if certificate else None
         principal = gateway.auth.principal(Credentials(fingerprinted, parsed.token, parsed.auth_hash, certificate))
     except ProtocolError as exc:

@@ -16,8 +16,16 @@ from aiohttp.web_request import BaseRequest
 
 from veil.gateway.context import GATEWAY
 from veil.gateway.ingest import Overloaded
+from veil.gateway.registry import stale
 from veil.protocol import ProtocolError
-from veil.store import NotOwner, StoreUnavailable, UnknownAnnouncement, UnknownPublication, UnknownSubscription
+from veil.store import (
+    NotOwner,
+    StaleRegistry,
+    StoreUnavailable,
+    UnknownAnnouncement,
+    UnknownPublication,
+    UnknownSubscription,
+)
 
 log = logging.getLogger("veil.gateway")
 STORE_RETRY_AFTER = 5  # seconds, when the store cannot take writes
@@ -45,6 +53,7 @@ ANSWERS: dict[type[Exception], Callable[[Exception], Answer]] = {
     Overloaded: _overloaded,  # type: ignore[dict-item]
     StoreUnavailable: _unavailable,  # type: ignore[dict-item]
     NotOwner: _not_owner,  # type: ignore[dict-item]
+    StaleRegistry: lambda exc: (stale(exc.current, exc.base), None),  # type: ignore[attr-defined]
     UnknownSubscription: lambda exc: (ProtocolError("subscriptionId", "unknown subscription", 404), None),
     UnknownAnnouncement: lambda exc: (ProtocolError("announcementId", "unknown announcement", 404), None),
     UnknownPublication: lambda exc: (ProtocolError("id", "no publication with this id is still valid", 404), None),

@@ -4,18 +4,33 @@ off the event loop when it is large."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from aiohttp import web
 
-from veil.gateway.context import Gateway
+from veil.gateway.context import GATEWAY, Gateway
 from veil.protocol import ProtocolError
 from veil.security.identity import Credentials, Principal
 from veil.security.tls import fingerprint, peer_certificate
 
+# routes that authenticate no one: answered without looking at the store's registry
+PUBLIC_ROUTES = frozenset({"/health", "/ready", "/metrics", "/openapi.json", "/dashboard", "/dashboard/{asset}"})
 PARSE_OFF_LOOP = 64 * 1024  # bodies larger than this are parsed on a thread, so the loop serves others meanwhile
 T = TypeVar("T")
+
+
+@web.middleware
+async def current_registry(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """A request that may authenticate someone waits for a look at the store's newest registry
+    version (`CurrentRegistry.fresh`): a static hash revoked through another gateway is refused here
+    as soon as the revocation was acknowledged."""
+    resource = request.match_info.route.resource
+    if resource is not None and resource.canonical not in PUBLIC_ROUTES:
+        await request.app[GATEWAY].registry.fresh()
+    return await handler(request)
 
 
 def certificate_of(request: web.Request) -> bytes | None:

@@ -28,8 +28,9 @@ ERROR_MEANINGS = {
     403: "the client may not do this",
     404: "what the request names does not exist",
     408: "the body did not arrive within the read timeout",
-    409: "the request conflicts with the current state (a stale key version, a taken id)",
-    413: "the request is larger than a limit (body, lines of a batch, attributes, constraints)",
+    409: "the request conflicts with the current state (a stale key or registry version, a taken id)",
+    413: "the request is larger than a limit (body, lines of a batch, attributes, constraints, rules)",
+    428: "the change must name the registry version it was made from (X-Registry-Version)",
     503: "the broker sheds load or its store cannot take writes now: retry after `Retry-After` seconds",
 }
 BODY_ERRORS = (400, 401, 403, 408, 413, 503)
@@ -166,6 +167,14 @@ SCHEMAS: dict[str, Schema] = {
     "PublisherRules": _object(
         {"policies": {"type": "array"}, "cropping": {"type": "array"}}, ()
     ),
+    "PublisherRulesRead": _object(
+        {
+            "policies": {"type": "array"}, "cropping": {"type": "array"},
+            "admins": {**_object({"policies": {"type": "array"}, "cropping": {"type": "array"}}, ()),
+                       "description": "what the admins set on your publications: it holds beside yours"},
+        },
+        ("policies", "cropping", "admins"),
+    ),
     "ScopeMembers": _object(
         {
             "scope": STRING, "version": INTEGER,
@@ -205,6 +214,22 @@ def _body(schema: Schema, description: str = "") -> Schema:
 
 def _auth_header() -> Schema:
     return {"name": "X-Auth-Hash", "in": "header", "required": False, "schema": AUTH_HASH}
+
+
+def _version_header(required: bool = False) -> Schema:
+    return {
+        "name": "X-Registry-Version", "in": "header", "required": required,
+        "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"},
+        "description": "the registry version the change was made from, as a read answered it: 409 naming the "
+        "newest if another change was stored since",
+    }  # fmt: skip
+
+
+VERSION_ANSWER = {"X-Registry-Version": {"schema": STRING, "description": "the registry version answered with"}}
+
+
+def _versioned(schema: Schema) -> Schema:
+    return {**_json(schema), "headers": VERSION_ANSWER}
 
 
 def _path(name: str, schema: Schema, description: str) -> Schema:
@@ -279,13 +304,13 @@ PATHS: dict[str, Schema] = {
     "/admin/registry": {
         "get": _operation(
             "The registry in force (administrators)",
-            {"200": _json(_ref("Registry")), **_errors(400, 401, 403)},
+            {"200": _versioned(_ref("Registry")), **_errors(400, 401, 403, 503)},
             parameters=[_auth_header()],
         ),
         "put": _operation(
-            "Replace the registry: a new version in the log (administrators)",
-            {"200": _json(_ref("Registry")), **_errors(*BODY_ERRORS)},
-            parameters=[_auth_header()],
+            "Replace the registry: a new version in the log (administrators); the last admin stays (409)",
+            {"200": _versioned(_ref("Registry")), **_errors(*BODY_ERRORS, 409, 428)},
+            parameters=[_auth_header(), _version_header(required=True)],
             requestBody=_body(_ref("Registry")),
         ),
     },
@@ -306,13 +331,13 @@ PATHS: dict[str, Schema] = {
     "/publisher/rules": {
         "get": _operation(
             "The subscription policies and cropping rules of your own publications",
-            {"200": _json(_ref("PublisherRules")), **_errors(400, 401, 403)},
+            {"200": _versioned(_ref("PublisherRulesRead")), **_errors(400, 401, 403, 503)},
             parameters=[_auth_header()],
         ),
         "put": _operation(
             "Replace your policies and/or cropping rules (a section left out stays as it is)",
-            {"200": _json(_ref("PublisherRules")), **_errors(*BODY_ERRORS)},
-            parameters=[_auth_header()],
+            {"200": _versioned(_ref("PublisherRulesRead")), **_errors(*BODY_ERRORS, 409)},
+            parameters=[_auth_header(), _version_header()],
             requestBody=_body(_ref("PublisherRules")),
         ),
     },
@@ -326,10 +351,10 @@ PATHS: dict[str, Schema] = {
     "/scopes/{scope}/keys/{version}": {
         "put": _operation(
             "Store a key version wrapped for each member (its managers)",
-            {"200": _json(_ref("ScopeVersion")), **_errors(*BODY_ERRORS, 404, 409)},
+            {"200": _versioned(_ref("ScopeVersion")), **_errors(*BODY_ERRORS, 404, 409)},
             parameters=[
                 _auth_header(), _path("scope", STRING, "the scope's name"),
-                _path("version", STRING, "the next version, or the newest to add members"),
+                _path("version", STRING, "the next version, or the newest to add members"), _version_header(),
             ],
             requestBody=_body(_ref("ScopeKeys")),
         )

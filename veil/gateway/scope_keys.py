@@ -1,7 +1,9 @@
 """Scope keys through the broker (SPEC §7): a scope's manager stores each version of the key wrapped
 for every member (`security.sealing.wrap`), and a member fetches the envelope wrapped for itself.
 The broker keeps and hands out envelopes it cannot open; the registry holds them, so every gateway
-and the log agree on which versions exist and who holds them.
+and the log agree on which versions exist and who holds them. Two managers storing at once through
+any gateways are serialized by the registry's version (`gateway.registry`): the second is checked
+against what the first stored, so it adds its envelopes beside the first's or gets 409.
 
     GET /scopes/{scope}                 manager: the newest version, each member's recipient key
     PUT /scopes/{scope}/keys/{version}  manager: {"envelopes": {member: base64}}; the next version,
@@ -18,6 +20,7 @@ from aiohttp import web
 from veil.gateway.context import GATEWAY
 from veil.gateway.errors import json_response
 from veil.gateway.http import body_of, client_of, parsed
+from veil.gateway.registry import VERSION_HEADER, base_version
 from veil.protocol import ProtocolError
 from veil.protocol.limits import load_json
 from veil.security.registry import Registry
@@ -88,8 +91,10 @@ async def store_version(request: web.Request) -> web.Response:
             raise ProtocolError(f"envelopes.{replaced[0]}", f"already holds version {version}: rotate instead", 409)
         held.update(envelopes)
 
-    await gateway.registry.amend(change)
-    return json_response({"scope": name, "version": version})
+    _, stored = await gateway.registry.amend(change, base_version(request))
+    response = json_response({"scope": name, "version": version})
+    response.headers[VERSION_HEADER] = str(stored)
+    return response
 
 
 @routes.get("/scopes/{scope}/key")

@@ -46,7 +46,8 @@ def build_gateway(config: Config) -> Gateway:
     threads = StoreThreads(open_store(config.store_url))
     ingest = Ingest(threads, config.max_pending, config.max_lag)
     hub = DeliveryHub(threads)
-    registry = CurrentRegistry(threads)
+    parsing = ThreadPoolExecutor(1, thread_name_prefix="parse")
+    registry = CurrentRegistry(threads, parsing, config.max_registry)
     tokens = TokenVerifier(config.jwks, config.token_issuer, config.token_audience) if config.jwks else None
     revoked = RevocationList(config.crl, config.client_ca).revoked if config.crl and config.client_ca else None
     health = Health(threads, ingest, hub)
@@ -60,7 +61,7 @@ def build_gateway(config: Config) -> Gateway:
         auth=Authenticator(config.auth_methods, config.anonymous, tokens, lambda: registry.current, revoked),
         registry=registry,
         admission=Admission(config.max_unauthenticated, config.read_timeout),
-        parsing=ThreadPoolExecutor(1, thread_name_prefix="parse"),
+        parsing=parsing,
         edges=EdgeChannels(),
         health=health,
         metrics=metrics,

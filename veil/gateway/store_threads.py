@@ -1,7 +1,8 @@
 """Store access from the event loop: blocking store calls run on two dedicated threads, one for
 writes (so that writes never contend with each other and group commits stay large) and one for
 reads (so that a slow commit never delays pushing deliveries); a third waits for the store's signal
-of new deliveries, where it has one."""
+of new deliveries, where it has one; a fourth looks up the registry's newest version, which every
+request waits for, so that the look never queues behind a large read."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class StoreThreads:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="store-write")
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="store-read")
         self._waiter = ThreadPoolExecutor(1, thread_name_prefix="store-wait")
+        self._head = ThreadPoolExecutor(1, thread_name_prefix="store-head")
         self.failure: tuple[float, str] | None = None  # (monotonic time, error) of the last failed write
 
     async def write(self, call: Callable[..., T], *args: object) -> T:
@@ -35,6 +37,9 @@ class StoreThreads:
     async def read(self, call: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._reader, call, *args)
 
+    async def head(self, call: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._head, call, *args)
+
     async def wait(self, call: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._waiter, call, *args)
 
@@ -42,4 +47,5 @@ class StoreThreads:
         self._writer.shutdown(wait=True)
         self._reader.shutdown(wait=True)
         self._waiter.shutdown(wait=True)
+        self._head.shutdown(wait=True)
         self.store.close()

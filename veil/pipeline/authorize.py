@@ -17,7 +17,7 @@ from veil.matching import SubscriptionIndex
 from veil.pipeline.numbering import user_number, users_numbered
 from veil.pipeline.visibility import Visibility
 from veil.security.authorization import crop
-from veil.security.registry import ANYONE, Registry
+from veil.security.registry import ANYONE, Policy, Registry
 
 EVERYONE = -2  # the number a rule for "*" is filed under
 RULE_CHUNK = 16  # rules per user checked together
@@ -65,6 +65,32 @@ class _Targets:
         return np.repeat(pubs, lengths) * width + self.user_of[picks], np.repeat(entries, lengths)
 
 
+class _Policies:
+    """One set of publishers' policies: a pair passes when no policy of the set applies to its
+    publication, or one that applies names its subscriber's group (or anyone)."""
+
+    def __init__(self, registry: Registry, policies: dict[str, tuple[Policy, ...]]) -> None:
+        self.index = SubscriptionIndex()
+        self.targets = _Targets()
+        for publisher, listed in policies.items():
+            for policy in listed:
+                members = registry.members.get(policy.group, frozenset())
+                entry = self.targets.add(publisher, sorted(members), open_to_all=policy.group == ANYONE)
+                self.index.add(str(entry), policy.data, entry)
+        self.targets.freeze()
+
+    def allowed(
+        self, documents: Sequence[dict], publishers: np.ndarray, pubs: np.ndarray, keys: np.ndarray, width: int
+    ) -> np.ndarray:
+        hit_pubs, entries = self.targets.hits(self.index, documents, publishers)
+        restricted = np.zeros(len(documents), bool)
+        restricted[hit_pubs] = True
+        open_pubs = np.zeros(len(documents), bool)
+        open_pubs[hit_pubs[self.targets.open_of[entries]]] = True
+        members, _ = self.targets.keys(hit_pubs, entries, width)
+        return ~restricted[pubs] | open_pubs[pubs] | np.isin(keys, members)
+
+
 class Authorizer:
     """One registry version, compiled for batches."""
 
@@ -80,14 +106,12 @@ class Authorizer:
                 if i // RULE_CHUNK == len(self._rules):
                     self._rules.append(SubscriptionIndex())
                 self._rules[i // RULE_CHUNK].add(f"{i}\x00{user}", rule, number)
-        self._policies = SubscriptionIndex()
-        self._policy = _Targets()
-        for publisher, policies in registry.policies.items():
-            for policy in policies:
-                members = registry.members.get(policy.group, frozenset())
-                entry = self._policy.add(publisher, sorted(members), open_to_all=policy.group == ANYONE)
-                self._policies.add(str(entry), policy.data, entry)
-        self._policy.freeze()
+        # the admins' policies and the publishers' own, each a condition of its own
+        self._policies = [
+            compiled
+            for compiled in (_Policies(registry, registry.policies), _Policies(registry, registry.publisher_policies))
+            if len(compiled.index)
+        ]
         self._crops = SubscriptionIndex()
         self._crop = _Targets()
         self._fields: list[tuple[str, ...]] = []
@@ -101,7 +125,7 @@ class Authorizer:
 
     @property
     def passes_everything(self) -> bool:
-        return not self.with_authorization and not len(self._policies) and not len(self._crops)
+        return not self.with_authorization and not self._policies and not len(self._crops)
 
     def _allowed(self, documents: Sequence[dict], pubs: np.ndarray, keys: np.ndarray, width: int) -> np.ndarray:
         """Which pairs some rule of the subscriber (or of anyone) allows."""
@@ -146,14 +170,8 @@ class Authorizer:
         if self.with_authorization:
             keep &= self._allowed(documents, pubs, keys, width)
         publisher_numbers = np.array([user_number(p) for p in publishers], np.int64)
-        if len(self._policies):
-            hit_pubs, entries = self._policy.hits(self._policies, documents, publisher_numbers)
-            restricted = np.zeros(len(documents), bool)
-            restricted[hit_pubs] = True
-            open_pubs = np.zeros(len(documents), bool)
-            open_pubs[hit_pubs[self._policy.open_of[entries]]] = True
-            members, _ = self._policy.keys(hit_pubs, entries, width)
-            keep &= ~restricted[pubs] | open_pubs[pubs] | np.isin(keys, members)
+        for policies in self._policies:
+            keep &= policies.allowed(documents, publisher_numbers, pubs, keys, width)
         copies: list[tuple[int, bytes]] = []
         if len(self._crops):
             hit_pubs, entries = self._crop.hits(self._crops, documents, publisher_numbers)

@@ -5,8 +5,10 @@ delivered copy.
 A pair passes when the publication is visible in the subscription's scope and the subscriber is in
 that scope (`security.scopes`), when (with authorization on) some rule of the subscriber, or of anyone ("*"), matches
 the publication, and, if the publication matches policies of its publisher, the subscriber is in the
-group of at least one of them ("*" = anyone, anonymous included). Cropping rules of the publisher
-that match the publication and name the subscriber or one of its groups remove their fields.
+group of at least one of them ("*" = anyone, anonymous included), for the policies the admins set and
+for those the publisher set itself, each on their own: a publisher's own cannot lift the admins'.
+Cropping rules of the publisher that match the publication and name the subscriber or one of its
+groups remove their fields.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ def decide(
         return False, frozenset()
     if with_authorization and not any(matches(list(rule), attributes) for rule in registry.rules_of(subscriber)):
         return False, frozenset()
-    applying = [p for p in registry.policies.get(publisher, ()) if matches(list(p.data), attributes)]
-    if applying and not any(p.group == ANYONE or p.group in groups for p in applying):
-        return False, frozenset()
+    for policies in (registry.policies, registry.publisher_policies):  # the admins' hold whatever the publisher sets
+        applying = [p for p in policies.get(publisher, ()) if matches(list(p.data), attributes)]
+        if applying and not any(p.group == ANYONE or p.group in groups for p in applying):
+            return False, frozenset()
     cropped = frozenset(
         name
         for crop in registry.cropping.get(publisher, ())

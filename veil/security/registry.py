@@ -16,6 +16,8 @@ offending field, whether the document came from a file at start or from the admi
       truckco: [{data: [{key: id, val: truck-bcd, op: eq}], group: A}]   # the group ("*" = anyone)
     cropping:                               # publisher -> fields removed from the copy for users/groups
       salesco: [{data: [{key: _type, val: sale_statistics, op: eq}], fields: [amount], groups: [A]}]
+    publishers:                             # what publishers set themselves (/publisher/rules): policies
+      truckco: {policies: [...], cropping: [...]}   # that hold beside the admins', which they cannot lift
     keys: {truckco: {k1: <base64 Ed25519 public key>}}
     recipients: {alice: <base64 X25519 public key>}   # what scope keys are wrapped for (sealing)
     scopes: {customs: {users: [alice], ...}}          # see security.scopes
@@ -29,8 +31,9 @@ import base64
 import binascii
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from veil.matching import Predicate
 from veil.protocol import ProtocolError
@@ -40,10 +43,13 @@ from veil.security.scopes import Scopes, parse_scopes
 ANYONE = "*"
 ANONYMOUS = ""  # the identity of a client without credentials, where the operator allows them
 SECTIONS = (
-    "admins", "hashes", "users", "groups", "rules", "policies", "cropping", "keys", "recipients", "scopes", "announce",
+    "admins", "hashes", "users", "groups", "rules", "policies", "cropping", "keys", "recipients", "scopes",
+    "announce", "publishers",
 )  # fmt: skip
+PUBLISHER_SECTIONS = ("policies", "cropping")  # what a publisher sets of its own
 MAX_ID = 256
 MIN_SECRET = 8  # characters of a static hash: a secret a client proves itself with, not a name
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -66,8 +72,9 @@ class Registry:
     users: frozenset[str] = frozenset()
     members: dict[str, frozenset[str]] = field(default_factory=dict)  # group -> user ids
     rules: dict[str, tuple[tuple[Predicate, ...], ...]] = field(default_factory=dict)
-    policies: dict[str, tuple[Policy, ...]] = field(default_factory=dict)
-    cropping: dict[str, tuple[Crop, ...]] = field(default_factory=dict)
+    policies: dict[str, tuple[Policy, ...]] = field(default_factory=dict)  # the admins'
+    publisher_policies: dict[str, tuple[Policy, ...]] = field(default_factory=dict)  # the publishers' own
+    cropping: dict[str, tuple[Crop, ...]] = field(default_factory=dict)  # the admins' and the publishers'
     keys: dict[str, dict[str, bytes]] = field(default_factory=dict)  # publisher -> key id -> raw key
     hashes: dict[str, str] = field(default_factory=dict)  # static hash (a secret) -> the user it proves
     recipients: dict[str, bytes] = field(default_factory=dict)  # user -> raw X25519 public key
@@ -126,18 +133,19 @@ def parse_registry(doc: object) -> Registry:
         user: tuple(parse_filter(f, f"announce.{user}[{i}]") for i, f in enumerate(_list(listed, f"announce.{user}")))
         for user, listed in _mapping(doc.get("announce", {}), "announce").items()
     }
-    policies = {
-        publisher: tuple(
-            _policy(p, f"policies.{publisher}[{i}]") for i, p in enumerate(_list(listed, f"policies.{publisher}"))
-        )
-        for publisher, listed in _mapping(doc.get("policies", {}), "policies").items()
+    policies = _per_publisher(doc.get("policies", {}), "policies", _policy)
+    cropping = _per_publisher(doc.get("cropping", {}), "cropping", _crop)
+    own = _mapping(doc.get("publishers", {}), "publishers")
+    for publisher, entry in own.items():
+        _only(_mapping(entry, f"publishers.{publisher}"), set(PUBLISHER_SECTIONS), f"publishers.{publisher}")
+    publisher_policies = {
+        publisher: _rules(entry.get("policies", []), f"publishers.{publisher}.policies", _policy)
+        for publisher, entry in own.items()
     }
-    cropping = {
-        publisher: tuple(
-            _crop(c, f"cropping.{publisher}[{i}]") for i, c in enumerate(_list(listed, f"cropping.{publisher}"))
+    for publisher, entry in own.items():
+        cropping[publisher] = cropping.get(publisher, ()) + _rules(
+            entry.get("cropping", []), f"publishers.{publisher}.cropping", _crop
         )
-        for publisher, listed in _mapping(doc.get("cropping", {}), "cropping").items()
-    }
     keys = {
         publisher: {
             _id(key_id, f"keys.{publisher}.{key_id}"): _public_key(raw, f"keys.{publisher}.{key_id}", "Ed25519")
@@ -162,6 +170,7 @@ def parse_registry(doc: object) -> Registry:
         members={group: frozenset(m) for group, m in members.items()},
         rules=rules,
         policies=policies,
+        publisher_policies=publisher_policies,
         cropping=cropping,
         keys=keys,
         hashes=hashes,
@@ -195,6 +204,15 @@ def load_registry_file(path: str) -> Registry:
         raise ValueError(f"--registry {path}: {exc}") from None
     except Exception as exc:  # a YAML syntax error
         raise ValueError(f"--registry {path}: {exc}") from None
+
+
+def _per_publisher(doc: object, section: str, parse: Callable[[object, str], T]) -> dict[str, tuple[T, ...]]:
+    listed = _mapping(doc, section)
+    return {publisher: _rules(rules, f"{section}.{publisher}", parse) for publisher, rules in listed.items()}
+
+
+def _rules(doc: object, where: str, parse: Callable[[object, str], T]) -> tuple[T, ...]:
+    return tuple(parse(entry, f"{where}[{i}]") for i, entry in enumerate(_list(doc, where)))
 
 
 def _policy(doc: object, where: str) -> Policy:

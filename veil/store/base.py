@@ -148,6 +148,15 @@ class StoreMissing(Exception):
     """The store does not exist where a process that must not create it looked for it."""
 
 
+class StaleRegistry(Exception):
+    """A registry change based on a version that is no longer the newest: nothing was written."""
+
+    def __init__(self, current: int, base: int) -> None:
+        super().__init__(f"the registry is at version {current}, not {base}")
+        self.current = current
+        self.base = base
+
+
 class UnknownSubscription(LookupError):
     pass
 
@@ -209,9 +218,19 @@ class GatewayStore(LogReader):
         """Durably append publications (one commit for all); returns their offsets."""
 
     @abstractmethod
-    def put_registry(self, body: bytes, file_digest: int | None = None) -> int:
-        """Log a new registry version (a JSON document) and make it the current one; `file_digest`
-        records, in the same transaction, that it came from the registry file with that digest."""
+    def put_registry(self, body: bytes, file_digest: int | None = None, base: int | None = None) -> int:
+        """Log a new registry version (a JSON document) and make it the current one; returns its
+        version (its offset). `file_digest` records, in the same transaction, that it came from the
+        registry file with that digest. With `base`, only if the newest version is still `base` (0:
+        none yet), checked in the same transaction: StaleRegistry otherwise, and nothing is written."""
+
+    @abstractmethod
+    def newest_registry(self) -> tuple[int, bytes | None]:
+        """The newest registry version and its document, in one read; (0, None) when there is none."""
+
+    @abstractmethod
+    def registry_version(self) -> int:
+        """The newest registry version (0: none): one index lookup, for a check on every request."""
 
     @abstractmethod
     def registry_file_digest(self) -> int | None:

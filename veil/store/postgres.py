@@ -30,7 +30,7 @@ from veil.store.relational import LAST_FEED_SEQ, Cursor, Db, RelationalStore, Tr
 WRITE_LOCK = 0x7665696C  # the advisory lock every write transaction takes ("veil")
 PIPELINE_LOCK = WRITE_LOCK + 1  # held by the one pipeline of the store
 FEED_CHANNEL = "veil_feed"
-POOL_SIZE = 4  # connections per process: the gateway's reader and writer threads, the hub's waits
+POOL_SIZE = 5  # connections per process: the gateway's reader, writer and registry-head threads, the hub's waits
 FAILURES = (psycopg.OperationalError,)  # lost connections, full disks, pool timeouts, shutdowns
 
 MIGRATIONS = (

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from veil.store.base import KIND_CANCEL, KIND_COPY, KIND_PUBLICATION, KIND_TICK
+from veil.store.base import KIND_CANCEL, KIND_COPY, KIND_PUBLICATION, KIND_REGISTRY, KIND_TICK
 from veil.store.queues import consumed_floor, horizon, spill_end, unconsumed, unpack
 from veil.store.relational.dialect import PROCESSED, SPILL_POSITION, SPILLED, Db, Dialect, get_status, set_status
 
@@ -81,11 +81,17 @@ class CompactionSql(Dialect):
             "DELETE FROM validity WHERE until <= ? OR cancelled <= ?", (clock, processed)
         ).rowcount
         published += db.execute(
-            'DELETE FROM log WHERE "offset" IN (SELECT "offset" FROM log WHERE kind IN (?, ?, ?, ?) '
+            'DELETE FROM log WHERE "offset" IN (SELECT "offset" FROM log WHERE kind IN (?, ?, ?, ?, ?) '
             'AND "offset" <= ? AND "offset" NOT IN (SELECT pub FROM validity) ORDER BY "offset" LIMIT ?)',
-            (KIND_PUBLICATION, KIND_COPY, KIND_TICK, KIND_CANCEL, below, limit),
+            (KIND_PUBLICATION, KIND_COPY, KIND_TICK, KIND_CANCEL, KIND_REGISTRY, below, limit),
         ).rowcount
         published += db.execute("DELETE FROM copies WHERE pub <= ?", (below,)).rowcount
+        # registry versions superseded before the processed offset: the pipeline reads the one in force
+        # there and later ones (`registry_at`), and a whole copy per change would otherwise pile up
+        published += db.execute(
+            'DELETE FROM registry WHERE "offset" < (SELECT MAX("offset") FROM registry WHERE "offset" <= ?)',
+            (processed,),
+        ).rowcount
         return published
 
     def _spill(self, db: Db, upto: int, before: float, limit: int, changes: int) -> int:

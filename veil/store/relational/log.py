@@ -14,6 +14,7 @@ from veil.store.base import (
     LogEntry,
     NotOwner,
     Publication,
+    StaleRegistry,
     UnknownAnnouncement,
     UnknownPublication,
     UnknownSubscription,
@@ -87,13 +88,26 @@ class LogSql(Dialect):
                 (offset, time, offset),
             ).fetchall()
 
-    def put_registry(self, body: bytes, file_digest: int | None = None) -> int:
-        with self._tx() as db:
+    def put_registry(self, body: bytes, file_digest: int | None = None, base: int | None = None) -> int:
+        with self._tx() as db:  # write transactions are serialized: no version lands between check and insert
+            if base is not None:
+                current = _registry_version(db)
+                if current != base:
+                    raise StaleRegistry(current, base)
             offset = append_entry(db, "kind, body, time", (KIND_REGISTRY, body, now_ms()))
             db.execute('INSERT INTO registry("offset", body) VALUES (?, ?)', (offset, body))
             if file_digest is not None:
                 set_status(db, "registry_file", file_digest)
         return offset
+
+    def newest_registry(self) -> tuple[int, bytes | None]:
+        with self._read() as db:
+            row = db.execute('SELECT "offset", body FROM registry ORDER BY "offset" DESC LIMIT 1').fetchone()
+        return (row[0], row[1]) if row else (0, None)
+
+    def registry_version(self) -> int:
+        with self._read() as db:
+            return _registry_version(db)
 
     def registry_file_digest(self) -> int | None:
         with self._read() as db:
@@ -206,6 +220,10 @@ class LogSql(Dialect):
                 (after, upto, upto),
             ).fetchall()
         return dropped, added
+
+
+def _registry_version(db: Db) -> int:
+    return db.execute('SELECT COALESCE(MAX("offset"), 0) FROM registry').fetchone()[0]
 
 
 def _live_owner(db: Db, sub_id: str) -> str | None:

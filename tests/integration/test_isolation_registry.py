@@ -1,0 +1,206 @@
+"""The registry shared by two gateways on one PostgreSQL store, against clients that race each other
+and push its limits: no change acknowledged through one gateway is undone by a change through the
+other (one of two racing changes gets 409, or both land), a static hash revoked through one gateway
+is refused by the other as soon as the revocation is acknowledged, a publisher's rules are bounded,
+the last admin stays, and a publisher cannot lift the policies the admins set on its publications.
+
+The gateways run without a pipeline: what is checked is what they acknowledge and what the store
+holds (the registry versions the pipeline applies)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import urllib.error
+from collections.abc import Iterator
+
+import aiohttp
+import orjson
+import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from veil.client import VeilClient, VeilError
+from veil.client.errors import Replaced
+from veil.harness import BrokerProcess, postgres_database
+from veil.security.sealing import RAW, ScopeKey, wrap
+
+pytestmark = pytest.mark.slow
+ROOT, FLEET, CAROL, DAVE, REVOKED = (
+    "root-secret-1",
+    "fleet-secret-1",
+    "carol-secret-1",
+    "dave-secret-1",
+    "gone-secret-1",
+)
+MEMBERS = ("alice", "bob")
+PRIVATE = {user: X25519PrivateKey.generate() for user in MEMBERS}
+HASHES = {f"{user}-secret-1": user for user in MEMBERS}
+PUBLISHERS = {f"pub{i}-secret-1": f"pub{i}" for i in range(20)}
+ADMIN_POLICY = {"data": [{"key": "id", "val": "truck-bcd", "op": "eq"}], "group": "A"}
+REGISTRY = {
+    "admins": ["root"],
+    "hashes": {ROOT: "root", FLEET: "fleet", CAROL: "carol", DAVE: "dave", REVOKED: "gone", **HASHES, **PUBLISHERS},
+    # a registry of some size, as in a deployment: a change takes the gateway a few milliseconds
+    "users": {f"user-{i:05d}": {"groups": ["A"]} for i in range(10000)},
+    "rules": {"*": [[]]},
+    "policies": {"fleet": [ADMIN_POLICY]},
+    "recipients": {u: base64.b64encode(k.public_key().public_bytes(*RAW)).decode() for u, k in PRIVATE.items()},
+    "scopes": {"customs": {"users": [*MEMBERS, "extra"], "managers": ["carol", "dave"]}},
+}
+
+
+def start_gateway(directory: str, name: str, store: str, registry: str) -> BrokerProcess:
+    """A gateway on the shared store, serving as soon as it listens (no pipeline runs here)."""
+    gateway = BrokerProcess(
+        directory, "--role", "gateway", "--gateway-id", name, "--store", store, "--registry", registry,
+        "--auth", "hash", "--anonymous", "false",
+    ).start(wait_ready=False)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            gateway.health()
+            return gateway
+        except urllib.error.HTTPError:
+            return gateway
+        except OSError:
+            time.sleep(0.2)
+    gateway.close()
+    raise TimeoutError(f"gateway {name} did not listen:\n{gateway.tail()}")
+
+
+@pytest.fixture(scope="module")
+def gateways(tmp_path_factory, postgres_server) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
+    directory = tmp_path_factory.mktemp("registry")
+    registry = str(directory / "registry.json")
+    with open(registry, "w") as handle:
+        json.dump(REGISTRY, handle)
+    with postgres_database(postgres_server) as store:
+        first = start_gateway(str(directory / "A"), "A", store, registry)
+        try:
+            second = start_gateway(str(directory / "B"), "B", store, registry)
+        except Exception:
+            first.close()
+            raise
+        yield first, second
+        first.close()
+        second.close()
+
+
+def client(gateway: BrokerProcess, auth_hash: str) -> VeilClient:
+    return VeilClient(gateway.url, auth_hash=auth_hash)
+
+
+async def outcome(change) -> bool:
+    """Whether a change was acknowledged (True) or refused as conflicting (False)."""
+    try:
+        await change
+    except Replaced:
+        return False
+    return True
+
+
+async def test_an_admin_change_and_a_publisher_rule_save_through_two_gateways_both_land_or_one_is_refused(gateways):
+    a, b = gateways
+    publishers = [client(b, auth_hash) for auth_hash in list(PUBLISHERS)[:4]]  # saving at once, through B
+    async with client(a, ROOT) as root:
+        for round_ in range(10):
+            document = await root.registry()
+            document["scopes"]["customs"]["users"] = [*MEMBERS, "extra"]
+            await root.registry(document)
+            document["scopes"]["customs"]["users"].remove("extra")
+            policy = {"data": [{"key": "round", "val": round_, "op": "eq"}], "group": "A"}
+            body = orjson.dumps({"policies": [policy]})
+            removed, *ruled = await asyncio.gather(
+                outcome(root.registry(document)),
+                *(outcome(p.request("/publisher/rules", body, method="PUT")) for p in publishers),
+            )
+            stored = await root.registry()
+            if removed:
+                assert "extra" not in stored["scopes"]["customs"]["users"], f"round {round_}: removal undone"
+            for publisher, acknowledged in zip(publishers, ruled, strict=True):
+                if acknowledged:
+                    rules = await publisher.request("/publisher/rules", b"", method="GET")
+                    assert rules["policies"] == [policy], f"round {round_}: a publisher's save was undone"
+            assert removed or any(ruled)
+    for publisher in publishers:
+        await publisher.close()
+
+
+async def test_two_scope_key_saves_through_two_gateways_keep_both_envelopes_or_refuse_one(gateways):
+    a, b = gateways
+    async with client(a, CAROL) as carol, client(b, DAVE) as dave, client(a, ROOT) as root:
+        for _ in range(5):
+            newest = (await carol.request("/scopes/customs", b"", method="GET"))["version"]
+            key = ScopeKey.new("customs", newest + 1)
+
+            def save(manager: VeilClient, member: str, key: ScopeKey = key):
+                envelope = base64.b64encode(wrap(key, PRIVATE[member].public_key())).decode()
+                body = orjson.dumps({"envelopes": {member: envelope}})
+                return outcome(manager.request(f"/scopes/customs/keys/{key.version}", body, method="PUT"))
+
+            saved = dict(zip(MEMBERS, await asyncio.gather(save(carol, "alice"), save(dave, "bob")), strict=True))
+            held = (await root.registry())["scopes"]["customs"]["keys"][str(key.version)]
+            for member, acknowledged in saved.items():
+                if acknowledged:
+                    assert member in held, f"the envelope for {member} was acknowledged and lost"
+            assert any(saved.values())
+
+
+async def test_a_static_hash_revoked_through_one_gateway_is_refused_by_the_other_at_once(gateways):
+    a, b = gateways
+    async with client(a, ROOT) as root, client(b, REVOKED) as revoked:
+        assert (await revoked.request("/publisher/rules", b"", method="GET"))["policies"] == []
+        document = await root.registry()
+        del document["hashes"][REVOKED]
+        await root.registry(document)
+        with pytest.raises(VeilError) as refused:
+            await revoked.request("/publisher/rules", b"", method="GET")
+        assert refused.value.status == 401
+
+
+async def test_oversized_rules_are_refused_naming_the_limit_and_change_nothing(gateways):
+    a, b = gateways
+    big = [{"data": [{"key": f"k{i}", "val": "x" * 100, "op": "eq"}], "group": "A"} for i in range(900)]
+    async with client(b, FLEET) as fleet, client(a, ROOT) as root:
+        before = await root.registry()
+        with pytest.raises(VeilError) as refused:
+            await fleet.request("/publisher/rules", orjson.dumps({"policies": big}), method="PUT")
+        assert refused.value.status == 413 and "--max-publisher-rules" in refused.value.problem
+        assert await root.registry() == before
+    # many publishers at their limit each: the registry stops growing at its own bound
+    rules = [{"data": [{"key": f"k{i}", "val": "x" * 100, "op": "eq"}], "group": "A"} for i in range(400)]
+    refusals = []
+    for auth_hash in PUBLISHERS:
+        async with client(a, auth_hash) as publisher:
+            try:
+                await publisher.request("/publisher/rules", orjson.dumps({"policies": rules}), method="PUT")
+            except VeilError as exc:
+                refusals.append(exc)
+    assert refusals and all(r.status == 413 and "--max-registry" in r.problem for r in refusals)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{a.url}/admin/registry", headers={"X-Auth-Hash": ROOT}) as response,
+    ):
+        assert len(await response.read()) <= 1 << 20
+
+
+async def test_a_publisher_cannot_lift_the_policies_the_admins_set_on_its_publications(gateways):
+    a, b = gateways
+    async with client(b, FLEET) as fleet, client(a, ROOT) as root:
+        await fleet.request("/publisher/rules", orjson.dumps({"policies": []}), method="PUT")
+        assert (await root.registry())["policies"]["fleet"] == [ADMIN_POLICY]
+        rules = await fleet.request("/publisher/rules", b"", method="GET")
+        assert rules["admins"]["policies"] == [ADMIN_POLICY]
+
+
+async def test_the_last_admin_cannot_be_removed(gateways):
+    """Last: on a broker without the guard, it locks the module's admin out."""
+    _, b = gateways
+    async with client(b, ROOT) as root:
+        document = await root.registry()
+        with pytest.raises(VeilError) as refused:
+            await root.registry({**document, "admins": []})
+        assert (refused.value.status, refused.value.field) == (409, "admins")
+        assert (await root.registry())["admins"] == ["root"]
