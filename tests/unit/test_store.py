@@ -1,8 +1,11 @@
 import sqlite3
+import tempfile
 import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.unit.helpers import published
 from veil.protocol.envelope import Origin
@@ -217,6 +220,45 @@ def test_a_freed_id_taken_again_is_a_new_subscription_with_a_new_number(store):
         store.put_subscription("x", owner, b"[]")
         given.add(store.subscription_number("x", owner))
     assert len(given) == 5
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("xy"), st.sampled_from(["alice", "mallory"]), st.booleans()), max_size=30))
+def test_numbers_follow_owners_and_creations(steps):
+    """Against a model: an owner's replacement keeps the number, every other new subscription gets
+    one never given before, someone else's live id is refused, and a lookup or an unsubscription by
+    anyone but the owner is answered as for an id nobody holds."""
+    with tempfile.TemporaryDirectory() as directory:
+        store = open_store(f"sqlite:///{directory}/veil.db")
+        live: dict[str, tuple[str, int]] = {}
+        given_out: set[int] = set()
+        try:
+            for sub_id, owner, put in steps:
+                held = live.get(sub_id)
+                if put and held is not None and held[0] != owner:
+                    with pytest.raises(NotOwner):
+                        store.put_subscription(sub_id, owner, b"[]")
+                elif put:
+                    store.put_subscription(sub_id, owner, b"[]")
+                    number = store.subscription_number(sub_id, owner)
+                    if held is None:
+                        assert number not in given_out
+                        given_out.add(number)
+                    else:
+                        assert number == held[1]
+                    live[sub_id] = (owner, number)
+                elif held is None or held[0] != owner:
+                    with pytest.raises(UnknownSubscription):
+                        store.remove_subscription(sub_id, owner)
+                else:
+                    store.remove_subscription(sub_id, owner)
+                    del live[sub_id]
+                for each in "xy":
+                    for who in ("alice", "mallory"):
+                        expected = live[each][1] if each in live and live[each][0] == who else None
+                        assert store.subscription_number(each, who) == expected
+        finally:
+            store.close()
 
 
 def test_replacing_a_subscription_keeps_its_queue(store):
