@@ -196,6 +196,9 @@ def test_a_freed_id_taken_again_is_a_new_subscription_with_a_new_number(store):
     store.record_deliveries([alice], [pubs[2]], pubs[2])  # still in the feed
     replaced = store.put_subscription("x", "alice", b'[["n","ge",0]]')
     assert store.subscription_number("x") == alice  # her replacement keeps its queue
+    now = time.time()
+    store.renew_gateway("A", 0)
+    assert store.claim_subscription("x", "A", now, now - 10) is None  # alice's connection, through A
     store.remove_subscription("x", "alice")
     store.record_deliveries([alice], [pubs[3]], pubs[3])  # matched before the unsubscription was processed
     taken = store.put_subscription("x", "mallory", b"[]")
@@ -206,6 +209,7 @@ def test_a_freed_id_taken_again_is_a_new_subscription_with_a_new_number(store):
     assert store.backlogs(np.array([alice, mallory]), np.zeros(2, np.int64), 10)[1].tolist() == []
     store.save_cursors({alice: pubs[3]})  # a late save of alice's session
     assert store.cursor("x") == 0
+    assert store.claim_subscription("x", "B", now, now - 10) is None  # alice's claim went with her subscription
     initial = StatefulBatch([], [(mallory, pubs[0], None)], [], None, None)  # of a still-valid publication
     store.record_deliveries([], [], taken, stateful=initial)
     spill_everything(store)

@@ -160,6 +160,8 @@ class LogSql(Dialect):
             # no live subscription has that number any more, so they are neither spilled nor served
             db.execute("DELETE FROM deliveries WHERE sub_no = ?", (live[1],))
             db.execute("DELETE FROM cursors WHERE sub_id = ?", (sub_id,))
+            # nor is its connection's claim: a later subscription of the id may connect through any gateway
+            db.execute("DELETE FROM connections WHERE sub_id = ?", (sub_id,))
             count_change(db)
         return offset
 
