@@ -43,7 +43,8 @@ async def test_handshakes_are_refused_with_the_reason(gateway, tcp):
     await gateway.threads.write(gateway.threads.store.put_subscription, "s", "alice", encode_subscription([]))
     unknown = await exchange(tcp, {"subscriptionId": "nobody", "authHash": ALICE})
     other = await exchange(tcp, {"subscriptionId": "s", "authHash": BOB})
-    assert [(d["status"], d["field"]) for d in unknown + other] == [(404, "subscriptionId"), (403, "authHash")]
+    # one answer for an id nobody holds and for one someone else holds
+    assert unknown == other and (unknown[0]["status"], unknown[0]["field"]) == (404, "subscriptionId")
     reader, writer = await asyncio.open_connection("127.0.0.1", tcp)
     writer.write(b"{not json\n")
     refused = orjson.loads(await asyncio.wait_for(reader.readline(), 5))
@@ -170,9 +171,9 @@ async def test_an_acknowledgement_covers_the_lines_written_before_the_one_it_nam
         await until(lambda: len(frames) >= 2)
         assert [(f["seq"], f["subscriptionIds"]) for f in frames] == [(old, ["a1"]), (new, ["a1", "a2"])]
         bundle.acknowledge(old)  # the first line only
-        assert bundle.cursor_changes() == {"a1": old}
+        assert bundle.cursor_changes() == {one: old}
         bundle.acknowledge(new)
-        assert bundle.cursor_changes() == {"a1": new, "a2": new}
+        assert bundle.cursor_changes() == {one: new, two: new}
         bundle.acknowledge(12345)  # never written: nothing moves
         assert bundle.cursor_changes() == {}
 
@@ -194,4 +195,4 @@ async def test_lines_never_acknowledged_are_folded_and_the_next_acknowledgement_
         bundle.acknowledge(pubs[0])  # forgotten: it cannot be placed
         assert bundle.cursor_changes() == {}
         bundle.acknowledge(pubs[2])  # covers the forgotten lines too
-        assert bundle.cursor_changes() == {"f1": pubs[2], "f2": pubs[1]}
+        assert bundle.cursor_changes() == {number["f1"]: pubs[2], number["f2"]: pubs[1]}

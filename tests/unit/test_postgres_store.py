@@ -128,3 +128,25 @@ def test_a_database_holding_other_tables_is_refused(postgres_url):
         db.execute("CREATE TABLE log (x int)")
     with pytest.raises(StoreMissing, match="holds other tables"):
         open_store(postgres_url)
+
+
+def test_a_store_with_one_number_per_id_is_migrated(postgres_url):
+    """A store of schema version 2 kept one number per id and floored its queue at the last
+    unsubscription (`reset`): the floor becomes the live subscription's cursor, and the next new
+    subscription of the id gets a new number."""
+    with psycopg.connect(postgres_url, autocommit=True) as db:
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        db.execute("INSERT INTO schema_version VALUES (2)")
+        for step in MIGRATIONS[:2]:
+            db.execute(step)
+        db.execute("INSERT INTO log(kind, sub_id, body, client, number) VALUES (1, 's', '[]', 'alice', 1)")
+        db.execute("INSERT INTO subscription_numbers(sub_id, reset) VALUES ('s', 5)")
+        db.execute("INSERT INTO subscriptions VALUES ('s', 1, NULL, 'alice', '[]')")
+    store = open_store(postgres_url)
+    try:
+        assert store.cursor("s") == 5 and store.subscription_number("s", "alice") == 1
+        store.remove_subscription("s", "alice")
+        store.put_subscription("s", "alice", b"[]")
+        assert store.subscription_number("s") == 2
+    finally:
+        store.close()

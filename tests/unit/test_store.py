@@ -1,8 +1,11 @@
 import sqlite3
+import tempfile
 import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.unit.helpers import published
 from veil.protocol.envelope import Origin
@@ -32,13 +35,13 @@ def store(request, tmp_path):
 
 def test_log_orders_publications_and_subscription_changes(store):
     s1 = store.put_subscription("s", "alice", b"[]")
+    no = store.subscription_number("s")
     pubs = store.append_publications(published(b'{"a":1}', b'{"a":2}'))
     s2 = store.put_subscription("s", "alice", b'[["a","eq",1]]')
     u = store.remove_subscription("s", "alice")
     assert pubs == [s1 + 1, s1 + 2] and s2 == pubs[-1] + 1 and u == s2 + 1
     kinds = [e.kind for e in store.log_range(0, u)]
     assert kinds == [KIND_SUBSCRIBE, KIND_PUBLICATION, KIND_PUBLICATION, KIND_SUBSCRIBE, KIND_UNSUBSCRIBE]
-    no = store.subscription_number("s")
     assert store.subscriptions_at(s1) == [("s", no, "alice", b"[]")]
     assert store.subscriptions_at(s2) == [("s", no, "alice", b'[["a","eq",1]]')]
     assert store.subscriptions_at(u) == []
@@ -50,8 +53,8 @@ def test_ownership(store):
     store.put_subscription("s", "alice", b"[]")
     with pytest.raises(NotOwner):
         store.put_subscription("s", "mallory", b"[]")
-    with pytest.raises(NotOwner):
-        store.remove_subscription("s", "mallory")
+    with pytest.raises(UnknownSubscription):
+        store.remove_subscription("s", "mallory")  # not told apart from an unknown id
     with pytest.raises(UnknownSubscription):
         store.remove_subscription("nope", "alice")
     assert store.subscription_owner("s") == "alice"
@@ -63,7 +66,7 @@ def test_replayed_batches_deliver_once(store):
     s = store.subscription_number("s")
     store.record_deliveries([s], [pub], pub)
     store.record_deliveries([s], [pub], pub)
-    rows, watermark = store.backlog("s", 0, 10)
+    rows, watermark = store.backlog(store.subscription_number("s"), 0, 10)
     assert rows == [(pub, b'{"a":1}', Origin())]
     assert watermark == store.last_feed_seq() == 1 and store.processed_offset() == pub
     feed = store.feed_since(0, 10)
@@ -84,8 +87,8 @@ def test_feed_entries_are_sorted_by_subscription(store):
 
 def test_cursors_only_move_forward_and_die_with_the_subscription(store):
     store.put_subscription("s", "alice", b"[]")
-    store.save_cursors({"s": 5})
-    store.save_cursors({"s": 3})
+    store.save_cursors({store.subscription_number("s"): 5})
+    store.save_cursors({store.subscription_number("s"): 3})
     assert store.cursor("s") == 5
     store.remove_subscription("s", "alice")
     assert store.cursor("s") == 0
@@ -102,13 +105,13 @@ def test_backlog_reads_spilled_rows_then_the_feed(store):
     store.record_deliveries([s], [pubs[0]], pubs[0])
     spill_everything(store)
     store.record_deliveries([s, s], pubs[1:], pubs[2])
-    assert store.backlog("s", 0, 10)[0] == [
+    assert store.backlog(store.subscription_number("s"), 0, 10)[0] == [
         (pubs[0], b'{"n":1}', Origin()),
         (pubs[1], b'{"n":2}', Origin()),
         (pubs[2], b'{"n":3}', Origin()),
     ]
-    assert [pub for pub, *_ in store.backlog("s", pubs[0], 1)[0]] == [pubs[1]]
-    assert [pub for pub, *_ in store.backlog("s", pubs[1], 10)[0]] == [pubs[2]]
+    assert [pub for pub, *_ in store.backlog(store.subscription_number("s"), pubs[0], 1)[0]] == [pubs[1]]
+    assert [pub for pub, *_ in store.backlog(store.subscription_number("s"), pubs[1], 10)[0]] == [pubs[2]]
 
 
 def test_backlogs_read_many_subscriptions_at_once_each_after_its_own_floor(store):
@@ -150,32 +153,116 @@ def test_compaction_spills_only_what_was_not_consumed(store):
     s, t = store.subscription_number("s"), store.subscription_number("t")
     pubs = store.append_publications(published(b'{"n":1}', b'{"n":2}', b'{"n":3}', b'{"n":4}'))
     store.record_deliveries([s, s, t], [pubs[0], pubs[1], pubs[1]], pubs[2])
-    store.save_cursors({"s": pubs[1]})
+    store.save_cursors({store.subscription_number("s"): pubs[1]})
     assert store.compact(1000, 1 << 40, time.time() - 60) == 0  # too young to spill, so nothing else goes
     spill_everything(store, fanned_out=0)
     assert store.last_feed_seq() == 1  # not fanned out yet: the feed entry stays
     spill_everything(store)
     assert store.feed_since(0, 10) == []
-    assert store.backlog("s", 0, 10)[0] == []
-    assert [pub for pub, *_ in store.backlog("t", 0, 10)[0]] == [pubs[1]]
+    assert store.backlog(store.subscription_number("s"), 0, 10)[0] == []
+    assert [pub for pub, *_ in store.backlog(store.subscription_number("t"), 0, 10)[0]] == [pubs[1]]
     # publication 1 was consumed by everyone; 2 waits in t's queue; 4 is not processed yet
     assert [e.offset for e in store.log_range(0, pubs[-1]) if e.kind == 0] == pubs[1:]
-    store.save_cursors({"t": pubs[1]})
+    store.save_cursors({store.subscription_number("t"): pubs[1]})
     spill_everything(store)
-    assert store.backlog("t", 0, 10)[0] == []
+    assert store.backlog(store.subscription_number("t"), 0, 10)[0] == []
     assert [e.offset for e in store.log_range(0, pubs[-1]) if e.kind == 0] == [pubs[3]]
 
 
 def test_matches_for_removed_subscriptions_are_dropped(store):
     store.put_subscription("s", "alice", b"[]")
+    old = store.subscription_number("s")
     (pub,) = store.append_publications(published(b"{}"))
     store.remove_subscription("s", "alice")
     # computed before the unsubscription, written after
-    store.record_deliveries([store.subscription_number("s")], [pub], pub)
+    store.record_deliveries([old], [pub], pub)
     store.put_subscription("s", "alice", b"[]")
-    assert store.backlog("s", 0, 10)[0] == []
+    for number in (old, store.subscription_number("s")):
+        assert store.backlog(number, 0, 10)[0] == []
     spill_everything(store)
-    assert store.backlog("s", 0, 10)[0] == []
+    for number in (old, store.subscription_number("s")):
+        assert store.backlog(number, 0, 10)[0] == []
+
+
+def test_a_freed_id_taken_again_is_a_new_subscription_with_a_new_number(store):
+    """Nothing of alice's subscription reaches mallory's under the same id: not its queue (spilled or
+    in the feed, matched before or after the unsubscription), not its cursor; yet mallory's own
+    matches of publications logged before the unsubscription (validity's initial matches) are hers."""
+    first = store.put_subscription("x", "alice", b"[]")
+    alice = store.subscription_number("x")
+    pubs = store.append_publications(published(*(b'{"n":%d}' % n for n in range(4))))
+    store.record_deliveries([alice, alice], pubs[:2], pubs[1])
+    spill_everything(store)
+    store.record_deliveries([alice], [pubs[2]], pubs[2])  # still in the feed
+    replaced = store.put_subscription("x", "alice", b'[["n","ge",0]]')
+    assert store.subscription_number("x") == alice  # her replacement keeps its queue
+    now = time.time()
+    store.renew_gateway("A", 0)
+    assert store.claim_subscription("x", "A", now, now - 10) is None  # alice's connection, through A
+    store.remove_subscription("x", "alice")
+    store.record_deliveries([alice], [pubs[3]], pubs[3])  # matched before the unsubscription was processed
+    taken = store.put_subscription("x", "mallory", b"[]")
+    mallory = store.subscription_number("x")
+    assert mallory > alice
+    assert (store.subscription_number("x", "mallory"), store.subscription_number("x", "alice")) == (mallory, None)
+    assert store.backlog(mallory, 0, 10)[0] == [] and store.backlog(alice, 0, 10)[0] == []
+    assert store.backlogs(np.array([alice, mallory]), np.zeros(2, np.int64), 10)[1].tolist() == []
+    store.save_cursors({alice: pubs[3]})  # a late save of alice's session
+    assert store.cursor("x") == 0
+    assert store.claim_subscription("x", "B", now, now - 10) is None  # alice's claim went with her subscription
+    initial = StatefulBatch([], [(mallory, pubs[0], None)], [], None, None)  # of a still-valid publication
+    store.record_deliveries([], [], taken, stateful=initial)
+    spill_everything(store)
+    assert [p for p, *_ in store.backlog(mallory, 0, 10)[0]] == [pubs[0]]
+    assert store.subscriptions_at(replaced) == [("x", alice, "alice", b'[["n","ge",0]]')]
+    assert store.subscriptions_at(taken) == [("x", mallory, "mallory", b"[]")]
+    numbers = [e.number for e in store.log_range(first - 1, taken) if e.kind == KIND_SUBSCRIBE]
+    assert numbers == [alice, alice, mallory]
+    given = {alice, mallory}
+    for owner in ("mallory", "alice", "alice"):  # freed and taken again, by anyone: never a number twice
+        store.remove_subscription("x", store.subscription_owner("x"))
+        store.put_subscription("x", owner, b"[]")
+        given.add(store.subscription_number("x", owner))
+    assert len(given) == 5
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("xy"), st.sampled_from(["alice", "mallory"]), st.booleans()), max_size=30))
+def test_numbers_follow_owners_and_creations(steps):
+    """Against a model: an owner's replacement keeps the number, every other new subscription gets
+    one never given before, someone else's live id is refused, and a lookup or an unsubscription by
+    anyone but the owner is answered as for an id nobody holds."""
+    with tempfile.TemporaryDirectory() as directory:
+        store = open_store(f"sqlite:///{directory}/veil.db")
+        live: dict[str, tuple[str, int]] = {}
+        given_out: set[int] = set()
+        try:
+            for sub_id, owner, put in steps:
+                held = live.get(sub_id)
+                if put and held is not None and held[0] != owner:
+                    with pytest.raises(NotOwner):
+                        store.put_subscription(sub_id, owner, b"[]")
+                elif put:
+                    store.put_subscription(sub_id, owner, b"[]")
+                    number = store.subscription_number(sub_id, owner)
+                    if held is None:
+                        assert number not in given_out
+                        given_out.add(number)
+                    else:
+                        assert number == held[1]
+                    live[sub_id] = (owner, number)
+                elif held is None or held[0] != owner:
+                    with pytest.raises(UnknownSubscription):
+                        store.remove_subscription(sub_id, owner)
+                else:
+                    store.remove_subscription(sub_id, owner)
+                    del live[sub_id]
+                for each in "xy":
+                    for who in ("alice", "mallory"):
+                        expected = live[each][1] if each in live and live[each][0] == who else None
+                        assert store.subscription_number(each, who) == expected
+        finally:
+            store.close()
 
 
 def test_replacing_a_subscription_keeps_its_queue(store):
@@ -183,9 +270,9 @@ def test_replacing_a_subscription_keeps_its_queue(store):
     (pub,) = store.append_publications(published(b"{}"))
     store.record_deliveries([store.subscription_number("s")], [pub], pub)
     store.put_subscription("s", "alice", b'[["a","eq",1]]')
-    assert [p for p, *_ in store.backlog("s", 0, 10)[0]] == [pub]
+    assert [p for p, *_ in store.backlog(store.subscription_number("s"), 0, 10)[0]] == [pub]
     spill_everything(store)
-    assert [p for p, *_ in store.backlog("s", 0, 10)[0]] == [pub]
+    assert [p for p, *_ in store.backlog(store.subscription_number("s"), 0, 10)[0]] == [pub]
 
 
 def test_a_replay_over_a_longer_range_adds_only_the_new_matches(store):
@@ -201,10 +288,10 @@ def test_the_feed_watermark_survives_compaction(store):
     store.put_subscription("s", "alice", b"[]")
     (pub,) = store.append_publications(published(b"{}"))
     store.record_deliveries([store.subscription_number("s")], [pub], pub)
-    store.save_cursors({"s": pub})
+    store.save_cursors({store.subscription_number("s"): pub})
     spill_everything(store)
     assert store.feed_since(0, 10) == []
-    assert store.last_feed_seq() == 1 and store.backlog("s", 0, 10) == ([], 1)
+    assert store.last_feed_seq() == 1 and store.backlog(store.subscription_number("s"), 0, 10) == ([], 1)
 
 
 def test_a_large_feed_entry_is_spilled_in_steps_of_whole_subscriptions(store):
@@ -216,10 +303,10 @@ def test_a_large_feed_entry_is_spilled_in_steps_of_whole_subscriptions(store):
     # a budget of 3 ends inside t: s and t go in the first step, u in the second
     assert store.compact(3, 1 << 40, time.time() + 1) >= 3
     assert store.feed_since(0, 10) != []
-    assert [p for p, *_ in store.backlog("t", 0, 10)[0]] == pubs
+    assert [p for p, *_ in store.backlog(store.subscription_number("t"), 0, 10)[0]] == pubs
     store.compact(3, 1 << 40, time.time() + 1)
     assert store.feed_since(0, 10) == []
-    assert all([p for p, *_ in store.backlog(x, 0, 10)[0]] == pubs for x in "stu")
+    assert all([p for p, *_ in store.backlog(store.subscription_number(x), 0, 10)[0]] == pubs for x in "stu")
 
 
 def test_top_k_deliveries_are_logged_copies_recorded_once_with_their_skybands(store):
@@ -229,7 +316,7 @@ def test_top_k_deliveries_are_logged_copies_recorded_once_with_their_skybands(st
     batch = StatefulBatch([(s, old, None), (s, new, b'{"cut":1}')], [], [(s, b"band")], old, 123)
     store.record_deliveries([], [], new, stateful=batch)
     store.record_deliveries([], [], new, stateful=batch)  # the same batch replayed
-    rows, _ = store.backlog("s", 0, 10)
+    rows, _ = store.backlog(store.subscription_number("s"), 0, 10)
     assert [(body, origin) for _, body, origin in rows] == [
         (b'{"v":1}', Origin("bob", "k1", "c2ln", copy_of=old)),
         (b'{"cut":1}', Origin("", None, None, copy_of=new, cropped=True)),
@@ -237,7 +324,7 @@ def test_top_k_deliveries_are_logged_copies_recorded_once_with_their_skybands(st
     assert all(pub > new for pub, _, _ in rows)  # queued under their own offsets, in decision order
     assert store.topk_bands([s, 999]) == {s: b"band"}
     assert store.topk_due() == 123
-    store.save_cursors({"s": rows[-1][0]})
+    store.save_cursors({store.subscription_number("s"): rows[-1][0]})
     store.compact(1000, store.last_feed_seq(), time.time() + 10)
     assert store.bodies(np.array([old]))  # a skyband still holds it
     store.record_deliveries([], [], rows[-1][0], stateful=StatefulBatch([], [], [(s, None)], None, None))
@@ -256,7 +343,7 @@ def test_each_partition_records_its_own_progress_and_the_pipeline_is_at_the_leas
     store.record_deliveries([s], [pubs[0]], pubs[2], part=0)  # the same round again: nothing twice
     store.record_deliveries([], [], pubs[1], part=1)
     assert store.processed_offset() == pubs[1]
-    assert [p for p, *_ in store.backlog("s", 0, 10)[0]] == [pubs[0]]
+    assert [p for p, *_ in store.backlog(store.subscription_number("s"), 0, 10)[0]] == [pubs[0]]
     held = StatefulBatch([], [], [], pubs[0], 500)
     store.record_deliveries([], [], pubs[3], stateful=held, part=1)
     store.record_deliveries([], [], pubs[3], stateful=StatefulBatch([], [], [], None, 900), part=0)
@@ -291,7 +378,7 @@ def test_a_round_that_began_behind_the_recorded_progress_is_dropped_whole(store)
     store.record_deliveries([s, s], pubs[:2], pubs[1], stateful=late, part=0, began=0)
     assert store.partition_offset(0) == pubs[0] and store.topk_bands([s]) == {}
     store.record_deliveries([s], [pubs[1]], pubs[1], part=0, began=pubs[0])
-    assert [p for p, *_ in store.backlog("s", 0, 10)[0]] == pubs[:2]
+    assert [p for p, *_ in store.backlog(store.subscription_number("s"), 0, 10)[0]] == pubs[:2]
 
 
 def test_a_claimed_range_never_recorded_is_claimed_again_by_its_partition(store):
@@ -362,7 +449,10 @@ def test_a_store_that_kept_envelope_fragments_is_migrated(tmp_path):
             body BLOB, client TEXT, meta BLOB, time INTEGER);
         CREATE TABLE subscription_numbers (no INTEGER PRIMARY KEY, sub_id TEXT NOT NULL UNIQUE,
             reset INTEGER NOT NULL DEFAULT 0);
-        INSERT INTO subscription_numbers(no, sub_id) VALUES (7, 's');
+        INSERT INTO subscription_numbers(no, sub_id, reset) VALUES (7, 's', 2);
+        CREATE TABLE subscriptions (sub_id TEXT NOT NULL, created INTEGER NOT NULL, deleted INTEGER,
+            owner TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (sub_id, created));
+        INSERT INTO subscriptions VALUES ('s', 3, NULL, 'alice', '[]');
         """
     )
     db.executemany(
@@ -379,6 +469,11 @@ def test_a_store_that_kept_envelope_fragments_is_migrated(tmp_path):
         assert bodies[1] == (b"{}", Origin("bob", "k", "x"), 0)  # 0: the old store kept no time
         assert bodies[2] == (b'{"a":1}', Origin("bob", None, None, copy_of=1, cropped=True), 0)
         assert store.log_range(2, 3)[0].number == 7
+        # the id's one number had a floor, its last unsubscription: now the live subscription's cursor
+        assert store.cursor("s") == 2 and store.subscription_number("s", "alice") == 7
+        store.remove_subscription("s", "alice")
+        store.put_subscription("s", "alice", b"[]")
+        assert store.subscription_number("s") == 8
     finally:
         store.close()
 
@@ -422,5 +517,5 @@ def test_totals_count_the_work_in_the_transactions_that_do_it(store):
     pubs = store.append_publications(published(b"{}", b"{}", b"{}"))
     store.record_deliveries([s, t, s], [pubs[0], pubs[0], pubs[1]], pubs[2])
     store.record_deliveries([s, t, s], [pubs[0], pubs[0], pubs[1]], pubs[2])  # replayed
-    store.save_cursors({"s": pubs[1]}, forwarded=3)
+    store.save_cursors({store.subscription_number("s"): pubs[1]}, forwarded=3)
     assert store.totals() == Totals(received=3, matched=2, matches=3, forwarded=3, subscriptions=3, subscribers=2)

@@ -25,11 +25,13 @@ class Unauthorized(VeilError):
 
 
 class Forbidden(VeilError):
-    """403: the id belongs to another client, or the client may not do this."""
+    """403: the id is held by another client's live subscription (subscribing under it), or the
+    client may not do this."""
 
 
 class NotFound(VeilError):
-    """404: no such subscription, announcement or still-valid publication."""
+    """404: no such subscription, announcement or still-valid publication (a subscription of another
+    client's is answered as none: whether it exists is not told)."""
 
 
 class Replaced(VeilError):

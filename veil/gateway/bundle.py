@@ -172,11 +172,11 @@ class Bundle:
         done = int(ends[np.flatnonzero(seqs == seq)[0]])
         np.maximum.at(self.cursor, places[:done], pubs[:done])
 
-    def cursor_changes(self) -> dict[str, int]:
-        """The cursors that moved since the last call, by subscription id."""
+    def cursor_changes(self) -> dict[int, int]:
+        """The cursors that moved since the last call, by subscription number."""
         moved = np.flatnonzero(self.cursor > self.saved)
         self.saved[moved] = self.cursor[moved]
-        return {self.ids[place]: pub for place, pub in zip(moved.tolist(), self.cursor[moved].tolist(), strict=True)}
+        return dict(zip(self.numbers[moved].tolist(), self.cursor[moved].tolist(), strict=True))
 
     async def run(self) -> None:
         """Push until the connection fails or no subscription is left."""

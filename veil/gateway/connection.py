@@ -33,8 +33,9 @@ async def open_session(
     threads, hub = gateway.threads, gateway.hub
     session = Session(hub, handshake, admitted.number, admitted.start_after, send, close, admitted.claimed)
     await hub.attach(session)
-    # An unsubscription that ran between the check above and the attach found no session to close.
-    if await threads.read(threads.store.subscription_owner, handshake.subscription_id) is None:
+    # An unsubscription that ran between the check above and the attach found no session to close
+    # (and the id may have been taken again since, under another number).
+    if await threads.read(threads.store.subscription_number, handshake.subscription_id) != session.number:
         hub.detach(session)
         await membership.release(gateway, session.sub_id, admitted.claimed)
         raise ProtocolError("subscriptionId", "unknown subscription", 404)

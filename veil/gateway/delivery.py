@@ -6,6 +6,10 @@ that falls behind, or has just connected, stops taking offers and reads its back
 instead, so memory per session stays bounded and a disconnected subscription loses nothing. Cursors
 (the last publication delivered, or acknowledged when the client asked for acks) are saved in
 batches; a reconnect resumes after the cursor.
+
+Everything a session reads, is offered or saves goes by the subscription's number, not its id: an id
+freed by an unsubscription and taken again is a new subscription with a new number, so nothing of
+the old one (queued, in the feed, a cursor) reaches it.
 """
 
 from __future__ import annotations
@@ -103,7 +107,7 @@ class Session:
 
     def acknowledge(self, seq: int) -> None:
         if self.acks and seq <= self.sent:
-            self.hub.save_cursor(self.sub_id, seq)
+            self.hub.save_cursor(self.number, seq)
 
     async def run(self) -> None:
         """Push until the connection fails or the session is closed."""
@@ -144,11 +148,11 @@ class Session:
             trace.mark("written", self.sent, last)
         self.sent = last
         if not self.acks:
-            self.hub.save_cursor(self.sub_id, self.sent)
+            self.hub.save_cursor(self.number, self.sent)
 
     async def _refill(self) -> None:
         threads = self.hub.threads
-        rows, watermark = await threads.read(threads.store.backlog, self.sub_id, self.last_queued, QUEUE_LIMIT)
+        rows, watermark = await threads.read(threads.store.backlog, self.number, self.last_queued, QUEUE_LIMIT)
         if rows:
             pubs, bodies, origins = zip(*rows, strict=True)
             self._queue(Chunk(np.array(pubs, np.int64), list(bodies), list(map(fields, origins))))
@@ -181,7 +185,7 @@ class DeliveryHub:
         self._bundle_of = np.full(1024, -1, np.int64)
         self._place = np.zeros(1024, np.int64)
         self.last_seq = 0
-        self._cursors: dict[str, int] = {}
+        self._cursors: dict[int, int] = {}  # by subscription number
         self.forwarded = 0  # deliveries sent and not yet counted in the store
         self.latency = Histogram(LATENCY_BOUNDS)  # publish (logged) -> delivery (written to the connection), s
         self._sent: list[tuple[int, list[np.ndarray]]] = []  # (when, logged times) of sends not yet observed
@@ -228,7 +232,7 @@ class DeliveryHub:
             self._connected[bundle.numbers[place]] = False
             self._bundle_of[bundle.numbers[place]] = -1
         if bundle.cursor[place] > bundle.saved[place]:
-            self.save_cursor(sub_id, int(bundle.cursor[place]))
+            self.save_cursor(int(bundle.numbers[place]), int(bundle.cursor[place]))
 
     def detach_bundle(self, bundle: Bundle) -> None:
         for place in np.flatnonzero(bundle.open).tolist():
@@ -258,16 +262,18 @@ class DeliveryHub:
         holder = self.holders.get(sub_id)
         if holder is not None:
             await holder.end(sub_id, reason)
-        self._cursors.pop(sub_id, None)
 
-    def save_cursor(self, sub_id: str, pub: int) -> None:
-        if pub > self._cursors.get(sub_id, 0):
-            self._cursors[sub_id] = pub
+    def save_cursor(self, number: int, pub: int) -> None:
+        """(Saved unless the subscription has gone meanwhile: the store keeps only live numbers' cursors.)"""
+        if pub > self._cursors.get(number, 0):
+            self._cursors[number] = pub
 
-    def unsaved_cursor(self, sub_id: str) -> int:
+    def unsaved_cursor(self, sub_id: str, number: int) -> int:
         holder = self.holders.get(sub_id)
-        held = int(holder.cursor[holder.place(sub_id)]) if isinstance(holder, Bundle) else 0
-        return max(self._cursors.get(sub_id, 0), held)
+        held = 0
+        if isinstance(holder, Bundle) and holder.numbers[holder.place(sub_id)] == number:
+            held = int(holder.cursor[holder.place(sub_id)])
+        return max(self._cursors.get(number, 0), held)
 
     def _resync(self) -> None:
         for session in self._by_number.values():
@@ -403,8 +409,8 @@ class DeliveryHub:
             except Exception:
                 log.exception("saving cursors failed; they are retried")
                 self.forwarded += forwarded
-                for sub_id, pub in cursors.items():
-                    self.save_cursor(sub_id, pub)
+                for number, pub in cursors.items():
+                    self.save_cursor(number, pub)
 
     async def stop(self) -> None:
         self._stopping.set()

@@ -34,8 +34,9 @@ async def serve_multiplexed(
     bundle = Bundle(gateway.hub, handshake, admitted, send, close)
     await gateway.hub.attach_bundle(bundle)
     threads = gateway.threads
-    for sub_id in bundle.ids:  # an unsubscription that ran before the attach found nothing to end
-        if await threads.read(threads.store.subscription_owner, sub_id) is None:
+    # an unsubscription that ran before the attach found nothing to end (the id may be taken again since)
+    for sub_id, number in zip(bundle.ids, bundle.numbers.tolist(), strict=True):
+        if await threads.read(threads.store.subscription_number, sub_id) != number:
             await bundle.end(sub_id, ProtocolError("subscriptionId", "unknown subscription", 404).to_json())
     pusher = asyncio.create_task(bundle.run())
 

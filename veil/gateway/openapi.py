@@ -344,7 +344,7 @@ PATHS: dict[str, Schema] = {
     "/scopes/{scope}": {
         "get": _operation(
             "A scope's newest key version and its members' recipient keys (its managers)",
-            {"200": _json(_ref("ScopeMembers")), **_errors(400, 401, 403, 404)},
+            {"200": _json(_ref("ScopeMembers")), **_errors(400, 401, 404)},
             parameters=[_auth_header(), _path("scope", STRING, "the scope's name")],
         )
     },

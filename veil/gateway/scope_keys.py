@@ -9,6 +9,9 @@ against what the first stored, so it adds its envelopes beside the first's or ge
     PUT /scopes/{scope}/keys/{version}  manager: {"envelopes": {member: base64}}; the next version,
                                         or the newest one again to add envelopes for new members
     GET /scopes/{scope}/key[?version=N] member: {"scope", "version", "envelope"} (newest by default)
+
+A client that may not see a scope gets the answer it would get for a scope that does not exist, so
+that the names of scopes (and their key versions) are not learned by trying them.
 """
 
 from __future__ import annotations
@@ -29,22 +32,18 @@ from veil.security.scopes import Scope, envelope_bytes
 routes = web.RouteTableDef()
 
 
-def _scope(registry: Registry, name: str) -> Scope:
-    scope = registry.scopes.by_name.get(name)
-    if scope is None:
-        raise ProtocolError("scope", f"no scope {name!r} in the registry", 404)
-    return scope
-
-
 def _version(text: str) -> int:
     if not (text.isascii() and text.isdigit() and len(text) < 10):
         raise ProtocolError("version", "a key version is a whole number from 1")
     return int(text)
 
 
-def _manage(registry: Registry, user: str, scope: Scope) -> None:
-    if user not in scope.managers and user not in registry.admins:
-        raise ProtocolError("authHash", f"not a manager of scope {scope.name!r} or an administrator", 403)
+def _managed(registry: Registry, user: str, name: str) -> Scope:
+    """The scope, if `user` manages it or is an administrator."""
+    scope = registry.scopes.by_name.get(name)
+    if scope is None or (user not in scope.managers and user not in registry.admins):
+        raise ProtocolError("scope", f"no scope {name!r} that you manage (or administer)", 404)
+    return scope
 
 
 @routes.get("/scopes/{scope}")
@@ -52,8 +51,7 @@ async def describe(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     user = client_of(gateway, request, request.headers.get("X-Auth-Hash"))
     registry = gateway.registry.current
-    scope = _scope(registry, request.match_info["scope"])
-    _manage(registry, user, scope)
+    scope = _managed(registry, user, request.match_info["scope"])
     members = registry.scopes.members(scope.name, registry.members)
     recipients = {
         member: base64.b64encode(registry.recipients[member]).decode() if member in registry.recipients else None
@@ -75,8 +73,7 @@ async def store_version(request: web.Request) -> web.Response:
         envelope_bytes(envelope, f"envelopes.{member}")
 
     def change(registry: Registry, document: dict) -> None:
-        scope = _scope(registry, name)
-        _manage(registry, user, scope)
+        scope = _managed(registry, user, name)
         newest = max(scope.keys, default=0)
         if version not in (newest, newest + 1) or version == 0:
             raise ProtocolError("version", f"the next version is {newest + 1} (or {newest}, to add members)", 409)
@@ -101,11 +98,13 @@ async def store_version(request: web.Request) -> web.Response:
 async def envelope(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     user = client_of(gateway, request, request.headers.get("X-Auth-Hash"))
-    scope = _scope(gateway.registry.current, request.match_info["scope"])
+    name = request.match_info["scope"]
+    scope = gateway.registry.current.scopes.by_name.get(name)
     asked = request.query.get("version")
-    version = _version(asked) if asked is not None else max(scope.keys, default=0)
-    wrapped = scope.keys.get(version, {}).get(user)
-    if wrapped is None:
-        raise ProtocolError("version", f"no envelope of version {version} of scope {scope.name!r} for you", 404)
-    body = {"scope": scope.name, "version": version, "envelope": base64.b64encode(wrapped).decode()}
+    version = _version(asked) if asked is not None else max(scope.keys if scope else (), default=0)
+    wrapped = scope.keys.get(version, {}).get(user) if scope else None
+    if wrapped is None:  # the version only when asked for: the newest is not told to those without it
+        which = f"version {asked} of " if asked is not None else ""
+        raise ProtocolError("version", f"no envelope of {which}scope {name!r} for you", 404)
+    body = {"scope": name, "version": version, "envelope": base64.b64encode(wrapped).decode()}
     return json_response(body)

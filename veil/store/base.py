@@ -259,22 +259,27 @@ class GatewayStore(LogReader):
 
     @abstractmethod
     def put_subscription(self, sub_id: str, owner: str, body: bytes) -> int:
-        """Register or replace a subscription; NotOwner if the id belongs to someone else."""
+        """Register a subscription, or replace its owner's live one (which keeps its number); NotOwner
+        if the id belongs to someone else's live subscription. Any other new subscription gets a number
+        never given before, even under an id used before."""
 
     @abstractmethod
     def remove_subscription(self, sub_id: str, owner: str) -> int:
-        """Unsubscribe and drop its queue; UnknownSubscription / NotOwner."""
+        """Unsubscribe and drop its queue; UnknownSubscription when the owner has no live subscription
+        of this id (whether someone else has one is not told)."""
 
     @abstractmethod
     def subscription_owner(self, sub_id: str) -> str | None: ...
 
     @abstractmethod
-    def live_subscription(self, sub_id: str) -> tuple[str, bytes] | None:
-        """(owner, body) of the subscription's live version, if it has one."""
+    def live_subscription(self, sub_id: str, owner: str) -> tuple[int, bytes] | None:
+        """(number, body) of the id's live subscription if `owner` holds it, read in one statement
+        (None: nobody's, or someone else's)."""
 
     @abstractmethod
-    def subscription_number(self, sub_id: str) -> int | None:
-        """The compact number a subscription id goes by in queues and feeds."""
+    def subscription_number(self, sub_id: str, owner: str | None = None) -> int | None:
+        """The compact number the id's live subscription goes by in queues and feeds (None: none, or
+        not `owner`'s when given), read with its owner in one statement."""
 
     @abstractmethod
     def subscription_refusal(self, sub_id: str) -> str | None:
@@ -303,8 +308,8 @@ class GatewayStore(LogReader):
         """The cropped copies among these (subscription number, publication) matches."""
 
     @abstractmethod
-    def backlog(self, sub_id: str, after_pub: int, limit: int) -> tuple[list[Delivery], int]:
-        """A subscription's queued deliveries after `after_pub`, in publication order, and the highest
+    def backlog(self, number: int, after_pub: int, limit: int) -> tuple[list[Delivery], int]:
+        """A live subscription's queued deliveries (by number) after `after_pub`, in publication order, and the highest
         feed seq visible to the same read (so a caller knows what the live feed must add)."""
 
     @abstractmethod
@@ -320,8 +325,9 @@ class GatewayStore(LogReader):
     def cursor(self, sub_id: str) -> int: ...
 
     @abstractmethod
-    def save_cursors(self, cursors: dict[str, int], forwarded: int = 0) -> None:
-        """Save cursors, and count `forwarded` deliveries sent since the last call."""
+    def save_cursors(self, cursors: dict[int, int], forwarded: int = 0) -> None:
+        """Save cursors by subscription number (those of subscriptions no longer live are dropped),
+        and count `forwarded` deliveries sent since the last call."""
 
     @abstractmethod
     def totals(self) -> Totals: ...

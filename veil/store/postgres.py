@@ -136,6 +136,14 @@ CREATE TABLE connections (  -- which gateway delivers to a connected subscriptio
     since DOUBLE PRECISION NOT NULL
 );
 """,
+    # each new subscription gets a new number: the last unsubscription of an id, which floored the reads
+    # of its one number's queue, becomes the cursor of the id's live subscription
+    """
+INSERT INTO cursors(sub_id, pub) SELECT n.sub_id, n.reset FROM subscription_numbers n WHERE n.reset > 0
+    AND EXISTS (SELECT 1 FROM subscriptions s WHERE s.sub_id = n.sub_id AND s.deleted IS NULL)
+    ON CONFLICT (sub_id) DO UPDATE SET pub = GREATEST(cursors.pub, excluded.pub);
+ALTER TABLE subscription_numbers DROP COLUMN reset;
+""",
 )
 
 
@@ -168,6 +176,7 @@ class PostgresStore(RelationalStore):
     PAIRS = "unnest(?::bigint[], ?::bigint[]) AS j(sub_no, pub)"
     GREATEST = "GREATEST"
     LEAST = "LEAST"
+    NEW_NUMBER = "nextval(pg_get_serial_sequence('subscription_numbers', 'no'))"
     WRITE = ("BEGIN", f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
     SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",)
 

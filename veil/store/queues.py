@@ -56,8 +56,8 @@ def spill_end(entry: FeedEntry, position: int, budget: int) -> int:
 
 def consumed_floor(rows: list[tuple[int, int]]) -> np.ndarray:
     """Per subscription number, the publication up to which nothing needs queueing, from (number,
-    floor) rows of the live subscriptions (the consumed cursor, or the last unsubscription of the id:
-    earlier matches belong to a removed version); NEVER for numbers with no live subscription."""
+    consumed cursor) rows of the live subscriptions; NEVER for numbers with no live subscription
+    (among them those of removed subscriptions, whose ids may have been taken again under new numbers)."""
     pairs = np.array(rows, np.int64).reshape(-1, 2)
     floor = np.full(int(pairs[:, 0].max(initial=0)) + 1, NEVER, np.int64)
     floor[pairs[:, 0]] = pairs[:, 1]

@@ -39,6 +39,14 @@ UPDATE log SET key_id = json_extract(m, '$.keyId'), signature = json_extract(m, 
 FROM (SELECT offset AS o, '{' || CAST(meta AS TEXT) || '}' AS m FROM log WHERE length(meta) > 0) WHERE offset = o
 """
 NUMBERED = "UPDATE log SET number = (SELECT no FROM subscription_numbers n WHERE n.sub_id = log.sub_id) WHERE kind = ?"
+# Stores written before each new subscription got a new number kept one number per id, and the last
+# unsubscription (`reset`) as a floor below which the id's queue was not read: it becomes the cursor of
+# the id's live subscription, which no read then goes below unless its client resumes there.
+RESET_AS_CURSOR = (
+    "INSERT INTO cursors(sub_id, pub) SELECT n.sub_id, n.reset FROM subscription_numbers n WHERE n.reset > 0 "
+    "AND EXISTS (SELECT 1 FROM subscriptions s WHERE s.sub_id = n.sub_id AND s.deleted IS NULL) AND TRUE "
+    "ON CONFLICT (sub_id) DO UPDATE SET pub = MAX(cursors.pub, excluded.pub)"
+)
 # Stores written before the last feed seq was kept in `status` read it from AUTOINCREMENT's table.
 FEED_SEQ = (
     "INSERT INTO status(name, value, updated) SELECT 'feed_seq', seq, 0 FROM sqlite_sequence WHERE name = 'feed' "
@@ -69,10 +77,9 @@ CREATE TABLE IF NOT EXISTS subscriptions (
 );
 CREATE INDEX IF NOT EXISTS subscriptions_created ON subscriptions(created);
 CREATE INDEX IF NOT EXISTS subscriptions_deleted ON subscriptions(deleted);
-CREATE TABLE IF NOT EXISTS subscription_numbers (
+CREATE TABLE IF NOT EXISTS subscription_numbers (  -- each id's newest number (rows are never deleted)
     no INTEGER PRIMARY KEY,
-    sub_id TEXT NOT NULL UNIQUE,
-    reset INTEGER NOT NULL DEFAULT 0  -- the last unsubscription: older matches are not for the id's queue
+    sub_id TEXT NOT NULL UNIQUE
 );
 CREATE TABLE IF NOT EXISTS deliveries (
     sub_no INTEGER NOT NULL,
@@ -147,6 +154,8 @@ CREATE TABLE IF NOT EXISTS status (
 
 class SqliteStore(RelationalStore):
     IN_IDS = "IN (SELECT value FROM json_each(?))"
+    # numbers only grow (rows are never deleted), so the greatest plus one was never given
+    NEW_NUMBER = "(SELECT MAX(no) + 1 FROM subscription_numbers)"
     NOT_IN_IDS = "NOT IN (SELECT value FROM json_each(?))"
     PAIRS = "(SELECT value ->> 0 AS sub_no, value ->> 1 AS pub FROM json_each(?)) AS j"
     GREATEST = "MAX"
@@ -237,3 +246,6 @@ def _migrate(db: sqlite3.Connection) -> None:
             db.execute(NUMBERED, (KIND_SUBSCRIBE,))
             db.execute("ALTER TABLE log DROP COLUMN meta")
         db.execute(FEED_SEQ)
+        if "reset" in {row[1] for row in db.execute("PRAGMA table_info(subscription_numbers)")}:
+            db.execute(RESET_AS_CURSOR)
+            db.execute("ALTER TABLE subscription_numbers DROP COLUMN reset")

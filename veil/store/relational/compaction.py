@@ -77,9 +77,7 @@ class CompactionSql(Dialect):
             '(SELECT MAX("offset") FROM log WHERE "offset" <= ?)',
             (processed,),
         ).fetchone()[0]
-        published = db.execute(
-            "DELETE FROM validity WHERE until <= ? OR cancelled <= ?", (clock, processed)
-        ).rowcount
+        published = db.execute("DELETE FROM validity WHERE until <= ? OR cancelled <= ?", (clock, processed)).rowcount
         published += db.execute(
             'DELETE FROM log WHERE "offset" IN (SELECT "offset" FROM log WHERE kind IN (?, ?, ?, ?, ?) '
             'AND "offset" <= ? AND "offset" NOT IN (SELECT pub FROM validity) ORDER BY "offset" LIMIT ?)',
@@ -138,7 +136,7 @@ class CompactionSql(Dialect):
             return self._floor[1]
         floor = consumed_floor(
             db.execute(
-                f"SELECT n.no, {self.GREATEST}(n.reset, COALESCE(c.pub, 0)) FROM subscriptions s "
+                "SELECT n.no, COALESCE(c.pub, 0) FROM subscriptions s "
                 "JOIN subscription_numbers n USING (sub_id) LEFT JOIN cursors c USING (sub_id) "
                 "WHERE s.deleted IS NULL"
             ).fetchall()

@@ -68,13 +68,10 @@ class DeliverySql(Dialect):
         )
         return {(sub_no, pub): body for sub_no, pub, body in rows}
 
-    def backlog(self, sub_id: str, after_pub: int, limit: int) -> tuple[list[Delivery], int]:
+    def backlog(self, number: int, after_pub: int, limit: int) -> tuple[list[Delivery], int]:
+        numbers = np.array([number], np.int64)
         with self._tx(write=False) as db:
             watermark = db.execute(LAST_FEED_SEQ).fetchone()[0]
-            number = db.execute("SELECT no FROM subscription_numbers WHERE sub_id = ?", (sub_id,)).fetchone()
-            if number is None:
-                return [], watermark
-            numbers = np.array(number, np.int64)
             _, pubs, _ = self._queued(db, numbers, np.array([after_pub], np.int64), limit, watermark, 0)
             bodies = self._bodies(db, pubs)
             copies = self._copies(db, np.repeat(numbers, len(pubs)), pubs)
@@ -98,20 +95,22 @@ class DeliverySql(Dialect):
     ) -> tuple[np.ndarray, np.ndarray, int]:
         """`backlogs` inside a read transaction: the live subscriptions' spilled rows, then the
         unspilled feed up to `watermark`; and where a next read of the feed starts."""
-        resets = dict(
-            db.execute(
+        # a number is live while it is its id's newest and the id has a live subscription: the queue of
+        # an earlier subscription of the id is nobody's
+        live = {
+            number
+            for (number,) in db.execute(
                 # driven by the numbers: a join lets SQLite scan every live subscription instead
-                f"SELECT n.no, n.reset FROM subscription_numbers n WHERE n.no {self.IN_IDS} AND EXISTS "
+                f"SELECT n.no FROM subscription_numbers n WHERE n.no {self.IN_IDS} AND EXISTS "
                 "(SELECT 1 FROM subscriptions s WHERE s.sub_id = n.sub_id AND s.deleted IS NULL)",
                 (self._ids(numbers),),
             )
-        )
+        }
         floors: dict[int, int] = {}
         found: list[tuple[int, int]] = []
-        for number, after in zip(numbers.tolist(), afters.tolist(), strict=True):
-            if number not in resets:
+        for number, floor in zip(numbers.tolist(), afters.tolist(), strict=True):
+            if number not in live:
                 continue
-            floor = max(after, resets[number])
             spilled = db.execute(
                 "SELECT pub FROM deliveries WHERE sub_no = ? AND pub > ? ORDER BY pub LIMIT ?",
                 (number, floor, limit),
@@ -125,7 +124,7 @@ class DeliverySql(Dialect):
         if floors:
             more_nos, more_pubs, reached = self._unspilled(db, floors, watermark, limit, from_seq)
             sub_nos, pubs = np.concatenate([sub_nos, more_nos]), np.concatenate([pubs, more_pubs])
-        if len(floors) < len(resets):  # some filled up on spilled rows: their feed is still to read
+        if len(floors) < len(live):  # some filled up on spilled rows: their feed is still to read
             reached = from_seq
         order = np.lexsort((pubs, sub_nos))
         sub_nos, pubs = sub_nos[order], pubs[order]
@@ -179,15 +178,16 @@ class DeliverySql(Dialect):
             row = db.execute("SELECT pub FROM cursors WHERE sub_id = ?", (sub_id,)).fetchone()
         return row[0] if row else 0
 
-    def save_cursors(self, cursors: dict[str, int], forwarded: int = 0) -> None:
+    def save_cursors(self, cursors: dict[int, int], forwarded: int = 0) -> None:
         with self._tx() as db:
             if forwarded:
                 add_status(db, "forwarded", forwarded)
             db.executemany(
-                "INSERT INTO cursors(sub_id, pub) SELECT ?, ? WHERE EXISTS "
-                "(SELECT 1 FROM subscriptions WHERE sub_id = ? AND deleted IS NULL) "
+                # by number: a cursor of an earlier subscription of the id never moves a later one's
+                "INSERT INTO cursors(sub_id, pub) SELECT n.sub_id, ? FROM subscription_numbers n WHERE n.no = ? "
+                "AND EXISTS (SELECT 1 FROM subscriptions s WHERE s.sub_id = n.sub_id AND s.deleted IS NULL) "
                 f"ON CONFLICT (sub_id) DO UPDATE SET pub = {self.GREATEST}(cursors.pub, excluded.pub)",
-                [(sub_id, pub, sub_id) for sub_id, pub in cursors.items()],
+                [(pub, number) for number, pub in cursors.items()],
             )
             count_change(db)
 

@@ -52,6 +52,7 @@ class Dialect(EventStore):
     PAIRS: str  # a table j(sub_no, pub) of the parameters `_pairs` makes
     GREATEST: str  # the scalar max and min of two values
     LEAST: str
+    NEW_NUMBER: str  # a subscription number never given before (the caller holds the write lock)
 
     @abstractmethod
     def _tx(self, write: bool = True) -> contextlib.AbstractContextManager[Db]:

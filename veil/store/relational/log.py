@@ -1,5 +1,10 @@
 """The log and what is logged in it: publications, withdrawals, registry versions, ticks,
-subscription changes (with their owners and numbers) and edge brokers' announcements."""
+subscription changes (with their owners and numbers) and edge brokers' announcements.
+
+A subscription is its owner's: a number is given to each creation of one, kept while its owner
+replaces it, and never given again, so that whatever was matched, queued, offered or ranked for a
+subscription (all of it by number) reaches no later subscription that takes the same id. The
+`subscription_numbers` table holds each id's newest number; the log entry of each version keeps its own."""
 
 from __future__ import annotations
 
@@ -23,8 +28,14 @@ from veil.store.queues import NEVER
 from veil.store.relational.dialect import Db, Dialect, add_status, count_change, get_status, now_ms, set_status
 
 NOT_QUARANTINED = 'NOT EXISTS (SELECT 1 FROM quarantine q WHERE q."offset" = s.created)'
+# each version with the number it was logged with: an id freed and taken again has a newer one
 SUBSCRIPTION_ROWS = (
-    "SELECT s.sub_id, n.no, s.owner, s.body FROM subscriptions s JOIN subscription_numbers n USING (sub_id) "
+    'SELECT s.sub_id, l.number, s.owner, s.body FROM subscriptions s JOIN log l ON l."offset" = s.created '
+)
+# an id's live subscription: its owner and number
+LIVE = (
+    "SELECT s.owner, n.no FROM subscriptions s JOIN subscription_numbers n USING (sub_id) "
+    "WHERE s.sub_id = ? AND s.deleted IS NULL"
 )
 
 
@@ -127,19 +138,13 @@ class LogSql(Dialect):
 
     def put_subscription(self, sub_id: str, owner: str, body: bytes) -> int:
         with self._tx() as db:
-            current = _live_owner(db, sub_id)
-            if current is not None and current != owner:
+            live = db.execute(LIVE, (sub_id,)).fetchone()
+            if live is not None and live[0] != owner:
                 raise NotOwner("subscription", sub_id)
-            db.execute(  # not ON CONFLICT: PostgreSQL would use up a number on every replacement
-                "INSERT INTO subscription_numbers(sub_id) SELECT ? "
-                "WHERE NOT EXISTS (SELECT 1 FROM subscription_numbers WHERE sub_id = ?)",
-                (sub_id, sub_id),
+            number = live[1] if live is not None else self._new_number(db, sub_id)
+            offset = append_entry(
+                db, "kind, sub_id, body, client, time, number", (KIND_SUBSCRIBE, sub_id, body, owner, now_ms(), number)
             )
-            offset = db.execute(
-                "INSERT INTO log(kind, sub_id, body, client, time, number) "
-                'SELECT ?, ?, ?, ?, ?, no FROM subscription_numbers WHERE sub_id = ? RETURNING "offset"',
-                (KIND_SUBSCRIBE, sub_id, body, owner, now_ms(), sub_id),
-            ).fetchone()[0]
             db.execute("UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id))
             db.execute(
                 "INSERT INTO subscriptions(sub_id, created, owner, body) VALUES (?, ?, ?, ?)",
@@ -148,41 +153,50 @@ class LogSql(Dialect):
             count_change(db)
         return offset
 
+    def _new_number(self, db: Db, sub_id: str) -> int:
+        """Give the id a number no subscription had (an UPDATE first: PostgreSQL's INSERT ... ON CONFLICT
+        would use up a number of its sequence on every id taken again)."""
+        row = db.execute(
+            f"UPDATE subscription_numbers SET no = {self.NEW_NUMBER} WHERE sub_id = ? RETURNING no", (sub_id,)
+        ).fetchone()
+        if row is None:
+            row = db.execute("INSERT INTO subscription_numbers(sub_id) VALUES (?) RETURNING no", (sub_id,)).fetchone()
+        return row[0]
+
     def remove_subscription(self, sub_id: str, owner: str) -> int:
         with self._tx() as db:
-            current = _live_owner(db, sub_id)
-            if current is None:
+            live = db.execute(LIVE, (sub_id,)).fetchone()
+            if live is None or live[0] != owner:  # one answer: whether someone else holds the id is not told
                 raise UnknownSubscription(sub_id)
-            if current != owner:
-                raise NotOwner("subscription", sub_id)
             offset = append_entry(db, "kind, sub_id, time", (KIND_UNSUBSCRIBE, sub_id, now_ms()))
             db.execute("UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id))
-            # matches computed before the unsubscription may still arrive in the feed: they are never
-            # spilled or served, since only live subscriptions get them and only after their reset
-            db.execute("UPDATE subscription_numbers SET reset = ? WHERE sub_id = ?", (offset, sub_id))
-            db.execute(
-                "DELETE FROM deliveries WHERE sub_no = (SELECT no FROM subscription_numbers WHERE sub_id = ?)",
-                (sub_id,),
-            )
+            # matches computed before the unsubscription may still arrive in the feed under its number:
+            # no live subscription has that number any more, so they are neither spilled nor served
+            db.execute("DELETE FROM deliveries WHERE sub_no = ?", (live[1],))
             db.execute("DELETE FROM cursors WHERE sub_id = ?", (sub_id,))
+            # nor is its connection's claim: a later subscription of the id may connect through any gateway
+            db.execute("DELETE FROM connections WHERE sub_id = ?", (sub_id,))
             count_change(db)
         return offset
 
     def subscription_owner(self, sub_id: str) -> str | None:
         with self._read() as db:
-            return _live_owner(db, sub_id)
+            live = db.execute(LIVE, (sub_id,)).fetchone()
+        return live[0] if live else None
 
-    def live_subscription(self, sub_id: str) -> tuple[str, bytes] | None:
+    def live_subscription(self, sub_id: str, owner: str) -> tuple[int, bytes] | None:
         with self._read() as db:
             row = db.execute(
-                "SELECT owner, body FROM subscriptions WHERE sub_id = ? AND deleted IS NULL", (sub_id,)
+                "SELECT n.no, s.body FROM subscriptions s JOIN subscription_numbers n USING (sub_id) "
+                "WHERE s.sub_id = ? AND s.deleted IS NULL AND s.owner = ?",
+                (sub_id, owner),
             ).fetchone()
         return (row[0], bytes(row[1])) if row else None
 
-    def subscription_number(self, sub_id: str) -> int | None:
+    def subscription_number(self, sub_id: str, owner: str | None = None) -> int | None:
         with self._read() as db:
-            row = db.execute("SELECT no FROM subscription_numbers WHERE sub_id = ?", (sub_id,)).fetchone()
-        return row[0] if row else None
+            live = db.execute(LIVE, (sub_id,)).fetchone()
+        return live[1] if live is not None and owner in (None, live[0]) else None
 
     def head_offset(self) -> int:
         with self._read() as db:
@@ -224,11 +238,6 @@ class LogSql(Dialect):
 
 def _registry_version(db: Db) -> int:
     return db.execute('SELECT COALESCE(MAX("offset"), 0) FROM registry').fetchone()[0]
-
-
-def _live_owner(db: Db, sub_id: str) -> str | None:
-    row = db.execute("SELECT owner FROM subscriptions WHERE sub_id = ? AND deleted IS NULL", (sub_id,)).fetchone()
-    return row[0] if row else None
 
 
 def append_entry(db: Db, columns: str, values: tuple[Any, ...]) -> int:
