@@ -60,7 +60,7 @@ class Background:
         while True:
             try:
                 gateway.ingest.processed = await gateway.threads.read(gateway.threads.store.processed_offset)
-                gateway.ingest.behind = (gateway.hub.behind(), len(gateway.hub.holders))
+                gateway.ingest.behind = gateway.hub.clients_behind()
                 problems = await self._pipeline_problems()
                 if time.monotonic() - self._quarantine_checked >= QUARANTINE_INTERVAL:
                     await self._follow_quarantine()

@@ -26,11 +26,12 @@ async def serve_multiplexed(
                 admitted.append(await admit(gateway, handshake.for_subscription(place), identity))
             except ProtocolError as exc:
                 raise ProtocolError("subscriptionIds", f"{sub_id}: {exc.problem}", exc.status) from None
+        client = gateway.hub.quotas.connect(admitted[0].client)
     except ProtocolError as exc:
         await _release(gateway, admitted)
         await close(exc.to_json())
         return
-    bundle = Bundle(gateway.hub, handshake, admitted, send, close)
+    bundle = Bundle(gateway.hub, handshake, admitted, send, close, client)
     await gateway.hub.attach_bundle(bundle)
     threads = gateway.threads
     for sub_id in bundle.ids:  # an unsubscription that ran before the attach found nothing to end
@@ -50,6 +51,8 @@ async def serve_multiplexed(
         pusher.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
             await pusher
+        bundle.forget()
+        gateway.hub.quotas.disconnect(client)
         await _release(gateway, admitted)  # (a claim taken since by a newer connection is not this one's)
         await bundle.close()
 

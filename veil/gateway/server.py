@@ -25,6 +25,7 @@ from veil.gateway.errors import json_parse_errors
 from veil.gateway.health import Health
 from veil.gateway.ingest import Ingest
 from veil.gateway.pipeline_process import PipelineProcess
+from veil.gateway.quotas import Quotas
 from veil.gateway.registry import CurrentRegistry
 from veil.gateway.rest import create_app
 from veil.gateway.store_threads import StoreThreads
@@ -44,7 +45,9 @@ KEEPALIVE = 75.0  # seconds an HTTP connection may idle between requests (or sit
 def build_gateway(config: Config) -> Gateway:
     threads = StoreThreads(open_store(config.store_url))
     ingest = Ingest(threads, config.max_pending, config.max_lag)
-    hub = DeliveryHub(threads)
+    hub = DeliveryHub(
+        threads, quotas=Quotas(config.max_client_connections, config.max_client_queued, config.max_queued)
+    )
     registry = CurrentRegistry(threads)
     tokens = TokenVerifier(config.jwks, config.token_issuer, config.token_audience) if config.jwks else None
     health = Health(threads, ingest, hub)
@@ -109,7 +112,10 @@ class Broker:
             await runner.setup()
             assert runner.server is not None
             server = await loop.create_server(
-                gateway.admission.tracking(json_parse_errors(runner.server)), config.bind, port, ssl=context,
+                gateway.admission.tracking(json_parse_errors(runner.server)),
+                config.bind,
+                port,
+                ssl=context,
                 backlog=1024,
             )
             self._servers.append(server)

@@ -20,6 +20,7 @@ class Admitted(NamedTuple):
     number: int
     start_after: int
     claimed: float
+    client: str = ""  # the owner's identity
 
 
 async def admit(gateway: Gateway, handshake: Handshake, identity: str | None) -> Admitted:
@@ -41,4 +42,4 @@ async def admit(gateway: Gateway, handshake: Handshake, identity: str | None) ->
     if start is None:
         saved = await threads.read(store.cursor, handshake.subscription_id)
         start = max(saved, hub.unsaved_cursor(handshake.subscription_id))
-    return Admitted(handshake.subscription_id, number, start, claimed)
+    return Admitted(handshake.subscription_id, number, start, claimed, client)

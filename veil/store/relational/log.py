@@ -14,6 +14,7 @@ from veil.store.base import (
     LogEntry,
     NotOwner,
     Publication,
+    TooMany,
     UnknownAnnouncement,
     UnknownPublication,
     UnknownSubscription,
@@ -111,11 +112,17 @@ class LogSql(Dialect):
             ).fetchone()
         return row[0] if row else None
 
-    def put_subscription(self, sub_id: str, owner: str, body: bytes) -> int:
+    def put_subscription(self, sub_id: str, owner: str, body: bytes, most: int | None = None) -> int:
         with self._tx() as db:
             current = _live_owner(db, sub_id)
             if current is not None and current != owner:
                 raise NotOwner("subscription", sub_id)
+            if current is None and most is not None:
+                held = db.execute(
+                    "SELECT COUNT(*) FROM subscriptions WHERE owner = ? AND deleted IS NULL", (owner,)
+                ).fetchone()[0]
+                if held >= most:
+                    raise TooMany("subscriptions", most)
             db.execute(  # not ON CONFLICT: PostgreSQL would use up a number on every replacement
                 "INSERT INTO subscription_numbers(sub_id) SELECT ? "
                 "WHERE NOT EXISTS (SELECT 1 FROM subscription_numbers WHERE sub_id = ?)",
