@@ -141,13 +141,14 @@ class Bundle:
             places, pubs, variants = places[take], pubs[take], variants[take]
         if not len(places):
             return
-        lines = _lines(places, pubs, variants, published, self._id_bytes, live=True)
-        if (
-            self._queued_lines + len(lines.pubs) > LINE_LIMIT
-            or self.queued + len(places) > self._limit
-            or int(lines.sizes.sum()) > self.hub.quotas.room(self.client)
-        ):
+        room = self.hub.quotas.room(self.client)
+        # what cannot fit is not even made into lines: an entry may hold millions of deliveries
+        lines = None
+        if self.queued + len(places) <= self._limit and int(self._id_bytes[places].sum()) <= room:
+            lines = _lines(places, pubs, variants, published, self._id_bytes, live=True)
+        if lines is None or self._queued_lines + len(lines.pubs) > LINE_LIMIT or int(lines.sizes.sum()) > room:
             self.live[places] = False  # the rest waits in the store; these subscriptions refill from there
+            self.hub.taking(self.numbers[places], self.key, False)
             self.unread[places] = seq
             self._wake.set()
             return
@@ -166,6 +167,7 @@ class Bundle:
     def resync(self) -> None:
         """Take the next deliveries from the store rather than from offers."""
         self.live[:] = False
+        self.hub.taking(self.numbers, self.key, False)
         self.unread[:] = 0
         self._wake.set()
 
@@ -308,6 +310,7 @@ class Bundle:
         # Rows the hub handled after our snapshot were not offered to us: read again before going live.
         if self.hub.last_seq <= watermark:
             self.live[places[~full & ~cut]] = True
+            self.hub.taking(self.numbers[places[~full & ~cut]], self.key, True)
 
     async def close(self) -> None:
         self.closed = True

@@ -91,6 +91,7 @@ class Session:
         fits = fitting(chunk.sizes[skip : skip + room], self.hub.quotas.room(self.client), least=0)
         if len(chunk.pubs) - skip > fits:
             self.caught_up = False  # the rest waits in the store; the session refills from there
+            self.hub.session_taking(self)
         take = slice(skip, skip + fits)
         if take.stop > take.start:
             logged = None if chunk.logged is None else chunk.logged[take]
@@ -100,6 +101,7 @@ class Session:
     def resync(self) -> None:
         """Take the next deliveries from the store rather than from offers."""
         self.caught_up = False
+        self.hub.session_taking(self)
         self._wake.set()
 
     def _queue(self, chunk: Chunk) -> None:
@@ -179,6 +181,7 @@ class Session:
         # Rows the hub handled after our snapshot were not offered to us: read again before going live.
         if taken == len(rows) < QUEUE_LIMIT and self.hub.last_seq <= watermark:
             self.caught_up = True
+            self.hub.session_taking(self)
 
     async def close(self, error: bytes | None = None) -> None:
         self.closed = True
@@ -203,6 +206,9 @@ class DeliveryHub:
         # indexed by subscription number: connected here; the key of its bundle (-1: a session of its
         # own); its place in the bundle
         self._connected = np.zeros(1024, bool)
+        # connected and taking offers (caught up): only their matches are fanned out, so that a
+        # client that reads nothing costs the hub nothing per feed entry
+        self._taking = np.zeros(1024, bool)
         self._bundle_of = np.full(1024, -1, np.int64)
         self._place = np.zeros(1024, np.int64)
         self.last_seq = 0
@@ -221,6 +227,7 @@ class DeliveryHub:
         self._by_number[session.number] = session
         self._grow(session.number + 1)
         self._connected[session.number] = True
+        self._taking[session.number] = session.caught_up
         self._bundle_of[session.number] = -1
 
     async def attach_bundle(self, bundle: Bundle) -> None:
@@ -230,6 +237,7 @@ class DeliveryHub:
         self._bundles[bundle.key] = bundle
         self._grow(int(bundle.numbers.max()) + 1)
         self._connected[bundle.numbers] = True
+        self._taking[bundle.numbers] = bundle.live
         self._bundle_of[bundle.numbers] = bundle.key
         self._place[bundle.numbers] = np.arange(len(bundle.numbers))
 
@@ -244,6 +252,7 @@ class DeliveryHub:
             del self.holders[session.sub_id]
             del self._by_number[session.number]
             self._connected[session.number] = False
+            self._taking[session.number] = False
 
     def leave(self, bundle: Bundle, place: int) -> None:
         """One subscription of a bundle is no longer delivered through it; its cursor is kept."""
@@ -251,6 +260,7 @@ class DeliveryHub:
         if self.holders.get(sub_id) is bundle:
             del self.holders[sub_id]
             self._connected[bundle.numbers[place]] = False
+            self._taking[bundle.numbers[place]] = False
             self._bundle_of[bundle.numbers[place]] = -1
         if bundle.cursor[place] > bundle.saved[place]:
             self.save_cursor(sub_id, int(bundle.cursor[place]))
@@ -286,10 +296,19 @@ class DeliveryHub:
             bundle.queued for bundle in self._bundles.values()
         )
 
+    def taking(self, numbers: np.ndarray, key: int, on: bool) -> None:
+        """Whether these subscriptions of bundle `key` take offers (those it no longer holds are not its say)."""
+        self._taking[numbers[self._bundle_of[numbers] == key]] = on
+
+    def session_taking(self, session: Session) -> None:
+        if self._by_number.get(session.number) is session:
+            self._taking[session.number] = session.caught_up
+
     def _grow(self, size: int) -> None:
         if size > len(self._connected):
             size = max(size, 2 * len(self._connected))
             self._connected = np.concatenate([self._connected, np.zeros(size - len(self._connected), bool)])
+            self._taking = np.concatenate([self._taking, np.zeros(size - len(self._taking), bool)])
             self._bundle_of = np.concatenate([self._bundle_of, np.full(size - len(self._bundle_of), -1, np.int64)])
             self._place = np.concatenate([self._place, np.zeros(size - len(self._place), np.int64)])
 
@@ -341,7 +360,7 @@ class DeliveryHub:
 
     async def _fan_out(self, entry: FeedEntry) -> None:
         self._grow(int(entry.sub_nos.max(initial=0)) + 1)
-        mine = self._connected[entry.sub_nos]
+        mine = self._taking[entry.sub_nos]
         if not mine.any():
             return
         sub_nos, pubs = entry.sub_nos[mine], entry.pubs[mine]  # grouped by subscription already

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import ssl
 
-from veil.gateway import membership
+from veil.gateway import membership, memory
 from veil.gateway.bundle import Bundle
 from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
@@ -53,6 +53,7 @@ async def serve_multiplexed(
             await pusher
         bundle.forget()
         gateway.hub.quotas.disconnect(client)
+        memory.give_back()
         await _release(gateway, admitted)  # (a claim taken since by a newer connection is not this one's)
         await bundle.close()
 

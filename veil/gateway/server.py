@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from veil.config import Config
-from veil.gateway import membership
+from veil.gateway import membership, memory
 from veil.gateway.admission import Admission
 from veil.gateway.background import Background
 from veil.gateway.channel import EdgeChannels
@@ -179,6 +179,7 @@ def announce_profile(config: Config) -> None:
 
 async def serve(config: Config) -> None:
     announce_profile(config)
+    memory.map_large_allocations()
     broker = Broker(config, run_pipeline=config.role == "all")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
