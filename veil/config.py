@@ -174,7 +174,7 @@ class Config:
         ("VEIL_MAX_CLIENT_SUBSCRIPTIONS",),
     )  # fmt: skip
     max_client_connections: int = _opt(
-        256, "most delivery connections one client (identity) keeps open at a gateway; beyond it the handshake "
+        1024, "most delivery connections one client (identity) keeps open at a gateway; beyond it the handshake "
         "gets an error line (429)",
         ("VEIL_MAX_CLIENT_CONNECTIONS",),
     )  # fmt: skip

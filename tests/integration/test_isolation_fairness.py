@@ -27,7 +27,7 @@ MAX_CLIENT_QUEUED = 2 << 20
 READ_TIMEOUT = 3
 MAX_UNAUTHENTICATED = 64
 READERS = 7  # other clients, each reading; with the silent one, enough to judge delivery overload
-FLOOD_BATCHES, FLOOD_BATCH = 8, 250  # 2,000 publications, each matching all 1,000: 70 MB of lines owed
+FLOOD_BATCHES, FLOOD_BATCH = 12, 250  # 3,000 publications, each matching all 1,000: 105 MB of lines owed
 GROWTH_BOUND = 48 << 20  # what one silent connection of 1,000 subscriptions may add to the gateway
 RETURN_BOUND = 20 << 20  # above the baseline once it closed
 
