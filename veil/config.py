@@ -186,6 +186,25 @@ class Config:
         "it the oldest go",
         ("VEIL_MAX_UNAUTHENTICATED",),
     )  # fmt: skip
+    max_client_subscriptions: int = _opt(
+        100_000, "most live subscriptions of one client (identity); beyond it /subscribe gets 429",
+        ("VEIL_MAX_CLIENT_SUBSCRIPTIONS",),
+    )  # fmt: skip
+    max_client_connections: int = _opt(
+        1024, "most delivery connections one client (identity) keeps open at a gateway; beyond it the handshake "
+        "gets an error line (429)",
+        ("VEIL_MAX_CLIENT_CONNECTIONS",),
+    )  # fmt: skip
+    max_client_queued: int = _opt(
+        32 << 20, "bytes of delivery lines a gateway queues in memory for one client's connections; beyond it "
+        "they wait in the store until the client reads what was queued",
+        ("VEIL_MAX_CLIENT_QUEUED",),
+    )  # fmt: skip
+    max_queued: int = _opt(
+        512 << 20, "bytes of delivery lines a gateway queues in memory for all its connections together; "
+        "beyond it they wait in the store",
+        ("VEIL_MAX_QUEUED",),
+    )  # fmt: skip
     entry_timeout: float = _opt(
         60.0, "seconds the pipeline may spend on one log entry before setting it aside (quarantine)",
         ("VEIL_ENTRY_TIMEOUT",),
@@ -305,7 +324,10 @@ class Config:
             raise ValueError("--round-gap-ms: from 0 to 10000")
         if not 1 <= self.epoch_seconds <= 3600:
             raise ValueError("--epoch-seconds: from 1 to 3600")
-        for option in (*(f"max_{name}" for name in Limits._fields), "max_pending", "max_unauthenticated"):
+        for option in (
+            *(f"max_{name}" for name in Limits._fields), "max_pending", "max_unauthenticated",
+            "max_client_subscriptions", "max_client_connections", "max_client_queued", "max_queued",
+        ):  # fmt: skip
             if getattr(self, option) < 1:
                 raise ValueError(f"--{_flag(option)}: at least 1")
         for name in ("read_timeout", "entry_timeout", "stall_timeout"):

@@ -17,10 +17,10 @@ def threads(tmp_path):
     threads.close()
 
 
-async def test_most_subscriptions_behind_refuses_publishes(threads):
+async def test_most_clients_behind_refuses_publishes(threads):
     ingest = Ingest(threads, max_pending=100, max_lag=100)
     ingest.behind = (5, 8)
-    with pytest.raises(Overloaded, match="5 of 8"):
+    with pytest.raises(Overloaded, match="5 of 8 connected clients"):
         await ingest.append(published(b"{}"))
 
 

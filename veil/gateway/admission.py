@@ -5,7 +5,8 @@ Such connections cost a descriptor and a buffer each and prove nothing, so a cli
 thousands and sends half a request on each could otherwise take every descriptor the gateway has.
 A new connection must complete its first request (or handshake) within the read timeout; and past
 the limit, the connection that has waited longest is closed, since an honest client sends its
-request within milliseconds of connecting and is never the oldest.
+request within milliseconds of connecting and is never the oldest. A delivery connection closed
+either way gets an error line saying why first (the reason `close` is given).
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
 
+Closer = Callable[[str], object]
+"""Closes a connection that has yet to prove itself, given the reason (which a delivery connection
+sends as an error line first)."""
+
 
 class Admission:
     def __init__(self, limit: int, timeout: float) -> None:
         self.limit = limit
         self.timeout = timeout
-        self._waiting: OrderedDict[object, tuple[Callable[[], object], asyncio.TimerHandle | None]] = OrderedDict()
+        self._waiting: OrderedDict[object, tuple[Closer, asyncio.TimerHandle | None]] = OrderedDict()
 
-    def admit(self, key: object, close: Callable[[], object], timed: bool = True) -> None:
+    def admit(self, key: object, close: Closer, timed: bool = True) -> None:
         """A connection that has yet to prove itself (`timed`: closed unless it settles within the read
         timeout), or one idle between requests; `close` ends it if it has to make room."""
         self.settle(key)
@@ -31,7 +36,7 @@ class Admission:
             _, (oldest, handle) = self._waiting.popitem(last=False)
             if handle is not None:
                 handle.cancel()
-            oldest()
+            oldest(f"more than {self.limit} connections had yet to send a request or handshake: the oldest went")
 
     def settle(self, key: object) -> None:
         """The connection sent a request or a handshake (or went away)."""
@@ -42,7 +47,7 @@ class Admission:
     def _expire(self, key: object) -> None:
         entry = self._waiting.pop(key, None)
         if entry is not None:
-            entry[0]()
+            entry[0](f"no request or handshake within {self.timeout:g} s")
 
     def tracking(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         """A protocol factory whose connections are admitted when made and settled when lost; the
@@ -62,7 +67,7 @@ class _Tracked(asyncio.Protocol):
         self.admission = admission
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.admission.admit(self.inner, transport.close)
+        self.admission.admit(self.inner, lambda _: transport.close())
         self.inner.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 import orjson
 
 from veil.gateway.channel import Close, Send
+from veil.gateway.quotas import Client, fitting
 from veil.monitoring import trace
 from veil.protocol import Handshake
 from veil.protocol.envelope import wrap
@@ -46,24 +47,29 @@ QUEUE_LIMIT = 2048  # deliveries per subscription it queues (on average), for th
 REFILL_DELIVERIES = 65536  # read from the store at once, over the subscriptions that refill
 REFILL_EACH = 64  # at least, per subscription
 SEND_LINES = 512  # lines per write
+SEND_BYTES = 64 * 1024  # bytes per write, about: what waits in the transport for a client that reads slowly
+REFILL_BYTES = 1 << 20  # bytes of lines queued from one read of the store, about
+LINE_BYTES = 48  # of a line besides its publication, envelope fields and subscription ids: seq, id, quotes
 UNACKED_DELIVERIES = 1 << 16  # written and remembered line by line for acknowledgements
 _keys = itertools.count()
 
 
 class Published(NamedTuple):
     """What a feed entry delivers, once per distinct copy ("variant": a publication, or a cropped copy
-    of it for one subscription): its offset, bytes, envelope fields and when it was logged (ms)."""
+    of it for one subscription): its offset, bytes, envelope fields, when it was logged (ms) and the
+    bytes of its line but the subscription ids (`sizes`)."""
 
     pubs: np.ndarray
     bodies: np.ndarray  # of bytes
     envelopes: np.ndarray  # of bytes
     logged: np.ndarray
+    sizes: np.ndarray
 
 
 class Lines(NamedTuple):
-    """Queued lines: per line its publication, bytes, envelope fields and how many subscriptions it
-    goes to; per delivery, in line order, the subscription's place; `logged` only for lines taken
-    live from the feed (the latency histogram's samples)."""
+    """Queued lines: per line its publication, bytes, envelope fields, how many subscriptions it
+    goes to and its size as written; per delivery, in line order, the subscription's place; `logged`
+    only for lines taken live from the feed (the latency histogram's samples)."""
 
     pubs: np.ndarray
     bodies: list[bytes]
@@ -71,18 +77,29 @@ class Lines(NamedTuple):
     counts: np.ndarray
     places: np.ndarray
     logged: np.ndarray | None
+    sizes: np.ndarray
 
 
 class Bundle:
     """A multiplexed connection's subscriptions, as arrays indexed by their place in the handshake."""
 
-    def __init__(self, hub: DeliveryHub, handshake: Handshake, admitted: list[Admitted], send: Send, close: Close):
+    def __init__(
+        self,
+        hub: DeliveryHub,
+        handshake: Handshake,
+        admitted: list[Admitted],
+        send: Send,
+        close: Close,
+        client: Client | None = None,
+    ):
         self.key = next(_keys)
         self.hub = hub
+        self.client = client or Client("")  # whose quota the queued lines count against
         self.ids = [a.sub_id for a in admitted]
         self.numbers = np.array([a.number for a in admitted], np.int64)
         self._places = {sub_id: place for place, sub_id in enumerate(self.ids)}
         self._quoted = np.array([orjson.dumps(sub_id) for sub_id in self.ids], object)
+        self._id_bytes = np.array([len(quoted) + 1 for quoted in self._quoted], np.int64)  # with its comma
         self.acks = handshake.ack
         self.last_queued = np.array([a.start_after for a in admitted], np.int64)
         self.cursor = self.last_queued.copy()  # delivered (or acknowledged, with acks): what to save
@@ -97,6 +114,7 @@ class Bundle:
         self.open = np.ones(len(admitted), bool)
         self.pending: deque[Lines] = deque()
         self.queued = 0  # deliveries
+        self.queued_bytes = 0  # of the lines queued, and of those being written
         self._queued_lines = 0
         # written lines not yet acknowledged, per write: (its serial, seqs, where each line's deliveries
         # end, places, pubs); the first remembered write holding each seq; what older writes delivered
@@ -123,9 +141,14 @@ class Bundle:
             places, pubs, variants = places[take], pubs[take], variants[take]
         if not len(places):
             return
-        lines = _lines(places, pubs, variants, published, live=True)
-        if self._queued_lines + len(lines.pubs) > LINE_LIMIT or self.queued + len(places) > self._limit:
+        room = self.hub.quotas.room(self.client)
+        # what cannot fit is not even made into lines: an entry may hold millions of deliveries
+        lines = None
+        if self.queued + len(places) <= self._limit and int(self._id_bytes[places].sum()) <= room:
+            lines = _lines(places, pubs, variants, published, self._id_bytes, live=True)
+        if lines is None or self._queued_lines + len(lines.pubs) > LINE_LIMIT or int(lines.sizes.sum()) > room:
             self.live[places] = False  # the rest waits in the store; these subscriptions refill from there
+            self.hub.taking(self.numbers[places], self.key, False)
             self.unread[places] = seq
             self._wake.set()
             return
@@ -136,11 +159,15 @@ class Bundle:
         self.pending.append(lines)
         self.queued += len(lines.places)
         self._queued_lines += len(lines.pubs)
+        size = int(lines.sizes.sum())
+        self.queued_bytes += size
+        self.hub.quotas.take(self.client, size)
         self._wake.set()
 
     def resync(self) -> None:
         """Take the next deliveries from the store rather than from offers."""
         self.live[:] = False
+        self.hub.taking(self.numbers, self.key, False)
         self.unread[:] = 0
         self._wake.set()
 
@@ -172,6 +199,13 @@ class Bundle:
         done = int(ends[np.flatnonzero(seqs == seq)[0]])
         np.maximum.at(self.cursor, places[:done], pubs[:done])
 
+    def forget(self) -> None:
+        """The connection is gone: what it had queued goes back to its client's quota (it is still in
+        the store)."""
+        self.pending.clear()
+        self.hub.quotas.release(self.client, self.queued_bytes)
+        self.queued = self._queued_lines = self.queued_bytes = 0
+
     def cursor_changes(self) -> dict[int, int]:
         """The cursors that moved since the last call, by subscription number."""
         moved = np.flatnonzero(self.cursor > self.saved)
@@ -191,10 +225,11 @@ class Bundle:
 
     async def _write(self) -> None:
         batch: list[Lines] = []
-        lines = 0
-        while self.pending and lines < SEND_LINES:
+        lines = size = 0
+        while self.pending and lines < SEND_LINES and size < SEND_BYTES:
             batch.append(self.pending.popleft())
             lines += len(batch[-1].pubs)
+            size += int(batch[-1].sizes.sum())
         frames: list[bytes] = []
         for at, item in enumerate(batch):
             self.queued -= len(item.places)
@@ -210,6 +245,8 @@ class Bundle:
                 frames.append(wrap(pub, body, members + b"," + ids if members else ids))
                 low = high
         await self._send(frames)
+        self.queued_bytes -= size
+        self.hub.quotas.release(self.client, size)
         places = np.concatenate([item.places for item in batch])
         pubs = np.concatenate([np.repeat(item.pubs, item.counts) for item in batch])
         if self.acks:
@@ -252,17 +289,28 @@ class Bundle:
             threads.store.backlogs, self.numbers[places], self.last_queued[places], limit, since
         )
         rows = self._by_number[np.searchsorted(self._numbers_sorted, sub_nos)]
+        size = len(self.ids)
+        full = np.bincount(rows, minlength=size)[places] >= limit
+        cut = np.zeros(len(places), bool)  # read, but not all queued: the rest is read again
         if len(pubs):
             published, variants = await self.hub.published(sub_nos, pubs, cropped=True)
             known = variants >= 0  # compacted away meanwhile: nobody is owed them
-            if known.any():
-                self._queue(_lines(rows[known], pubs[known], variants[known], published, live=False))
+            lines = _lines(rows[known], pubs[known], variants[known], published, self._id_bytes, live=False)
+            taken = fitting(lines.sizes, min(self.hub.quotas.room(self.client), REFILL_BYTES), least=1)
+            if taken < len(lines.pubs):  # a line's subscriptions have all lines before it queued
+                lines = _head(lines, taken)
+                queued = np.bincount(lines.places, minlength=size)[places]
+                cut = np.bincount(rows[known], minlength=size)[places] > queued
+                rows, pubs = lines.places, np.repeat(lines.pubs, lines.counts)
+            if len(lines.pubs):
+                self._queue(lines)
             np.maximum.at(self.last_queued, rows, pubs)
-        full = np.bincount(rows, minlength=len(self.ids))[places] >= limit
-        self.unread[places[full]] = np.maximum(self.unread[places[full]], reached)
+        read = full & ~cut
+        self.unread[places[read]] = np.maximum(self.unread[places[read]], reached)
         # Rows the hub handled after our snapshot were not offered to us: read again before going live.
         if self.hub.last_seq <= watermark:
-            self.live[places[~full]] = True
+            self.live[places[~full & ~cut]] = True
+            self.hub.taking(self.numbers[places[~full & ~cut]], self.key, True)
 
     async def close(self) -> None:
         self.closed = True
@@ -271,9 +319,14 @@ class Bundle:
             await self._close(None)
 
 
-def _lines(places: np.ndarray, pubs: np.ndarray, variants: np.ndarray, published: Published, live: bool) -> Lines:
+def _lines(
+    places: np.ndarray, pubs: np.ndarray, variants: np.ndarray, published: Published, id_bytes: np.ndarray, live: bool
+) -> Lines:
     """Deliveries (grouped by subscription, each in publication order) as lines: one per variant, in
-    publication order, naming the subscriptions it goes to."""
+    publication order, naming the subscriptions it goes to (`id_bytes`: each place's id as written)."""
+    if not len(places):
+        empty = np.empty(0, np.int64)
+        return Lines(empty, [], [], empty, empty, empty if live else None, empty)
     order = np.lexsort((variants, pubs))
     variants, places = variants[order], places[order]
     starts = np.flatnonzero(np.r_[True, variants[1:] != variants[:-1]])
@@ -281,6 +334,16 @@ def _lines(places: np.ndarray, pubs: np.ndarray, variants: np.ndarray, published
     return Lines(
         published.pubs[chosen], published.bodies[chosen].tolist(), published.envelopes[chosen].tolist(),
         np.diff(np.r_[starts, len(places)]), places, published.logged[chosen] if live else None,
+        published.sizes[chosen] + np.add.reduceat(id_bytes[places], starts),
+    )  # fmt: skip
+
+
+def _head(lines: Lines, n: int) -> Lines:
+    """The first n lines."""
+    deliveries = int(lines.counts[:n].sum())
+    return Lines(
+        lines.pubs[:n], lines.bodies[:n], lines.envelopes[:n], lines.counts[:n], lines.places[:deliveries],
+        None if lines.logged is None else lines.logged[:n], lines.sizes[:n],
     )  # fmt: skip
 
 
@@ -292,5 +355,5 @@ def _without(lines: Lines, kept: np.ndarray) -> Lines:
     return Lines(
         lines.pubs[left], [b for b, k in zip(lines.bodies, left.tolist(), strict=True) if k],
         [e for e, k in zip(lines.envelopes, left.tolist(), strict=True) if k], counts[left], lines.places[kept],
-        None if lines.logged is None else lines.logged[left],
+        None if lines.logged is None else lines.logged[left], lines.sizes[left],
     )  # fmt: skip

@@ -31,12 +31,18 @@ async def open_session(
     """Admit the handshake's subscription and attach its session; ProtocolError when refused."""
     admitted = await admit(gateway, handshake, principal)
     threads, hub = gateway.threads, gateway.hub
-    session = Session(hub, handshake, admitted.number, admitted.start_after, send, close, admitted.claimed)
+    try:
+        client = hub.quotas.connect(admitted.client)
+    except ProtocolError:
+        await membership.release(gateway, admitted.sub_id, admitted.claimed)
+        raise
+    session = Session(hub, handshake, admitted.number, admitted.start_after, send, close, admitted.claimed, client)
     await hub.attach(session)
     # An unsubscription that ran between the check above and the attach found no session to close
     # (and the id may have been taken again since, under another number).
     if await threads.read(threads.store.subscription_number, handshake.subscription_id) != session.number:
         hub.detach(session)
+        hub.quotas.disconnect(client)
         await membership.release(gateway, session.sub_id, admitted.claimed)
         raise ProtocolError("subscriptionId", "unknown subscription", 404)
     return session
@@ -96,6 +102,8 @@ async def _serve(
         pusher.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
             await pusher
+        session.forget()
+        gateway.hub.quotas.disconnect(session.client)
         with contextlib.suppress(Exception):  # a claim not released lapses with this gateway's renewals
             await membership.release(gateway, session.sub_id, session.claimed)
 

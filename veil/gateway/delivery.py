@@ -24,8 +24,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from veil.gateway.bundle import Bundle, Published
+from veil.gateway.bundle import LINE_BYTES, REFILL_BYTES, SEND_BYTES, Bundle, Published
 from veil.gateway.channel import Close, Send
+from veil.gateway.quotas import UNLIMITED, Client, Quotas, fitting
 from veil.gateway.store_threads import StoreThreads
 from veil.monitoring import trace
 from veil.monitoring.histogram import LATENCY_BOUNDS, Histogram
@@ -52,6 +53,7 @@ class Chunk(NamedTuple):
     pubs: np.ndarray
     bodies: list[bytes]
     envelopes: list[bytes]
+    sizes: np.ndarray  # of each line
     logged: np.ndarray | None = None
 
 
@@ -65,8 +67,10 @@ class Session:
         send: Send,
         close: Close,
         claimed: float = 0.0,
+        client: Client | None = None,
     ) -> None:
         self.hub = hub
+        self.client = client or Client("")  # whose quota the queued lines count against
         self.claimed = claimed  # when this gateway claimed the subscription for it (`membership`)
         self.sub_id = handshake.subscription_id
         self.number = number
@@ -78,6 +82,7 @@ class Session:
         self.sent = start_after
         self.pending: deque[Chunk] = deque()
         self.queued = 0
+        self.queued_bytes = 0  # of the lines queued, and of those being written
         self.caught_up = False
         self.closed = False
         self._wake = asyncio.Event()
@@ -86,24 +91,37 @@ class Session:
         if not self.caught_up or self.closed:
             return
         skip = int(np.searchsorted(chunk.pubs, self.last_queued, side="right"))
-        room = QUEUE_LIMIT - self.queued
-        if len(chunk.pubs) - skip > room:
+        room = min(QUEUE_LIMIT - self.queued, len(chunk.pubs) - skip)
+        fits = fitting(chunk.sizes[skip : skip + room], self.hub.quotas.room(self.client), least=0)
+        if len(chunk.pubs) - skip > fits:
             self.caught_up = False  # the rest waits in the store; the session refills from there
-        take = slice(skip, skip + min(room, len(chunk.pubs) - skip))
+            self.hub.session_taking(self)
+        take = slice(skip, skip + fits)
         if take.stop > take.start:
             logged = None if chunk.logged is None else chunk.logged[take]
-            self._queue(Chunk(chunk.pubs[take], chunk.bodies[take], chunk.envelopes[take], logged))
+            self._queue(Chunk(chunk.pubs[take], chunk.bodies[take], chunk.envelopes[take], chunk.sizes[take], logged))
         self._wake.set()
 
     def resync(self) -> None:
         """Take the next deliveries from the store rather than from offers."""
         self.caught_up = False
+        self.hub.session_taking(self)
         self._wake.set()
 
     def _queue(self, chunk: Chunk) -> None:
         self.pending.append(chunk)
         self.queued += len(chunk.pubs)
+        size = int(chunk.sizes.sum())
+        self.queued_bytes += size
+        self.hub.quotas.take(self.client, size)
         self.last_queued = int(chunk.pubs[-1])
+
+    def forget(self) -> None:
+        """The connection is gone: what it had queued goes back to its client's quota (it is still in
+        the store)."""
+        self.pending.clear()
+        self.hub.quotas.release(self.client, self.queued_bytes)
+        self.queued = self.queued_bytes = 0
 
     def acknowledge(self, seq: int) -> None:
         if self.acks and seq <= self.sent:
@@ -129,9 +147,11 @@ class Session:
         bodies: list[bytes] = []
         envelopes: list[bytes] = []
         logged: list[np.ndarray] = []
-        while self.pending and len(pubs) < SEND_BATCH:
+        size = 0
+        while self.pending and len(pubs) < SEND_BATCH and size < SEND_BYTES:
             chunk = self.pending.popleft()
             self.queued -= len(chunk.pubs)
+            size += int(chunk.sizes.sum())
             pubs.extend(chunk.pubs.tolist())
             bodies.extend(chunk.bodies)
             envelopes.extend(chunk.envelopes)
@@ -142,6 +162,8 @@ class Session:
             await self._send(list(map(wrap, pubs, bodies, envelopes)))
         else:
             await self._send(bodies)
+        self.queued_bytes -= size
+        self.hub.quotas.release(self.client, size)
         self.hub.forwarded += len(pubs)
         if logged:
             self.hub.sent(logged)
@@ -153,12 +175,17 @@ class Session:
     async def _refill(self) -> None:
         threads = self.hub.threads
         rows, watermark = await threads.read(threads.store.backlog, self.number, self.last_queued, QUEUE_LIMIT)
+        taken = 0
         if rows:
             pubs, bodies, origins = zip(*rows, strict=True)
-            self._queue(Chunk(np.array(pubs, np.int64), list(bodies), list(map(fields, origins))))
+            envelopes = list(map(fields, origins))
+            sizes = _sizes(list(bodies), envelopes)
+            taken = fitting(sizes, min(self.hub.quotas.room(self.client), REFILL_BYTES), least=1)
+            self._queue(Chunk(np.array(pubs[:taken], np.int64), list(bodies[:taken]), envelopes[:taken], sizes[:taken]))
         # Rows the hub handled after our snapshot were not offered to us: read again before going live.
-        if len(rows) < QUEUE_LIMIT and self.hub.last_seq <= watermark:
+        if taken == len(rows) < QUEUE_LIMIT and self.hub.last_seq <= watermark:
             self.caught_up = True
+            self.hub.session_taking(self)
 
     async def close(self, error: bytes | None = None) -> None:
         self.closed = True
@@ -173,15 +200,19 @@ class Session:
 
 
 class DeliveryHub:
-    def __init__(self, threads: StoreThreads, poll_interval: float = 0.005) -> None:
+    def __init__(self, threads: StoreThreads, poll_interval: float = 0.005, quotas: Quotas | None = None) -> None:
         self.threads = threads
         self.poll_interval = poll_interval
+        self.quotas = quotas or Quotas(UNLIMITED, UNLIMITED, UNLIMITED)
         self.holders: dict[str, Session | Bundle] = {}  # connected subscriptions, by id
         self._by_number: dict[int, Session] = {}
         self._bundles: dict[int, Bundle] = {}
         # indexed by subscription number: connected here; the key of its bundle (-1: a session of its
         # own); its place in the bundle
         self._connected = np.zeros(1024, bool)
+        # connected and taking offers (caught up): only their matches are fanned out, so that a
+        # client that reads nothing costs the hub nothing per feed entry
+        self._taking = np.zeros(1024, bool)
         self._bundle_of = np.full(1024, -1, np.int64)
         self._place = np.zeros(1024, np.int64)
         self.last_seq = 0
@@ -200,6 +231,7 @@ class DeliveryHub:
         self._by_number[session.number] = session
         self._grow(session.number + 1)
         self._connected[session.number] = True
+        self._taking[session.number] = session.caught_up
         self._bundle_of[session.number] = -1
 
     async def attach_bundle(self, bundle: Bundle) -> None:
@@ -209,6 +241,7 @@ class DeliveryHub:
         self._bundles[bundle.key] = bundle
         self._grow(int(bundle.numbers.max()) + 1)
         self._connected[bundle.numbers] = True
+        self._taking[bundle.numbers] = bundle.live
         self._bundle_of[bundle.numbers] = bundle.key
         self._place[bundle.numbers] = np.arange(len(bundle.numbers))
 
@@ -223,6 +256,7 @@ class DeliveryHub:
             del self.holders[session.sub_id]
             del self._by_number[session.number]
             self._connected[session.number] = False
+            self._taking[session.number] = False
 
     def leave(self, bundle: Bundle, place: int) -> None:
         """One subscription of a bundle is no longer delivered through it; its cursor is kept."""
@@ -230,6 +264,7 @@ class DeliveryHub:
         if self.holders.get(sub_id) is bundle:
             del self.holders[sub_id]
             self._connected[bundle.numbers[place]] = False
+            self._taking[bundle.numbers[place]] = False
             self._bundle_of[bundle.numbers[place]] = -1
         if bundle.cursor[place] > bundle.saved[place]:
             self.save_cursor(int(bundle.numbers[place]), int(bundle.cursor[place]))
@@ -245,16 +280,39 @@ class DeliveryHub:
             bundle.behind() for bundle in self._bundles.values()
         )
 
+    def clients_behind(self) -> tuple[int, int]:
+        """Clients behind, of the clients connected: a client is behind when most of its connected
+        subscriptions read their backlog from the store instead of taking offers. Each client counts
+        once, however many subscriptions and connections it has."""
+        votes: dict[str, list[int]] = {}
+        for holder, behind, connected in (
+            *((session.client, int(not session.caught_up), 1) for session in self._by_number.values()),
+            *((bundle.client, bundle.behind(), int(bundle.open.sum())) for bundle in self._bundles.values()),
+        ):
+            vote = votes.setdefault(holder.identity, [0, 0])
+            vote[0] += behind
+            vote[1] += connected
+        return sum(2 * behind > connected for behind, connected in votes.values()), len(votes)
+
     def queued(self) -> int:
         """Deliveries queued in memory for connected subscriptions."""
         return sum(session.queued for session in self._by_number.values()) + sum(
             bundle.queued for bundle in self._bundles.values()
         )
 
+    def taking(self, numbers: np.ndarray, key: int, on: bool) -> None:
+        """Whether these subscriptions of bundle `key` take offers (those it no longer holds are not its say)."""
+        self._taking[numbers[self._bundle_of[numbers] == key]] = on
+
+    def session_taking(self, session: Session) -> None:
+        if self._by_number.get(session.number) is session:
+            self._taking[session.number] = session.caught_up
+
     def _grow(self, size: int) -> None:
         if size > len(self._connected):
             size = max(size, 2 * len(self._connected))
             self._connected = np.concatenate([self._connected, np.zeros(size - len(self._connected), bool)])
+            self._taking = np.concatenate([self._taking, np.zeros(size - len(self._taking), bool)])
             self._bundle_of = np.concatenate([self._bundle_of, np.full(size - len(self._bundle_of), -1, np.int64)])
             self._place = np.concatenate([self._place, np.zeros(size - len(self._place), np.int64)])
 
@@ -308,7 +366,7 @@ class DeliveryHub:
 
     async def _fan_out(self, entry: FeedEntry) -> None:
         self._grow(int(entry.sub_nos.max(initial=0)) + 1)
-        mine = self._connected[entry.sub_nos]
+        mine = self._taking[entry.sub_nos]
         if not mine.any():
             return
         sub_nos, pubs = entry.sub_nos[mine], entry.pubs[mine]  # grouped by subscription already
@@ -335,7 +393,7 @@ class DeliveryHub:
                 session.offer(
                     Chunk(
                         pubs[low:high], published.bodies[chosen].tolist(), published.envelopes[chosen].tolist(),
-                        published.logged[chosen],
+                        published.sizes[chosen], published.logged[chosen],
                     )
                 )  # fmt: skip
 
@@ -346,13 +404,13 @@ class DeliveryHub:
         store = self.threads.store
         wanted = np.unique(pubs)
         found = await self.threads.read(store.bodies, wanted)
-        looked_up = [found.get(pub, (None, None, 0)) for pub in wanted.tolist()]
+        looked_up = [found.get(pub, (b"", None, 0)) for pub in wanted.tolist()]  # no origin: compacted
         bodies = [body for body, _, _ in looked_up]
         envelopes = [b"" if origin is None else fields(origin) for _, origin, _ in looked_up]
         logged = [at for _, _, at in looked_up]
         variants = np.searchsorted(wanted, pubs)
         if len(found) < len(wanted):
-            missing = np.array([body is None for body in bodies])
+            missing = np.array([origin is None for _, origin, _ in looked_up])
             variants[missing[variants]] = -1
         variant_pubs = wanted.tolist()
         if cropped:
@@ -366,8 +424,9 @@ class DeliveryHub:
                 logged.append(found[pub][2])
                 variant_pubs.append(pub)
         published = Published(
-            np.array(variant_pubs, np.int64), _objects(bodies), _objects(envelopes), np.array(logged, np.int64)
-        )
+            np.array(variant_pubs, np.int64), _objects(bodies), _objects(envelopes), np.array(logged, np.int64),
+            _sizes(bodies, envelopes),
+        )  # fmt: skip
         return published, variants
 
     def sent(self, logged: list[np.ndarray]) -> None:
@@ -420,6 +479,13 @@ class DeliveryHub:
             await bundle.close()
             self.detach_bundle(bundle)
         await self.flush_cursors()
+
+
+def _sizes(bodies: list[bytes], envelopes: list[bytes]) -> np.ndarray:
+    """The bytes of each delivery line but its subscription ids."""
+    count = len(bodies)
+    body_sizes = np.fromiter(map(len, bodies), np.int64, count)
+    return body_sizes + np.fromiter(map(len, envelopes), np.int64, count) + LINE_BYTES
 
 
 def _objects(items: list[bytes]) -> np.ndarray:

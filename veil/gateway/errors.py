@@ -22,6 +22,7 @@ from veil.store import (
     NotOwner,
     StaleRegistry,
     StoreUnavailable,
+    TooMany,
     UnknownAnnouncement,
     UnknownPublication,
     UnknownSubscription,
@@ -48,12 +49,20 @@ def _not_owner(exc: NotOwner) -> Answer:
     return ProtocolError(ID_FIELDS[exc.what], "belongs to another client", 403), None
 
 
+def _too_many(exc: TooMany) -> Answer:
+    problem = (
+        f"this client has {exc.most} {exc.what}, the most one client may (--max-client-{exc.what}); remove one first"
+    )
+    return ProtocolError(exc.what, problem, 429), None
+
+
 ANSWERS: dict[type[Exception], Callable[[Exception], Answer]] = {
     ProtocolError: lambda exc: (exc, None),  # type: ignore[dict-item]
     Overloaded: _overloaded,  # type: ignore[dict-item]
     StoreUnavailable: _unavailable,  # type: ignore[dict-item]
     NotOwner: _not_owner,  # type: ignore[dict-item]
     StaleRegistry: lambda exc: (stale(exc.current, exc.base), None),  # type: ignore[attr-defined]
+    TooMany: _too_many,  # type: ignore[dict-item]
     UnknownSubscription: lambda exc: (ProtocolError("subscriptionId", "unknown subscription", 404), None),
     UnknownAnnouncement: lambda exc: (ProtocolError("announcementId", "unknown announcement", 404), None),
     UnknownPublication: lambda exc: (ProtocolError("id", "no publication with this id is still valid", 404), None),
@@ -133,7 +142,7 @@ async def errors(request: web.Request, handler: Callable[[web.Request], Awaitabl
     finally:
         transport = request.transport
         if transport is not None and not transport.is_closing():
-            admission.admit(connection, transport.close, timed=False)
+            admission.admit(connection, lambda _: transport.close(), timed=False)
     resource = request.match_info.route.resource  # counted by route: paths carry ids, routes do not
     gateway.metrics.responses.labels(resource.canonical if resource else "unmatched", str(response.status)).inc()
     return response

@@ -2,8 +2,8 @@
 
 Concurrent publish requests wait together for one store commit (one fsync), so throughput grows with
 concurrency instead of being capped by disk latency. When too many publications wait for a commit,
-the pipeline lags too far behind the log, or delivery to most connected subscriptions lags behind
-the pipeline, new publishes are refused with Overloaded (→ 503 and Retry-After) instead of piling
+the pipeline lags too far behind the log, or delivery to most connected clients lags behind the
+pipeline, new publishes are refused with Overloaded (→ 503 and Retry-After) instead of piling
 up in RAM or on disk.
 """
 
@@ -16,7 +16,7 @@ from veil.gateway.store_threads import StoreThreads
 from veil.monitoring import trace
 from veil.store import Publication
 
-MIN_SESSIONS = 8  # fewer connected subscriptions never count as delivery overload
+MIN_CLIENTS = 8  # fewer connected clients never count as delivery overload
 
 
 class Overloaded(Exception):
@@ -35,7 +35,7 @@ class Ingest:
         self._flusher: asyncio.Task[None] | None = None
         self.head = 0
         self.processed = 0
-        self.behind: tuple[int, int] = (0, 0)  # (sessions reading their backlog, sessions connected)
+        self.behind: tuple[int, int] = (0, 0)  # (clients reading their backlogs, clients connected)
 
     @property
     def lag(self) -> int:
@@ -47,10 +47,11 @@ class Ingest:
         if self.lag > self._max_lag:
             raise Overloaded(f"the matching pipeline is {self.lag} log entries behind", retry_after=2)
         behind, connected = self.behind
-        # One slow subscriber only grows its own queue; most of them behind means delivery as a whole
-        # cannot keep up, and taking more would only move matches from memory to disk.
-        if connected >= MIN_SESSIONS and 2 * behind > connected:
-            raise Overloaded(f"delivery is behind for {behind} of {connected} connected subscriptions")
+        # A slow client only grows its own backlog in the store, however many subscriptions it has;
+        # most clients behind means delivery as a whole cannot keep up (or the gateway's memory for
+        # queued lines is used up), and taking more would only move matches from memory to disk.
+        if connected >= MIN_CLIENTS and 2 * behind > connected:
+            raise Overloaded(f"delivery is behind for {behind} of {connected} connected clients")
         future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         self._waiting.append((bodies, future, time.time_ns()))
         self._pending += len(bodies)

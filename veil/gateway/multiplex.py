@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import ssl
 
-from veil.gateway import membership
+from veil.gateway import membership, memory
 from veil.gateway.bundle import Bundle
 from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
@@ -27,11 +27,12 @@ async def serve_multiplexed(
                 admitted.append(await admit(gateway, handshake.for_subscription(place), principal))
             except ProtocolError as exc:
                 raise ProtocolError("subscriptionIds", f"{sub_id}: {exc.problem}", exc.status) from None
+        client = gateway.hub.quotas.connect(admitted[0].client)
     except ProtocolError as exc:
         await _release(gateway, admitted)
         await close(exc.to_json())
         return
-    bundle = Bundle(gateway.hub, handshake, admitted, send, close)
+    bundle = Bundle(gateway.hub, handshake, admitted, send, close, client)
     await gateway.hub.attach_bundle(bundle)
     threads = gateway.threads
     # an unsubscription that ran before the attach found nothing to end (the id may be taken again since)
@@ -52,6 +53,9 @@ async def serve_multiplexed(
         pusher.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
             await pusher
+        bundle.forget()
+        gateway.hub.quotas.disconnect(client)
+        memory.give_back()
         await _release(gateway, admitted)  # (a claim taken since by a newer connection is not this one's)
         await bundle.close()
 

@@ -128,7 +128,8 @@ async def subscribe(request: web.Request) -> web.Response:
     admitted = await sized(gateway, len(raw), admit_subscription, registry, principal, predicates, req.scope)
     body = encode_subscription(req.predicates, req.topk, req.scope, admitted)
     sub_id = req.subscription_id or uuid.uuid4().hex
-    await gateway.threads.write(gateway.threads.store.put_subscription, sub_id, owner, body)
+    most = gateway.config.max_client_subscriptions
+    await gateway.threads.write(gateway.threads.store.put_subscription, sub_id, owner, body, most)
     return where_delivered(gateway, wsport=gateway.config.ws, subscriptionId=sub_id)
 
 

@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from veil.config import Config
-from veil.gateway import membership
+from veil.gateway import membership, memory
 from veil.gateway.admission import Admission
 from veil.gateway.background import Background
 from veil.gateway.channel import EdgeChannels
@@ -25,6 +25,7 @@ from veil.gateway.errors import json_parse_errors
 from veil.gateway.health import Health
 from veil.gateway.ingest import Ingest
 from veil.gateway.pipeline_process import PipelineProcess
+from veil.gateway.quotas import Quotas
 from veil.gateway.registry import CurrentRegistry
 from veil.gateway.rest import create_app
 from veil.gateway.store_threads import StoreThreads
@@ -45,7 +46,9 @@ KEEPALIVE = 75.0  # seconds an HTTP connection may idle between requests (or sit
 def build_gateway(config: Config) -> Gateway:
     threads = StoreThreads(open_store(config.store_url))
     ingest = Ingest(threads, config.max_pending, config.max_lag)
-    hub = DeliveryHub(threads)
+    hub = DeliveryHub(
+        threads, quotas=Quotas(config.max_client_connections, config.max_client_queued, config.max_queued)
+    )
     parsing = ThreadPoolExecutor(1, thread_name_prefix="parse")
     registry = CurrentRegistry(threads, parsing, config.max_registry)
     tokens = TokenVerifier(config.jwks, config.token_issuer, config.token_audience) if config.jwks else None
@@ -112,7 +115,10 @@ class Broker:
             await runner.setup()
             assert runner.server is not None
             server = await loop.create_server(
-                gateway.admission.tracking(json_parse_errors(runner.server)), config.bind, port, ssl=context,
+                gateway.admission.tracking(json_parse_errors(runner.server)),
+                config.bind,
+                port,
+                ssl=context,
                 backlog=1024,
             )
             self._servers.append(server)
@@ -176,6 +182,7 @@ def announce_profile(config: Config) -> None:
 
 async def serve(config: Config) -> None:
     announce_profile(config)
+    memory.map_large_allocations()
     broker = Broker(config, run_pipeline=config.role == "all")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

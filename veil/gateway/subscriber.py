@@ -24,6 +24,7 @@ class Admitted(NamedTuple):
     number: int
     start_after: int
     claimed: float
+    client: str = ""  # the owner's identity
 
 
 async def admit(gateway: Gateway, handshake: Handshake, principal: Principal) -> Admitted:
@@ -49,4 +50,4 @@ async def admit(gateway: Gateway, handshake: Handshake, principal: Principal) ->
     if start is None:
         saved = await threads.read(store.cursor, handshake.subscription_id)
         start = max(saved, hub.unsaved_cursor(handshake.subscription_id, number))
-    return Admitted(handshake.subscription_id, number, start, claimed)
+    return Admitted(handshake.subscription_id, number, start, claimed, principal.identity)

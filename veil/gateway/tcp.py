@@ -15,7 +15,7 @@ from veil.security.tls import peer_certificate
 
 async def start_tcp(gateway: Gateway, host: str, port: int, context: ssl.SSLContext | None) -> asyncio.Server:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        gateway.admission.admit(writer, writer.close)
+        gateway.admission.admit(writer, lambda reason: _refuse(writer, ProtocolError("handshake", reason).to_json()))
         try:
             with gateway.health.connection():
                 await _serve(gateway, reader, writer)
@@ -30,15 +30,23 @@ async def start_tcp(gateway: Gateway, host: str, port: int, context: ssl.SSLCont
     return await asyncio.start_server(handle, host, port, ssl=context, limit=MAX_LINE)
 
 
+def _refuse(writer: asyncio.StreamWriter, error: bytes) -> None:
+    """Close with an error line first (unless closed already)."""
+    if not writer.is_closing():
+        writer.write(error + b"\n")
+    writer.close()
+
+
 async def _serve(gateway: Gateway, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     async def send(frames: list[bytes]) -> None:
         writer.write(b"\n".join(frames) + b"\n")
         await writer.drain()
 
     async def close(error: bytes | None) -> None:
-        if error is not None and not writer.is_closing():  # closed already when evicted while silent
-            writer.write(error + b"\n")
-        writer.close()
+        if error is None:
+            writer.close()
+        else:
+            _refuse(writer, error)
 
     timeout = gateway.config.read_timeout
     try:

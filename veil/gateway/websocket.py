@@ -3,6 +3,9 @@ publication per text message; acknowledgements may come back as messages."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from aiohttp import WSMsgType, web
 
 from veil.gateway.connection import MAX_LINE, serve_connection
@@ -12,6 +15,7 @@ from veil.gateway.http import certificate_of
 from veil.protocol import ProtocolError
 
 routes = web.RouteTableDef()
+_refusing: set[asyncio.Future[None]] = set()  # closes under way (the loop keeps only weak references)
 
 
 @routes.get("/{tail:.*}")
@@ -20,8 +24,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     ws = web.WebSocketResponse(heartbeat=30, max_msg_size=MAX_LINE)
     await ws.prepare(request)
     # upgraded, but silent until its handshake message
-    transport = request.transport
-    gateway.admission.admit(request.protocol, transport.close if transport is not None else lambda: None)
+    gateway.admission.admit(request.protocol, lambda reason: _refuse(ws, request.transport, reason))
     try:
         with gateway.health.connection():
             await _serve(gateway, ws, certificate_of(request), request.protocol)
@@ -29,6 +32,21 @@ async def handle(request: web.Request) -> web.StreamResponse:
         gateway.admission.settle(request.protocol)
         await ws.close()
     return ws
+
+
+def _refuse(ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, reason: str) -> None:
+    """Close a connection that sent no handshake, with an error message saying why first."""
+
+    async def refuse() -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(1):  # a client that reads nothing gets no say in when it goes
+                await ws.send_str(ProtocolError("handshake", reason).to_json().decode())
+        if transport is not None:
+            transport.close()
+
+    task = asyncio.ensure_future(refuse())
+    _refusing.add(task)
+    task.add_done_callback(_refusing.discard)
 
 
 def create_ws_app(gateway: Gateway) -> web.Application:

@@ -68,6 +68,14 @@ class _Figures(Collector):
             "veil_sessions_behind", "connected subscriptions reading their backlog from the store",
             value=float(hub.behind()),
         )  # fmt: skip
+        behind, connected = hub.clients_behind()
+        yield GaugeMetricFamily(
+            "veil_clients_behind", "connected clients most of whose subscriptions read their backlog from the store",
+            value=float(behind),
+        )  # fmt: skip
+        yield GaugeMetricFamily("veil_clients_connected", "clients with a delivery connection", value=float(connected))
+        queued = float(hub.quotas.queued)
+        yield GaugeMetricFamily("veil_queued_bytes", "bytes of delivery lines queued in memory", value=queued)
         hub.observe_latency()
         yield hub.latency.family(
             "veil_delivery_latency_seconds",

@@ -169,6 +169,15 @@ class UnknownPublication(LookupError):
     """No publication with that id is still valid."""
 
 
+class TooMany(Exception):
+    """A client has as many of something (`what`: "subscriptions") as it may (`most`)."""
+
+    def __init__(self, what: str, most: int) -> None:
+        super().__init__(f"{most} {what}")
+        self.what = what
+        self.most = most
+
+
 class NotOwner(PermissionError):
     """The id belongs to another client; `what` it names: "subscription", "announcement" or "publication"."""
 
@@ -258,10 +267,11 @@ class GatewayStore(LogReader):
         """When (ms) the next top-k/w expiry is due, as of the processed offset; None if none is."""
 
     @abstractmethod
-    def put_subscription(self, sub_id: str, owner: str, body: bytes) -> int:
+    def put_subscription(self, sub_id: str, owner: str, body: bytes, most: int | None = None) -> int:
         """Register a subscription, or replace its owner's live one (which keeps its number); NotOwner
-        if the id belongs to someone else's live subscription. Any other new subscription gets a number
-        never given before, even under an id used before."""
+        if the id belongs to someone else's live subscription; TooMany if it is new and its owner has
+        `most` live subscriptions already. Any other new subscription gets a number never given
+        before, even under an id used before."""
 
     @abstractmethod
     def remove_subscription(self, sub_id: str, owner: str) -> int:

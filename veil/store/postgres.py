@@ -144,6 +144,10 @@ INSERT INTO cursors(sub_id, pub) SELECT n.sub_id, n.reset FROM subscription_numb
     ON CONFLICT (sub_id) DO UPDATE SET pub = GREATEST(cursors.pub, excluded.pub);
 ALTER TABLE subscription_numbers DROP COLUMN reset;
 """,
+    # a client's live subscriptions are counted against --max-client-subscriptions on every subscribe
+    """
+CREATE INDEX subscriptions_owner_live ON subscriptions(owner) WHERE deleted IS NULL;
+""",
 )
 
 

@@ -77,6 +77,7 @@ CREATE TABLE IF NOT EXISTS subscriptions (
 );
 CREATE INDEX IF NOT EXISTS subscriptions_created ON subscriptions(created);
 CREATE INDEX IF NOT EXISTS subscriptions_deleted ON subscriptions(deleted);
+CREATE INDEX IF NOT EXISTS subscriptions_owner_live ON subscriptions(owner) WHERE deleted IS NULL;
 CREATE TABLE IF NOT EXISTS subscription_numbers (  -- each id's newest number (rows are never deleted)
     no INTEGER PRIMARY KEY,
     sub_id TEXT NOT NULL UNIQUE

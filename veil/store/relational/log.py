@@ -20,6 +20,7 @@ from veil.store.base import (
     NotOwner,
     Publication,
     StaleRegistry,
+    TooMany,
     UnknownAnnouncement,
     UnknownPublication,
     UnknownSubscription,
@@ -136,11 +137,17 @@ class LogSql(Dialect):
             ).fetchone()
         return row[0] if row else None
 
-    def put_subscription(self, sub_id: str, owner: str, body: bytes) -> int:
+    def put_subscription(self, sub_id: str, owner: str, body: bytes, most: int | None = None) -> int:
         with self._tx() as db:
             live = db.execute(LIVE, (sub_id,)).fetchone()
             if live is not None and live[0] != owner:
                 raise NotOwner("subscription", sub_id)
+            if live is None and most is not None:
+                held = db.execute(
+                    "SELECT COUNT(*) FROM subscriptions WHERE owner = ? AND deleted IS NULL", (owner,)
+                ).fetchone()[0]
+                if held >= most:
+                    raise TooMany("subscriptions", most)
             number = live[1] if live is not None else self._new_number(db, sub_id)
             offset = append_entry(
                 db, "kind, sub_id, body, client, time, number", (KIND_SUBSCRIBE, sub_id, body, owner, now_ms(), number)

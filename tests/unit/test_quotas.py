@@ -1,0 +1,66 @@
+"""Per-client quotas: connections and queued bytes per identity, and who counts as behind."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.unit.test_delivery import running_hub
+from veil.gateway.delivery import Session
+from veil.gateway.quotas import Quotas, fitting
+from veil.protocol import Handshake, ProtocolError
+
+
+def test_a_client_past_its_connections_is_refused_by_name_and_others_are_not():
+    quotas = Quotas(max_connections=2, max_client_queued=100, max_queued=1000)
+    held = [quotas.connect("bob"), quotas.connect("bob")]
+    with pytest.raises(ProtocolError) as refused:
+        quotas.connect("bob")
+    assert (refused.value.status, refused.value.field) == (429, "handshake")
+    assert "--max-client-connections" in refused.value.problem
+    quotas.connect("alice")  # the limit is bob's alone
+    quotas.disconnect(held.pop())
+    quotas.connect("bob")  # room again
+
+
+def test_queued_bytes_count_per_client_and_for_the_gateway():
+    quotas = Quotas(max_connections=10, max_client_queued=100, max_queued=150)
+    bob, alice = quotas.connect("bob"), quotas.connect("alice")
+    quotas.take(bob, 90)
+    assert (quotas.room(bob), quotas.room(alice)) == (10, 60)  # bob's own cap, then what the gateway has left
+    quotas.take(alice, 60)
+    assert (quotas.room(bob), quotas.room(alice)) == (0, 0)
+    quotas.release(bob, 90)
+    assert (quotas.room(bob), quotas.room(alice)) == (90, 40)
+
+
+@given(st.lists(st.integers(1, 1000), max_size=30), st.integers(-10, 20_000), st.integers(0, 1))
+def test_fitting_takes_the_longest_prefix_within_the_room_and_at_least_the_least(sizes, room, least):
+    taken = fitting(np.array(sizes, np.int64), room, least)
+    within = [n for n in range(len(sizes) + 1) if sum(sizes[:n]) <= room]
+    assert taken == max([*within, min(least, len(sizes))])
+
+
+async def test_one_client_with_many_subscriptions_behind_is_one_client_behind(tmp_path):
+    async with running_hub(tmp_path) as hub:
+
+        async def nothing(_: object) -> None:
+            pass
+
+        def session(number: int, identity: str, caught_up: bool) -> Session:
+            client = hub.quotas.connect(identity)
+            made = Session(
+                hub, Handshake("a", f"s{number}", False, False, None), number, 0, nothing, nothing, 0, client
+            )
+            made.caught_up = caught_up
+            return made
+
+        for number in range(16):
+            await hub.attach(session(number, "bob", caught_up=False))
+        for number in range(16, 23):
+            await hub.attach(session(number, f"reader-{number}", caught_up=True))
+        assert hub.behind() == 16 and hub.clients_behind() == (1, 8)
+        await hub.attach(session(23, "reader-16", caught_up=False))  # one of its two behind: not most
+        assert hub.clients_behind() == (1, 8)

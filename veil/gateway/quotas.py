@@ -1,0 +1,72 @@
+"""What each client (an authenticated identity) may hold of the gateway: delivery connections, and
+bytes of delivery lines queued in memory for them; and what all of them together may queue.
+
+A connection whose client (or the gateway) has no room left queues nothing more in memory: its
+subscriptions read what they are owed from the store once the connection takes lines again, so a
+client that reads slowly or not at all costs its own quota and store space, and nobody else's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from veil.protocol import ProtocolError
+
+UNLIMITED = 1 << 62
+
+
+@dataclass
+class Client:
+    """One identity's share: its open delivery connections and the bytes queued for them."""
+
+    identity: str
+    connections: int = 0
+    queued: int = 0
+
+
+class Quotas:
+    def __init__(self, max_connections: int, max_client_queued: int, max_queued: int) -> None:
+        self.max_connections = max_connections
+        self.max_client_queued = max_client_queued
+        self.max_queued = max_queued
+        self.queued = 0  # bytes, all clients together
+        self._clients: dict[str, Client] = {}
+
+    def connect(self, identity: str) -> Client:
+        """One more delivery connection of this client; ProtocolError (429) past its limit."""
+        client = self._clients.setdefault(identity, Client(identity))
+        if client.connections >= self.max_connections:
+            raise ProtocolError(
+                "handshake",
+                f"this client has {client.connections} delivery connections open, the most one client may "
+                "(--max-client-connections); close one first",
+                429,
+            )
+        client.connections += 1
+        return client
+
+    def disconnect(self, client: Client) -> None:
+        """A connection of `client` closed (having released what it queued)."""
+        client.connections -= 1
+        if client.connections <= 0 and client.queued <= 0:
+            self._clients.pop(client.identity, None)
+
+    def room(self, client: Client) -> int:
+        """Bytes `client` may queue now."""
+        return min(self.max_client_queued - client.queued, self.max_queued - self.queued)
+
+    def take(self, client: Client, size: int) -> None:
+        client.queued += size
+        self.queued += size
+
+    def release(self, client: Client, size: int) -> None:
+        client.queued -= size
+        self.queued -= size
+
+
+def fitting(sizes: np.ndarray, room: int, least: int) -> int:
+    """How many of the leading items of these sizes fit in `room` bytes, and at least `least` of them
+    (a connection with nothing queued still takes one line, however large, so that it makes progress)."""
+    return max(int(np.searchsorted(np.cumsum(sizes), room, side="right")), min(least, len(sizes)))
