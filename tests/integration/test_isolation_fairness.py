@@ -15,10 +15,10 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.integration.helpers import LineConnection, client_for, metrics, run_id, take
-from tests.integration.test_backpressure import Peak, resident
+from tests.integration.helpers import LineConnection, client_for, run_id, take
 from veil.client import VeilError
 from veil.harness import BrokerProcess
+from veil.harness.memory import Peak, resident
 
 pytestmark = pytest.mark.slow
 MAX_SUBSCRIPTIONS = 1000  # per client: the memory test's client holds exactly this many on one connection
@@ -79,7 +79,7 @@ async def publish_batch(http: aiohttp.ClientSession, broker: BrokerProcess, docs
 async def until_behind(broker: BrokerProcess, subscriptions: int, flood, timeout: float = 180) -> None:
     """Flood until the silent connection's subscriptions read from the store instead of memory."""
     deadline = time.monotonic() + timeout
-    while metrics(broker)["veil_sessions_behind"] < subscriptions:
+    while broker.metrics()["veil_sessions_behind"] < subscriptions:
         assert time.monotonic() < deadline, "the silent connection never fell behind"
         await flood()
 
@@ -129,7 +129,7 @@ async def test_a_client_that_never_reads_does_not_stop_other_publishers_or_reade
             finally:
                 flooding.cancel()
             assert not refused, refused[:3]
-            assert metrics(broker)["veil_sessions_behind"] >= 16  # the silent client was behind all along
+            assert broker.metrics()["veil_sessions_behind"] >= 16  # the silent client was behind all along
             for stream in streams:
                 got = await take(stream, READERS * rounds, timeout=120)
                 assert sorted((d.publication["from"], d.publication["n"]) for d in got) == [
@@ -167,7 +167,7 @@ async def test_a_silent_connection_of_many_subscriptions_costs_bounded_memory_an
         finally:
             grown = peak.stop() - baseline
     assert grown < GROWTH_BOUND, f"the gateway grew by {grown >> 20} MiB for one connection that reads nothing"
-    figures = metrics(broker)
+    figures = broker.metrics()
     assert figures["veil_queued_bytes"] <= MAX_CLIENT_QUEUED + (1 << 20)
     assert figures["veil_sessions_behind"] >= MAX_SUBSCRIPTIONS  # what it is owed waits in the store
     stuck.close()
