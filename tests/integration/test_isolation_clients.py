@@ -1,8 +1,9 @@
 """Many clients on one broker, drawn by hypothesis: readers on plain and multiplexed connections, a
 client that never reads what it subscribed to, clients that free their subscription ids for an
-outsider to take. Every delivery must be one an oracle of the receiving client's own subscriptions
-and rules allows (exactly once), and every publish from every publisher is acknowledged while any one
-client misbehaves."""
+outsider to take, edge brokers announcing with and without the privilege. Every delivery must be one
+an oracle of the receiving client's own subscriptions and rules allows (exactly once), no edge learns
+of a subscription in a scope its owner is outside of, and every publish from every publisher is
+acknowledged while any one client misbehaves."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.integration.helpers import DELIVERY_TIMEOUT, LineConnection, client_for, run_id
-from veil.client import DeliveryStream, VeilClient
+from veil.client import DeliveryStream, VeilClient, VeilError
 from veil.harness import BrokerProcess
 
 pytestmark = pytest.mark.slow
@@ -23,6 +24,8 @@ TENANTS = ["c0", "c1", "c2", "c3"]
 OUTSIDER = "mallory"  # in no rule of its own: it may receive public publications only
 FLOOD = 150  # publications for each client that never reads, to fill its queue
 NEVER_READER_SUBSCRIPTIONS = 16
+ANNOUNCERS = ["c0", "c2"]  # the others may not announce
+VAULT = "vault"  # a scope of c3's alone: its subscriptions are shown to no other client's edge
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +38,8 @@ def broker(tmp_path_factory):
             **{name: [[{"key": "tenant", "val": name, "op": "eq"}]] for name in TENANTS},
             "*": [[{"key": "public", "val": True, "op": "eq"}]],
         },
+        "announce": {name: [[]] for name in ANNOUNCERS},
+        "scopes": {VAULT: {"users": ["c3"]}},
     }
     (directory / "registry.json").write_text(json.dumps(registry))
     process = BrokerProcess(str(directory), "--registry", str(directory / "registry.json")).start()
@@ -46,7 +51,7 @@ def broker(tmp_path_factory):
 FILTERS = st.tuples(st.sampled_from(["eq", "ne", "lt", "ge"]), st.integers(0, 3), st.sampled_from([None, *TENANTS]))
 # a publication: (k, tenant or None, public)
 PUBLICATIONS = st.tuples(st.integers(0, 3), st.sampled_from([None, *TENANTS]), st.booleans())
-ROLES = st.sampled_from(["plain", "multiplexed", "never-reads", "frees"])
+ROLES = st.sampled_from(["plain", "multiplexed", "never-reads", "frees", "announces"])
 SCENARIOS = st.fixed_dictionaries(
     {
         "clients": st.lists(st.tuples(ROLES, st.lists(FILTERS, min_size=1, max_size=3)), min_size=2, max_size=4),
@@ -159,6 +164,27 @@ async def publish_all(publishers: list[VeilClient], rid: str, pubs: list[Publica
     await asyncio.gather(*(publish(i, pub) for i, pub in enumerate(pubs)))
 
 
+async def edge_feed(broker: BrokerProcess, client: VeilClient, name: str, rid: str) -> list[dict]:
+    """What an edge of `name` announcing this run's publications is told is wanted, up to `synced`
+    (an announcement without the privilege must be refused)."""
+    try:
+        reply = await client.announce([{"key": "run", "val": rid, "op": "eq"}])
+    except VeilError as exc:
+        assert name not in ANNOUNCERS and exc.status == 403, exc
+        return []
+    assert name in ANNOUNCERS, f"{name} announced without the privilege"
+    handshake = {"authHash": name, "announcementId": reply["announcementId"]}
+    edge = await LineConnection.open(broker.tcp_port, handshake)
+    try:
+        lines = []
+        while (line := await edge.line()) is not None and "synced" not in line:
+            lines.append(line)
+        return lines
+    finally:
+        edge.close()
+        await client.revoke(reply["announcementId"])
+
+
 async def scenario(broker: BrokerProcess, drawn: dict) -> None:
     rid = run_id()
     numbered = iter(range(1_000_000))
@@ -196,6 +222,15 @@ async def scenario(broker: BrokerProcess, drawn: dict) -> None:
                 reader = Reader(name, ids)
                 await reader.read(client, multiplexed=role == "multiplexed")
                 readers.append(reader)
+        if "c3" in clients:  # a subscription in c3's own scope, which only c3's edges may learn of
+            vault_id = f"{rid}-c3-vault"
+            await clients["c3"].subscribe([{"key": "run", "val": rid, "op": "eq"}, {"key": "secret", "val": rid, "op": "eq"}], vault_id, scope=VAULT)  # fmt: skip
+            subscribed.append((clients["c3"], vault_id))
+        for (name, client), (role, _) in zip(clients.items(), drawn["clients"], strict=True):
+            if role == "announces":
+                for line in await edge_feed(broker, client, name, rid):
+                    keys = {constraint[0] for constraint in line.get("data", [])}
+                    assert "secret" not in keys, f"{name}'s edge was shown a subscription of scope {VAULT}"
         before = publications(drawn["before"] + flood)
         await publish_all(publishers, rid, before)
         # the freed ids' matches are queued (their owners never connected); an outsider takes the ids
