@@ -5,10 +5,11 @@ multiplexed connection and read nothing, while a publisher sends `--publications
 `--payload` bytes; each publication matches 1 in `--selectivity` of every client's subscriptions, so
 every connection is owed one line per publication. The gateway's resident memory (VmRSS) is printed
 before the flood, at its peak, once everything owed is matched and queued, and after the connections
-close; and how much of what is owed stayed in memory instead of in the store.
+close, and the bytes of delivery lines queued in memory (`veil_queued_bytes`, where the broker
+reports it) once everything owed is queued.
 
-    python -m bench.idle_connections [--connections 100] [--subscriptions 1000] [--publications 400]
-                                     [--payload 4096] [--selectivity 100]
+    python -m bench.idle_connections [--connections 100] [--subscriptions 1000] [--publications 50]
+                                     [--payload 1024] [--selectivity 1]
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ async def run(args: argparse.Namespace, broker: BrokerProcess) -> list[dict]:
     while broker.metrics()["veil_matches_total"] < matched + owed and time.monotonic() < deadline:
         await asyncio.sleep(1)
     await asyncio.sleep(5)  # the gateway has had the feed to offer to the connections
-    queued = broker.metrics()["veil_session_queue_depth"]
+    queued = broker.metrics().get("veil_queued_bytes")
     rows.append({"when": "all owed matched and queued", "rss": resident(pid), "queued": queued})
     for s in idle:
         s.close()
@@ -114,9 +115,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--connections", type=int, default=100)
     parser.add_argument("--subscriptions", type=int, default=1000, help="per connection (and client)")
-    parser.add_argument("--publications", type=int, default=400)
-    parser.add_argument("--payload", type=int, default=4096, help="bytes of padding per publication")
-    parser.add_argument("--selectivity", type=int, default=100, help="1 in N of each client's subscriptions match")
+    parser.add_argument("--publications", type=int, default=50)
+    parser.add_argument("--payload", type=int, default=1024, help="bytes of padding per publication")
+    parser.add_argument("--selectivity", type=int, default=1, help="1 in N of each client's subscriptions match")
     add_broker_arguments(parser)
     args = parser.parse_args()
     with benched_broker(*args.broker_args, keep=args.keep) as broker:
@@ -126,7 +127,7 @@ def main() -> None:
         [
             ("when", 36, lambda r: r["when"]),
             ("RSS MB", 8, lambda r: f"{r['rss'] / MB:.0f}"),
-            ("queued in memory", 17, lambda r: None if "queued" not in r else int(r["queued"])),
+            ("queued lines MB", 16, lambda r: None if r.get("queued") is None else f"{r['queued'] / MB:.1f}"),
         ],
         rows,
     )

@@ -26,6 +26,7 @@ MAX_CONNECTIONS = 4
 MAX_CLIENT_QUEUED = 2 << 20
 READ_TIMEOUT = 3
 MAX_UNAUTHENTICATED = 64
+SYBILS = 9  # identities that read nothing: with one reader, most of the connected clients
 READERS = 7  # other clients, each reading; with the silent one, enough to judge delivery overload
 FLOOD_BATCHES, FLOOD_BATCH = 12, 250  # 3,000 publications, each matching all 1,000: 105 MB of lines owed
 GROWTH_BOUND = 48 << 20  # what one silent connection of 1,000 subscriptions may add to the gateway
@@ -139,6 +140,45 @@ async def test_a_client_that_never_reads_does_not_stop_other_publishers_or_reade
         stuck.close()
         for client in (*readers, *publishers):
             await client.close()
+
+
+async def test_many_clients_that_never_read_do_not_stop_publishers(broker):
+    """Clients that read nothing, under as many identities as it takes to be most of the connected
+    clients, are behind because of themselves: publishes go on, and so does a reader's delivery."""
+    rid, tag = run_id(), run_id()
+    stuck = []
+    for i in range(SYBILS):
+        ids = await subscribe_many(broker, f"sybil-{i}", rid, 2)
+        stuck.append(silent_socket(broker, {"authHash": f"sybil-{i}", "subscriptionIds": ids}))
+    reader, publisher = client_for(broker, "sybil-reader"), client_for(broker, "sybil-publisher")
+    try:
+        sub = (await reader.subscribe([{"key": "canary", "val": tag, "op": "eq"}]))["subscriptionId"]
+        async with reader.deliveries(sub) as stream, aiohttp.ClientSession() as http:
+            await stream.connected.wait()
+            pad = "x" * 8192
+            sent = 0
+
+            async def flood() -> None:
+                nonlocal sent
+                await publish_batch(http, broker, [{"run": rid, "n": sent + i, "pad": pad} for i in range(100)])
+                sent += 100
+
+            await until_behind(broker, 2 * SYBILS, flood)
+            await asyncio.sleep(1)  # the gateway's view of who is behind is taken a few times a second
+            refused = []
+            for n in range(20):
+                try:
+                    await publisher.publish({"canary": tag, "n": n})
+                except VeilError as exc:
+                    refused.append(str(exc))
+                await asyncio.sleep(0.1)
+            assert not refused, refused[:3]
+            assert sorted(d.publication["n"] for d in await take(stream, 20)) == list(range(20))
+    finally:
+        for connection in stuck:
+            connection.close()
+        await reader.close()
+        await publisher.close()
 
 
 async def test_a_silent_connection_of_many_subscriptions_costs_bounded_memory_and_loses_nothing(broker):

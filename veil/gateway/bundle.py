@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections import deque
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -33,7 +34,7 @@ import numpy as np
 import orjson
 
 from veil.gateway.channel import Close, Send
-from veil.gateway.quotas import Client, fitting
+from veil.gateway.quotas import Client, fitting, stalled
 from veil.monitoring import trace
 from veil.protocol import Handshake
 from veil.protocol.envelope import wrap
@@ -126,6 +127,7 @@ class Bundle:
         self._send = send
         self._close = close
         self.closed = False
+        self.writing_since: float | None = None  # when the write under way began
         self._wake = asyncio.Event()
 
     def place(self, sub_id: str) -> int:
@@ -141,7 +143,9 @@ class Bundle:
             places, pubs, variants = places[take], pubs[take], variants[take]
         if not len(places):
             return
-        room = self.hub.quotas.room(self.client)
+        # a connection whose client does not read takes nothing more in memory: what it is owed waits
+        # in the store, so that clients reading nothing hold no more than what they took before
+        room = 0 if stalled(self.writing_since, time.monotonic()) else self.hub.quotas.room(self.client)
         # what cannot fit is not even made into lines: an entry may hold millions of deliveries
         lines = None
         if self.queued + len(places) <= self._limit and int(self._id_bytes[places].sum()) <= room:
@@ -244,7 +248,11 @@ class Bundle:
                 ids = b'"subscriptionIds":[' + b",".join(quoted[low:high]) + b"]"
                 frames.append(wrap(pub, body, members + b"," + ids if members else ids))
                 low = high
-        await self._send(frames)
+        self.writing_since = time.monotonic()
+        try:
+            await self._send(frames)
+        finally:
+            self.writing_since = None
         self.queued_bytes -= size
         self.hub.quotas.release(self.client, size)
         places = np.concatenate([item.places for item in batch])

@@ -26,7 +26,7 @@ import numpy as np
 
 from veil.gateway.bundle import LINE_BYTES, REFILL_BYTES, SEND_BYTES, Bundle, Published
 from veil.gateway.channel import Close, Send
-from veil.gateway.quotas import UNLIMITED, Client, Quotas, fitting
+from veil.gateway.quotas import UNLIMITED, Client, Quotas, fitting, stalled
 from veil.gateway.store_threads import StoreThreads
 from veil.monitoring import trace
 from veil.monitoring.histogram import LATENCY_BOUNDS, Histogram
@@ -85,6 +85,7 @@ class Session:
         self.queued_bytes = 0  # of the lines queued, and of those being written
         self.caught_up = False
         self.closed = False
+        self.writing_since: float | None = None  # when the write under way began
         self._wake = asyncio.Event()
 
     def offer(self, chunk: Chunk) -> None:
@@ -92,7 +93,9 @@ class Session:
             return
         skip = int(np.searchsorted(chunk.pubs, self.last_queued, side="right"))
         room = min(QUEUE_LIMIT - self.queued, len(chunk.pubs) - skip)
-        fits = fitting(chunk.sizes[skip : skip + room], self.hub.quotas.room(self.client), least=0)
+        # a connection whose client does not read takes nothing more in memory (it waits in the store)
+        free = 0 if stalled(self.writing_since, time.monotonic()) else self.hub.quotas.room(self.client)
+        fits = fitting(chunk.sizes[skip : skip + room], free, least=0)
         if len(chunk.pubs) - skip > fits:
             self.caught_up = False  # the rest waits in the store; the session refills from there
             self.hub.session_taking(self)
@@ -158,10 +161,11 @@ class Session:
             if chunk.logged is not None:
                 logged.append(chunk.logged)
         last = pubs[-1]
-        if self.envelope:
-            await self._send(list(map(wrap, pubs, bodies, envelopes)))
-        else:
-            await self._send(bodies)
+        self.writing_since = time.monotonic()
+        try:
+            await self._send(list(map(wrap, pubs, bodies, envelopes)) if self.envelope else bodies)
+        finally:
+            self.writing_since = None
         self.queued_bytes -= size
         self.hub.quotas.release(self.client, size)
         self.hub.forwarded += len(pubs)
@@ -283,11 +287,23 @@ class DeliveryHub:
     def clients_behind(self) -> tuple[int, int]:
         """Clients behind, of the clients connected: a client is behind when most of its connected
         subscriptions read their backlog from the store instead of taking offers. Each client counts
-        once, however many subscriptions and connections it has."""
+        once, however many subscriptions and connections it has; connections whose client does not
+        read what it is sent (a write waiting for it) do not count at all, so that clients that read
+        nothing, however many identities they use, cannot make the broker refuse publishes: they are
+        behind because of themselves, not because delivery cannot keep up."""
+        now = time.monotonic()
         votes: dict[str, list[int]] = {}
         for holder, behind, connected in (
-            *((session.client, int(not session.caught_up), 1) for session in self._by_number.values()),
-            *((bundle.client, bundle.behind(), int(bundle.open.sum())) for bundle in self._bundles.values()),
+            *(
+                (session.client, int(not session.caught_up), 1)
+                for session in self._by_number.values()
+                if not stalled(session.writing_since, now)
+            ),
+            *(
+                (bundle.client, bundle.behind(), int(bundle.open.sum()))
+                for bundle in self._bundles.values()
+                if not stalled(bundle.writing_since, now)
+            ),
         ):
             vote = votes.setdefault(holder.identity, [0, 0])
             vote[0] += behind

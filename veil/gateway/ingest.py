@@ -47,8 +47,9 @@ class Ingest:
         if self.lag > self._max_lag:
             raise Overloaded(f"the matching pipeline is {self.lag} log entries behind", retry_after=2)
         behind, connected = self.behind
-        # A slow client only grows its own backlog in the store, however many subscriptions it has;
-        # most clients behind means delivery as a whole cannot keep up (or the gateway's memory for
+        # A slow client only grows its own backlog in the store, however many subscriptions it has, and
+        # clients that read nothing are not counted (DeliveryHub.clients_behind); most of the clients
+        # that read being behind means delivery as a whole cannot keep up (or the gateway's memory for
         # queued lines is used up), and taking more would only move matches from memory to disk.
         if connected >= MIN_CLIENTS and 2 * behind > connected:
             raise Overloaded(f"delivery is behind for {behind} of {connected} connected clients")

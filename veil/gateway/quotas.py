@@ -15,6 +15,14 @@ import numpy as np
 from veil.protocol import ProtocolError
 
 UNLIMITED = 1 << 62
+# seconds a write may wait for its client before the client counts as not reading: a client that
+# reads takes a 64 KiB write in milliseconds, even from a gateway short of CPU
+STALLED_WRITE = 0.25
+
+
+def stalled(writing_since: float | None, now: float) -> bool:
+    """Whether a connection's write has waited for its client longer than STALLED_WRITE."""
+    return writing_since is not None and now - writing_since > STALLED_WRITE
 
 
 @dataclass
