@@ -12,15 +12,7 @@ import orjson
 import pytest
 
 from tests.unit.helpers import published
-from veil.store import StaleRegistry, open_store
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request, tmp_path):
-    url = request.getfixturevalue("postgres_url") if request.param == "postgresql" else f"sqlite:///{tmp_path}/veil.db"
-    s = open_store(url)
-    yield s
-    s.close()
+from veil.store import StaleRegistry
 
 
 def test_a_change_from_a_stale_version_is_refused_and_writes_nothing(store):

@@ -24,15 +24,6 @@ from veil.store import (
 )
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request, tmp_path):
-    """The same tests on each dialect."""
-    url = request.getfixturevalue("postgres_url") if request.param == "postgresql" else f"sqlite:///{tmp_path}/veil.db"
-    s = open_store(url)
-    yield s
-    s.close()
-
-
 def test_log_orders_publications_and_subscription_changes(store):
     s1 = store.put_subscription("s", "alice", b"[]")
     no = store.subscription_number("s")
