@@ -16,7 +16,8 @@ from veil.client import VeilError
 from veil.harness import BrokerProcess
 
 pytestmark = pytest.mark.slow
-USERS = ("alice", "eve", "edgar", "insider")
+USERS = ("alice", "eve", "edgar", "insider", "root", "revoked-edge")
+MAX_CONNECTIONS = 3
 MONITOR = "monitor-secret-1"
 
 
@@ -28,10 +29,11 @@ def secret(user: str) -> str:
 def broker(tmp_path_factory):
     directory = tmp_path_factory.mktemp("edge")
     registry = {
+        "admins": ["root"],
         "hashes": {secret(user): user for user in USERS},
         "rules": {"*": [[]]},
         "scopes": {"customs": {"users": ["alice", "insider"]}},
-        "announce": {"edgar": [[]], "insider": [[]]},  # eve may not announce
+        "announce": {"edgar": [[]], "insider": [[]], "revoked-edge": [[]]},  # eve may not announce
     }
     (directory / "registry.json").write_text(json.dumps(registry))
     (directory / "monitoring.conf").write_text(MONITOR + "\n")
@@ -39,6 +41,7 @@ def broker(tmp_path_factory):
         str(directory / "data"), "--role", "gateway", "--auth", "hash", "--anonymous", "false",
         "--registry", str(directory / "registry.json"),
         "--metrics-auth-hash-file", str(directory / "monitoring.conf"),
+        "--max-client-connections", str(MAX_CONNECTIONS),
     ).start(wait_ready=False)  # fmt: skip
     yield serving(process)
     process.close()
@@ -119,3 +122,40 @@ async def test_health_head_counts_what_another_gateway_logged(tmp_path, postgres
     finally:
         for gateway in gateways:
             gateway.close()
+
+
+async def test_edge_channels_count_against_the_clients_connection_limit(broker):
+    async with client_for(broker, secret("edgar")) as edgar:
+        reply = await edgar.announce([{"key": "run", "val": run_id(), "op": "eq"}])
+    handshake = {"announcementId": reply["announcementId"], "authHash": secret("edgar")}
+    edges = [await LineConnection.open(broker.tcp_port, handshake) for _ in range(MAX_CONNECTIONS)]
+    try:
+        for edge in edges:
+            assert "synced" in (await edge.line(timeout=10) or {})
+        over = await LineConnection.open(broker.tcp_port, handshake)
+        refusal = await over.line(timeout=10)
+        assert refusal is not None and (refusal["status"], refusal["field"]) == (429, "handshake"), refusal
+        over.close()
+    finally:
+        for edge in edges:
+            edge.close()
+
+
+async def test_an_edge_whose_owner_loses_the_privilege_is_ended_with_its_error_line(broker):
+    rid = run_id()
+    async with client_for(broker, secret("revoked-edge")) as owner:
+        reply = await owner.announce([{"key": "run", "val": rid, "op": "eq"}])
+    edge = await LineConnection.open(
+        broker.tcp_port, {"announcementId": reply["announcementId"], "authHash": secret("revoked-edge")}
+    )
+    try:
+        assert "synced" in (await edge.line(timeout=10) or {})
+        async with client_for(broker, secret("root")) as root:
+            await root.change_registry(lambda document: document["announce"].pop("revoked-edge"))
+        async with client_for(broker, secret("alice")) as alice:  # a subscription it would have been shown
+            await alice.subscribe([{"key": "run", "val": rid, "op": "eq"}, {"key": "salary", "val": 1, "op": "eq"}])
+        ended = await edge.line(timeout=10)
+        assert ended is not None and (ended["status"], ended["field"]) == (403, "authHash"), ended
+        assert await edge.line(timeout=10) is None  # and nothing after it
+    finally:
+        edge.close()

@@ -26,6 +26,7 @@ MAX_CONNECTIONS = 4
 MAX_CLIENT_QUEUED = 2 << 20
 READ_TIMEOUT = 3
 MAX_UNAUTHENTICATED = 64
+STALLING = 1000  # publications of 8 KiB, more than a connection's socket buffers hold
 SYBILS = 9  # identities that read nothing: with one reader, most of the connected clients
 READERS = 7  # other clients, each reading; with the silent one, enough to judge delivery overload
 FLOOD_BATCHES, FLOOD_BATCH = 12, 250  # 3,000 publications, each matching all 1,000: 105 MB of lines owed
@@ -163,6 +164,8 @@ async def test_many_clients_that_never_read_do_not_stop_publishers(broker):
                 await publish_batch(http, broker, [{"run": rid, "n": sent + i, "pad": pad} for i in range(100)])
                 sent += 100
 
+            while sent < STALLING:  # more than the sockets' buffers hold: the clients' writes wait
+                await flood()
             await until_behind(broker, 2 * SYBILS, flood)
             await asyncio.sleep(1)  # the gateway's view of who is behind is taken a few times a second
             refused = []
@@ -179,6 +182,32 @@ async def test_many_clients_that_never_read_do_not_stop_publishers(broker):
             connection.close()
         await reader.close()
         await publisher.close()
+
+
+async def test_ending_a_subscription_of_a_connection_that_reads_nothing_waits_for_nobody(broker):
+    """Its error line is handed over, not waited for: the unsubscription (and whatever else ends a
+    subscription, such as the quarantine on the gateway's own loop) answers at once."""
+    rid = run_id()
+    ids = await subscribe_many(broker, "silent-ender", rid, 2)
+    stuck = silent_socket(broker, {"authHash": "silent-ender", "subscriptionIds": ids})
+    try:
+        async with aiohttp.ClientSession() as http, client_for(broker, "silent-ender") as owner:
+            pad = "x" * 8192
+            sent = 0
+
+            async def flood() -> None:
+                nonlocal sent
+                await publish_batch(http, broker, [{"run": rid, "n": sent + i, "pad": pad} for i in range(100)])
+                sent += 100
+
+            while sent < STALLING:
+                await flood()
+            await until_behind(broker, 2, flood)
+            began = time.monotonic()
+            await asyncio.wait_for(owner.unsubscribe(ids[0]), 10)
+            assert time.monotonic() - began < 5
+    finally:
+        stuck.close()
 
 
 async def test_a_silent_connection_of_many_subscriptions_costs_bounded_memory_and_loses_nothing(broker):

@@ -49,6 +49,7 @@ REFILL_DELIVERIES = 65536  # read from the store at once, over the subscriptions
 REFILL_EACH = 64  # at least, per subscription
 SEND_LINES = 512  # lines per write
 SEND_BYTES = 64 * 1024  # bytes per write, about: what waits in the transport for a client that reads slowly
+END_LINE_WAIT = 1.0  # seconds an ending subscription's error line may wait for the client
 REFILL_BYTES = 1 << 20  # bytes of lines queued from one read of the store, about
 LINE_BYTES = 48  # of a line besides its publication, envelope fields and subscription ids: seq, id, quotes
 UNACKED_DELIVERIES = 1 << 16  # written and remembered line by line for acknowledgements
@@ -184,8 +185,11 @@ class Bundle:
         self.open[place] = self.live[place] = False
         self.hub.leave(self, place)
         if error is not None:
+            # the line is handed to the transport; waiting for a client that does not read would hold
+            # up whoever ends the subscription (an unsubscription, the quarantine, another connection)
             with contextlib.suppress(Exception):
-                await self._send([error[:-1] + b',"subscriptionId":' + orjson.dumps(sub_id) + b"}"])
+                line = error[:-1] + b',"subscriptionId":' + orjson.dumps(sub_id) + b"}"
+                await asyncio.wait_for(self._send([line]), END_LINE_WAIT)
         if not self.open.any():
             self.closed = True
             self._wake.set()

@@ -76,6 +76,12 @@ class EdgeChannel:
                 lines.append(orjson.dumps({"subscribe": f"s{number}", "data": [list(p) for p in predicates]}))
         return lines
 
+    async def _still_admitted(self) -> None:
+        """The owner's privilege, checked again whenever something was logged (a registry change among
+        it): a channel whose owner may no longer announce this ends with the error line (403)."""
+        if self.gateway.config.with_authorization:
+            admit_announcement(await self.gateway.registry.fresh(), self.principal, self.announced)
+
     async def follow(self) -> None:
         threads = self.gateway.threads
         store = threads.store
@@ -86,6 +92,7 @@ class EdgeChannel:
             await asyncio.sleep(POLL)
             head = await threads.read(store.head_offset)
             if head > self.offset:
+                await self._still_admitted()
                 dropped, added = await threads.read(store.subscription_changes, self.offset, head)
                 self.offset = head
                 lines = self._changes(dropped, added)
@@ -105,12 +112,14 @@ async def run_edge(
     announced = [Predicate(*p) for p in orjson.loads(found[1])]
     if gateway.config.with_authorization:
         admit_announcement(gateway.registry.current, principal, announced)
+    client = gateway.hub.quotas.connect(principal.identity)  # an edge channel is a delivery connection
     channel = EdgeChannel(gateway, ann_id, announced, principal, send)
     follower = asyncio.create_task(channel.follow())
     gateway.edges.add(ann_id, id(channel), close)
     try:
         await read_while(follower, receive, lambda message: None)
     finally:
+        gateway.hub.quotas.disconnect(client)
         gateway.edges.discard(ann_id, id(channel))
         follower.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionError):

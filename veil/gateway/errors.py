@@ -32,6 +32,11 @@ log = logging.getLogger("veil.gateway")
 STORE_RETRY_AFTER = 5  # seconds, when the store cannot take writes
 # the request field that carries the id a store refusal is about (NotOwner.what)
 ID_FIELDS = {"subscription": "subscriptionId", "announcement": "announcementId", "publication": "id"}
+UNKNOWN = {
+    "subscription": ProtocolError("subscriptionId", "unknown subscription", 404),
+    "announcement": ProtocolError("announcementId", "unknown announcement", 404),
+    "publication": ProtocolError("id", "no publication with this id is still valid", 404),
+}
 
 Answer = tuple[ProtocolError, dict[str, str] | None]
 
@@ -46,7 +51,11 @@ def _unavailable(exc: StoreUnavailable) -> Answer:
 
 
 def _not_owner(exc: NotOwner) -> Answer:
-    return ProtocolError(ID_FIELDS[exc.what], "belongs to another client", 403), None
+    """Another client's announcement or publication is answered as none (its existence is not
+    theirs to learn); a subscription id can only be refused as taken, since ids are global."""
+    if exc.what == "subscription":
+        return ProtocolError(ID_FIELDS[exc.what], "belongs to another client", 403), None
+    return UNKNOWN[exc.what], None
 
 
 def _too_many(exc: TooMany) -> Answer:
@@ -63,9 +72,9 @@ ANSWERS: dict[type[Exception], Callable[[Exception], Answer]] = {
     NotOwner: _not_owner,  # type: ignore[dict-item]
     StaleRegistry: lambda exc: (stale(exc.current, exc.base), None),  # type: ignore[attr-defined]
     TooMany: _too_many,  # type: ignore[dict-item]
-    UnknownSubscription: lambda exc: (ProtocolError("subscriptionId", "unknown subscription", 404), None),
-    UnknownAnnouncement: lambda exc: (ProtocolError("announcementId", "unknown announcement", 404), None),
-    UnknownPublication: lambda exc: (ProtocolError("id", "no publication with this id is still valid", 404), None),
+    UnknownSubscription: lambda exc: (UNKNOWN["subscription"], None),
+    UnknownAnnouncement: lambda exc: (UNKNOWN["announcement"], None),
+    UnknownPublication: lambda exc: (UNKNOWN["publication"], None),
 }
 
 

@@ -9,13 +9,13 @@ queues held. Elsewhere than on glibc both are no-ops.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
-import time
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
 MMAP_THRESHOLD = 256 * 1024  # bytes: larger allocations are mapped, and unmapped when freed
-TRIM_INTERVAL = 1.0  # seconds at least between two trims (each walks the heap)
+TRIM_DELAY = 1.0  # seconds from a connection closing to the trim that gives its memory back
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -35,13 +35,19 @@ def map_large_allocations() -> None:
         _LIBC.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
-_trimmed = 0.0
+_trim: asyncio.TimerHandle | None = None
 
 
 def give_back() -> None:
-    """Return the heap's free pages to the system (unless that was done less than TRIM_INTERVAL ago)."""
-    global _trimmed
-    now = time.monotonic()
-    if _LIBC is not None and now - _trimmed >= TRIM_INTERVAL:
-        _trimmed = now
+    """Return the heap's free pages to the system TRIM_DELAY after this call: once for a burst of
+    calls (each trim walks the heap), and always after the last of them."""
+    global _trim
+    if _LIBC is not None and _trim is None:
+        _trim = asyncio.get_running_loop().call_later(TRIM_DELAY, _trimmed)
+
+
+def _trimmed() -> None:
+    global _trim
+    _trim = None
+    if _LIBC is not None:
         _LIBC.malloc_trim(0)
