@@ -34,6 +34,7 @@ ROOT, FLEET, CAROL, DAVE, REVOKED = (
     "dave-secret-1",
     "gone-secret-1",
 )
+PUBLISHING = "publishing-secret-1"
 MEMBERS = ("alice", "bob")
 PRIVATE = {user: X25519PrivateKey.generate() for user in MEMBERS}
 HASHES = {f"{user}-secret-1": user for user in MEMBERS}
@@ -41,7 +42,16 @@ PUBLISHERS = {f"pub{i}-secret-1": f"pub{i}" for i in range(20)}
 ADMIN_POLICY = {"data": [{"key": "id", "val": "truck-bcd", "op": "eq"}], "group": "A"}
 REGISTRY = {
     "admins": ["root"],
-    "hashes": {ROOT: "root", FLEET: "fleet", CAROL: "carol", DAVE: "dave", REVOKED: "gone", **HASHES, **PUBLISHERS},
+    "hashes": {
+        ROOT: "root",
+        FLEET: "fleet",
+        CAROL: "carol",
+        DAVE: "dave",
+        REVOKED: "gone",
+        PUBLISHING: "publishing",
+        **HASHES,
+        **PUBLISHERS,
+    },
     # a registry of some size, as in a deployment: a change takes the gateway a few milliseconds
     "users": {f"user-{i:05d}": {"groups": ["A"]} for i in range(10000)},
     "rules": {"*": [[]]},
@@ -157,6 +167,15 @@ async def test_a_static_hash_revoked_through_one_gateway_is_refused_by_the_other
         await root.registry(document)
         with pytest.raises(VeilError) as refused:
             await revoked.request("/publisher/rules", b"", method="GET")
+        assert refused.value.status == 401
+    # publishing, which checks the version where the log takes the publication, is refused alike
+    async with client(a, ROOT) as root, client(b, PUBLISHING) as publishing:
+        await publishing.publish({"before": True})
+        document = await root.registry()
+        del document["hashes"][PUBLISHING]
+        await root.registry(document)
+        with pytest.raises(VeilError) as refused:
+            await publishing.publish({"after": True})
         assert refused.value.status == 401
 
 

@@ -16,6 +16,9 @@ from veil.security.tls import fingerprint, peer_certificate
 
 # routes that authenticate no one: answered without looking at the store's registry
 PUBLIC_ROUTES = frozenset({"/health", "/ready", "/metrics", "/openapi.json", "/dashboard", "/dashboard/{asset}"})
+# what takes no look at the store's registry first: the public routes, and those whose handlers
+# check the registry's version where they write (`rest.publish`: the hot path)
+UNLOOKED = PUBLIC_ROUTES | frozenset({"/publish"})
 PARSE_OFF_LOOP = 64 * 1024  # bodies larger than this are parsed on a thread, so the loop serves others meanwhile
 T = TypeVar("T")
 
@@ -28,7 +31,7 @@ async def current_registry(
     version (`CurrentRegistry.fresh`): a static hash revoked through another gateway is refused here
     as soon as the revocation was acknowledged."""
     resource = request.match_info.route.resource
-    if resource is not None and resource.canonical not in PUBLIC_ROUTES:
+    if resource is not None and resource.canonical not in UNLOOKED:
         await request.app[GATEWAY].registry.fresh()
     return await handler(request)
 

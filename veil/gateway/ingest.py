@@ -30,7 +30,8 @@ class Ingest:
         self._threads = threads
         self._max_pending = max_pending
         self._max_lag = max_lag
-        self._waiting: list[tuple[list[Publication], asyncio.Future[list[int]], int]] = []  # (.., received ns)
+        # (publications, their future, received ns, the registry version they were admitted with)
+        self._waiting: list[tuple[list[Publication], asyncio.Future[list[int]], int, int | None]] = []
         self._pending = 0
         self._flusher: asyncio.Task[None] | None = None
         self.head = 0
@@ -41,7 +42,9 @@ class Ingest:
     def lag(self) -> int:
         return max(0, self.head - self.processed)
 
-    async def append(self, bodies: list[Publication]) -> list[int]:
+    async def append(self, bodies: list[Publication], registry: int | None = None) -> list[int]:
+        """Log `bodies` with the next group commit; StaleRegistry (nothing logged) if they were admitted
+        with registry version `registry` and a newer one is stored."""
         if self._pending + len(bodies) > self._max_pending:
             raise Overloaded(f"{self._pending} publications are waiting for the log")
         if self.lag > self._max_lag:
@@ -54,7 +57,7 @@ class Ingest:
         if connected >= MIN_CLIENTS and 2 * behind > connected:
             raise Overloaded(f"delivery is behind for {behind} of {connected} connected clients")
         future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        self._waiting.append((bodies, future, time.time_ns()))
+        self._waiting.append((bodies, future, time.time_ns(), registry))
         self._pending += len(bodies)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
@@ -63,11 +66,13 @@ class Ingest:
     async def _flush(self) -> None:
         while self._waiting:
             group, self._waiting = self._waiting, []
-            everything = [body for bodies, _, _ in group for body in bodies]
+            everything = [body for bodies, _, _, _ in group for body in bodies]
+            versions = [version for _, _, _, version in group if version is not None]
+            oldest = min(versions) if versions else None
             try:
-                offsets = await self._threads.write(self._threads.store.append_publications, everything)
-            except Exception as exc:  # the store failed: every waiter learns it, none is acknowledged
-                for _, future, _ in group:
+                offsets = await self._threads.write(self._threads.store.append_publications, everything, oldest)
+            except Exception as exc:  # the store failed, or the registry changed: none is acknowledged
+                for _, future, _, _ in group:
                     if not future.done():
                         future.set_exception(exc)
             else:
@@ -75,7 +80,7 @@ class Ingest:
                 if trace.DIRECTORY:
                     _trace_commit(group, offsets)
                 position = 0
-                for bodies, future, _ in group:
+                for bodies, future, _, _ in group:
                     if not future.done():
                         future.set_result(offsets[position : position + len(bodies)])
                     position += len(bodies)
@@ -88,9 +93,11 @@ class Ingest:
             await asyncio.shield(self._flusher)
 
 
-def _trace_commit(group: list[tuple[list[Publication], asyncio.Future[list[int]], int]], offsets: list[int]) -> None:
+def _trace_commit(
+    group: list[tuple[list[Publication], asyncio.Future[list[int]], int, int | None]], offsets: list[int]
+) -> None:
     position = 0
-    for bodies, _, received in group:
+    for bodies, _, received, _ in group:
         trace.mark("received", offsets[position] - 1, offsets[position + len(bodies) - 1], received)
         position += len(bodies)
     trace.mark("committed", offsets[0] - 1, offsets[-1])

@@ -37,7 +37,7 @@ from veil.security import signatures
 from veil.security.admission import admit_announcement, admit_publication, admit_subscription
 from veil.security.identity import Principal
 from veil.security.registry import Registry
-from veil.store import Publication
+from veil.store import Publication, StaleRegistry
 
 BATCH_TYPES = frozenset({"application/x-ndjson", "application/jsonl", "application/x-jsonlines"})
 routes = web.RouteTableDef()
@@ -74,9 +74,24 @@ def where_delivered(gateway: Gateway, **reply: object) -> web.Response:
     return json_response({"host": config.hostname, "port": config.tcp, "ws-port": config.ws, **reply})
 
 
+STALE_ATTEMPTS = 4  # admissions of one publish request while other gateways keep changing the registry
+
+
 @routes.post("/publish")
 async def publish(request: web.Request) -> web.Response:
+    """Publishers are authenticated and admitted with the registry this gateway holds, and the log
+    takes their publications only if no newer version was stored meanwhile (a revocation through
+    another gateway): otherwise they are admitted again with the newest one."""
     gateway = request.app[GATEWAY]
+    for _ in range(STALE_ATTEMPTS - 1):
+        try:
+            return await _publish(request, gateway, gateway.registry.version)
+        except StaleRegistry:
+            await gateway.registry.fresh()
+    return await _publish(request, gateway, None)  # the registry keeps changing: the freshest look decides
+
+
+async def _publish(request: web.Request, gateway: Gateway, registry: int | None) -> web.Response:
     limits = gateway.limits
     principal = principal_of(gateway, request, request.headers.get("X-Auth-Hash"))
     publisher = principal.identity
@@ -88,7 +103,8 @@ async def publish(request: web.Request) -> web.Response:
             raise ProtocolError("X-Signature", "sign publications one per request, not a batch")
         routed = await parsed(gateway, raw, parse_publication_batch, limits, gateway.config.max_pending)
         admit_publications(gateway.registry.current, principal, routed, batch=True)
-        offsets = await gateway.ingest.append([Publication(r.body, publisher, valid_for=valid_for) for r in routed])
+        batch = [Publication(r.body, publisher, valid_for=valid_for) for r in routed]
+        offsets = await gateway.ingest.append(batch, registry)
         gateway.metrics.publications.inc(len(offsets))
         return json_response({"ids": [str(o) for o in offsets]})
     routed = await parsed(gateway, raw, parse_publication, limits)
@@ -100,7 +116,7 @@ async def publish(request: web.Request) -> web.Response:
             raise ProtocolError("X-Signature", "sign a raw JSON object sent byte for byte (other forms are converted)")
         key_id = request.headers.get("X-Key-Id")
         signatures.check(gateway.registry.current.keys.get(publisher, {}), key_id, signature, raw)
-    offsets = await gateway.ingest.append([Publication(body, publisher, key_id, signature, valid_for)])
+    offsets = await gateway.ingest.append([Publication(body, publisher, key_id, signature, valid_for)], registry)
     gateway.metrics.publications.inc()
     return json_response({"id": str(offsets[0])})
 

@@ -223,8 +223,11 @@ class GatewayStore(LogReader):
     """The gateway's part: it appends to the log, serves the queues and keeps the cursors."""
 
     @abstractmethod
-    def append_publications(self, publications: list[Publication]) -> list[int]:
-        """Durably append publications (one commit for all); returns their offsets."""
+    def append_publications(self, publications: list[Publication], registry: int | None = None) -> list[int]:
+        """Durably append publications (one commit for all); returns their offsets. With `registry`,
+        the version their publishers were authenticated and admitted with: StaleRegistry, and nothing
+        written, if a newer one was stored meanwhile (a revocation holds from its acknowledgement on,
+        at the cost of one indexed read in a transaction that writes anyway)."""
 
     @abstractmethod
     def put_registry(self, body: bytes, file_digest: int | None = None, base: int | None = None) -> int:

@@ -41,9 +41,11 @@ LIVE = (
 
 
 class LogSql(Dialect):
-    def append_publications(self, publications: list[Publication]) -> list[int]:
+    def append_publications(self, publications: list[Publication], registry: int | None = None) -> list[int]:
         now = now_ms()
         with self._tx() as db:
+            if registry is not None and (newest := _registry_version(db)) > registry:
+                raise StaleRegistry(newest, registry)
             offsets = self._insert_publications(db, now, publications)
             add_status(db, "received", len(offsets))
             db.executemany(
