@@ -37,7 +37,7 @@ from veil.security import signatures
 from veil.security.admission import admit_announcement, admit_publication, admit_subscription
 from veil.security.identity import Principal
 from veil.security.registry import Registry
-from veil.store import Publication, StaleRegistry
+from veil.store import NotOwner, Publication, StaleRegistry
 
 BATCH_TYPES = frozenset({"application/x-ndjson", "application/jsonl", "application/x-jsonlines"})
 routes = web.RouteTableDef()
@@ -171,7 +171,10 @@ async def announce(request: web.Request) -> web.Response:
     if gateway.config.with_authorization:  # off (--dev): anyone may announce, as anyone receives anything
         await sized(gateway, len(raw), admit_announcement, gateway.registry.current, principal, announced)
     ann_id = req.announcement_id or uuid.uuid4().hex
-    await gateway.threads.write(gateway.threads.store.put_announcement, ann_id, owner, orjson.dumps(req.predicates))
+    try:
+        await gateway.threads.write(gateway.threads.store.put_announcement, ann_id, owner, orjson.dumps(req.predicates))
+    except NotOwner:  # ids are global: one someone else holds can only be refused as taken
+        raise ProtocolError("announcementId", "belongs to another client", 403) from None
     return where_delivered(gateway, announcementId=ann_id)
 
 
