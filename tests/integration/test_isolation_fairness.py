@@ -86,6 +86,22 @@ async def until_behind(broker: BrokerProcess, subscriptions: int, flood, timeout
         await flood()
 
 
+async def stall(http: aiohttp.ClientSession, broker: BrokerProcess, rid: str, subscriptions: int) -> None:
+    """Publish 8 KiB publications of run `rid` until silent connections' writes wait (more than the
+    sockets' buffers hold) and `subscriptions` of them read from the store."""
+    pad = "x" * 8192
+    sent = 0
+
+    async def flood() -> None:
+        nonlocal sent
+        await publish_batch(http, broker, [{"run": rid, "n": sent + i, "pad": pad} for i in range(100)])
+        sent += 100
+
+    while sent < STALLING:
+        await flood()
+    await until_behind(broker, subscriptions, flood)
+
+
 async def test_a_client_that_never_reads_does_not_stop_other_publishers_or_readers(broker):
     rid, tag = run_id(), run_id()
     silent_ids = await subscribe_many(broker, "silent-bob", rid, 16)
@@ -156,17 +172,7 @@ async def test_many_clients_that_never_read_do_not_stop_publishers(broker):
         sub = (await reader.subscribe([{"key": "canary", "val": tag, "op": "eq"}]))["subscriptionId"]
         async with reader.deliveries(sub) as stream, aiohttp.ClientSession() as http:
             await stream.connected.wait()
-            pad = "x" * 8192
-            sent = 0
-
-            async def flood() -> None:
-                nonlocal sent
-                await publish_batch(http, broker, [{"run": rid, "n": sent + i, "pad": pad} for i in range(100)])
-                sent += 100
-
-            while sent < STALLING:  # more than the sockets' buffers hold: the clients' writes wait
-                await flood()
-            await until_behind(broker, 2 * SYBILS, flood)
+            await stall(http, broker, rid, 2 * SYBILS)
             await asyncio.sleep(1)  # the gateway's view of who is behind is taken a few times a second
             refused = []
             for n in range(20):
@@ -192,17 +198,7 @@ async def test_ending_a_subscription_of_a_connection_that_reads_nothing_waits_fo
     stuck = silent_socket(broker, {"authHash": "silent-ender", "subscriptionIds": ids})
     try:
         async with aiohttp.ClientSession() as http, client_for(broker, "silent-ender") as owner:
-            pad = "x" * 8192
-            sent = 0
-
-            async def flood() -> None:
-                nonlocal sent
-                await publish_batch(http, broker, [{"run": rid, "n": sent + i, "pad": pad} for i in range(100)])
-                sent += 100
-
-            while sent < STALLING:
-                await flood()
-            await until_behind(broker, 2, flood)
+            await stall(http, broker, rid, 2)
             began = time.monotonic()
             await asyncio.wait_for(owner.unsubscribe(ids[0]), 10)
             assert time.monotonic() - began < 5
