@@ -16,6 +16,7 @@ from veil.store import (
     BatchDurations,
     NotOwner,
     Publication,
+    Quarantined,
     StatefulBatch,
     Totals,
     UnknownPublication,
@@ -510,3 +511,19 @@ def test_totals_count_the_work_in_the_transactions_that_do_it(store):
     store.record_deliveries([s, t, s], [pubs[0], pubs[0], pubs[1]], pubs[2])  # replayed
     store.save_cursors({store.subscription_number("s"): pubs[1]}, forwarded=3)
     assert store.totals() == Totals(received=3, matched=2, matches=3, forwarded=3, subscriptions=3, subscribers=2)
+
+
+def test_a_dropped_subscription_quarantine_does_not_come_back(store):
+    """The operator drops a quarantined subscription (removed first, then released) while a matcher
+    that reloaded its state before reaching the removal fails on it again: it stays dropped."""
+    created = store.put_subscription("poison", "alice", b"[]")
+    (pub,) = store.append_publications(published(b'{"a":1}'))
+    failure = Quarantined(0, KIND_SUBSCRIBE, "poison", None, "ValueError: boom")
+    store.record_deliveries([], [], created, quarantined=[failure])
+    (record,) = store.quarantine()
+    assert store.quarantine_count() == 1 and store.subscription_refusal("poison") == "ValueError: boom"
+    removed = store.remove_subscription("poison", "alice")
+    assert store.release_quarantined(record.offset) and store.quarantine_count() == 0
+    assert removed > pub
+    store.record_deliveries([], [], pub, quarantined=[failure])  # a round still before the removal
+    assert store.quarantine_count() == 0

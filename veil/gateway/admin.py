@@ -96,11 +96,15 @@ async def drop_quarantined(request: web.Request) -> web.Response:
     live = record is not None and record.kind == KIND_SUBSCRIBE and record.sub_id is not None and (
         await threads.read(store.subscription_refusal, record.sub_id) is not None
     )  # fmt: skip
-    if record is None or not await threads.write(store.release_quarantined, record.offset):
+    if record is None:
         raise ProtocolError("offset", "no quarantined entry at this offset", 404)
+    # removed before it leaves the quarantine: until the pipeline passes the removal, a matcher that
+    # reloads its state loads whatever is live and not quarantined, fails on it, and sets it aside again
     if live and record.owner is not None:
         with contextlib.suppress(UnknownSubscription, NotOwner):  # removed by its owner meanwhile
             await threads.write(store.remove_subscription, record.sub_id, record.owner)
+    if not await threads.write(store.release_quarantined, record.offset):
+        raise ProtocolError("offset", "no quarantined entry at this offset", 404)
     return json_response({"offset": record.offset, "dropped": KIND_NAMES.get(record.kind, str(record.kind))})
 
 

@@ -195,17 +195,19 @@ class StatusSql(Dialect):
 
 def set_aside(db: Db, entries: Sequence[Quarantined], processed: int, now: float) -> None:
     """Set entries aside; a subscription named without its offset is the version in force at
-    `processed` (the one a matcher held when it failed)."""
+    `processed` (the one a matcher held when it failed), unless it has been removed or replaced
+    since: a matcher reloading its state before it reaches the removal fails on it again, and
+    setting that aside would bring back a quarantine the operator has just dropped."""
     for entry in entries:
         offset, owner, body = entry.offset, entry.owner, None
         if entry.kind == KIND_SUBSCRIBE:
             row = db.execute(
                 "SELECT created, owner, substr(body, 1, ?) FROM subscriptions WHERE sub_id = ? AND created <= ? "
-                "AND (deleted IS NULL OR deleted > ?) ORDER BY created DESC LIMIT 1",
-                (QUARANTINE_PREVIEW, entry.sub_id, processed, processed),
+                "AND deleted IS NULL",
+                (QUARANTINE_PREVIEW, entry.sub_id, processed),
             ).fetchone()
             if row is None:
-                continue  # replaced or removed in the same batch: nothing is left to set aside
+                continue  # replaced or removed since: nothing is left to set aside
             offset, owner, body = row
         else:
             row = db.execute(
