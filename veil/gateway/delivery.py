@@ -53,7 +53,7 @@ class Chunk(NamedTuple):
     pubs: np.ndarray
     bodies: list[bytes]
     envelopes: list[bytes]
-    sizes: np.ndarray  # of each line
+    size: int  # bytes of its lines
     logged: np.ndarray | None = None
 
 
@@ -91,19 +91,29 @@ class Session:
     def offer(self, chunk: Chunk) -> None:
         if not self.caught_up or self.closed:
             return
+        # a connection whose client does not read takes nothing more in memory (it waits in the store)
+        not_reading = self.writing_since is not None and stalled(self.writing_since, time.monotonic())
+        free = 0 if not_reading else self.hub.quotas.room(self.client)
+        if chunk.pubs[0] > self.last_queued and len(chunk.pubs) <= QUEUE_LIMIT - self.queued and chunk.size <= free:
+            self._queue(chunk)  # the common case: all of it is new and fits
+        else:
+            self._offer_part(chunk, free)
+        self._wake.set()
+
+    def _offer_part(self, chunk: Chunk, free: int) -> None:
+        """Queue what is new of the chunk and fits; the rest waits in the store."""
         skip = int(np.searchsorted(chunk.pubs, self.last_queued, side="right"))
         room = min(QUEUE_LIMIT - self.queued, len(chunk.pubs) - skip)
-        # a connection whose client does not read takes nothing more in memory (it waits in the store)
-        free = 0 if stalled(self.writing_since, time.monotonic()) else self.hub.quotas.room(self.client)
-        fits = fitting(chunk.sizes[skip : skip + room], free, least=0)
+        sizes = _sizes(chunk.bodies[skip : skip + room], chunk.envelopes[skip : skip + room])
+        fits = fitting(sizes, free, least=0)
         if len(chunk.pubs) - skip > fits:
             self.caught_up = False  # the rest waits in the store; the session refills from there
             self.hub.session_taking(self)
         take = slice(skip, skip + fits)
-        if take.stop > take.start:
+        if fits:
             logged = None if chunk.logged is None else chunk.logged[take]
-            self._queue(Chunk(chunk.pubs[take], chunk.bodies[take], chunk.envelopes[take], chunk.sizes[take], logged))
-        self._wake.set()
+            size = int(sizes[:fits].sum())
+            self._queue(Chunk(chunk.pubs[take], chunk.bodies[take], chunk.envelopes[take], size, logged))
 
     def resync(self) -> None:
         """Take the next deliveries from the store rather than from offers."""
@@ -114,9 +124,8 @@ class Session:
     def _queue(self, chunk: Chunk) -> None:
         self.pending.append(chunk)
         self.queued += len(chunk.pubs)
-        size = int(chunk.sizes.sum())
-        self.queued_bytes += size
-        self.hub.quotas.take(self.client, size)
+        self.queued_bytes += chunk.size
+        self.hub.quotas.take(self.client, chunk.size)
         self.last_queued = int(chunk.pubs[-1])
 
     def forget(self) -> None:
@@ -154,7 +163,7 @@ class Session:
         while self.pending and len(pubs) < SEND_BATCH and size < SEND_BYTES:
             chunk = self.pending.popleft()
             self.queued -= len(chunk.pubs)
-            size += int(chunk.sizes.sum())
+            size += chunk.size
             pubs.extend(chunk.pubs.tolist())
             bodies.extend(chunk.bodies)
             envelopes.extend(chunk.envelopes)
@@ -185,7 +194,8 @@ class Session:
             envelopes = list(map(fields, origins))
             sizes = _sizes(list(bodies), envelopes)
             taken = fitting(sizes, min(self.hub.quotas.room(self.client), REFILL_BYTES), least=1)
-            self._queue(Chunk(np.array(pubs[:taken], np.int64), list(bodies[:taken]), envelopes[:taken], sizes[:taken]))
+            size = int(sizes[:taken].sum())
+            self._queue(Chunk(np.array(pubs[:taken], np.int64), list(bodies[:taken]), envelopes[:taken], size))
         # Rows the hub handled after our snapshot were not offered to us: read again before going live.
         if taken == len(rows) < QUEUE_LIMIT and self.hub.last_seq <= watermark:
             self.caught_up = True
@@ -401,15 +411,20 @@ class DeliveryHub:
                 bundle = self._bundles[int(bundles[part[0]])]
                 bundle.offer(entry.seq, self._place[sub_nos[part]], pubs[part], variants[part], published)
             sub_nos, pubs, variants = sub_nos[alone], pubs[alone], variants[alone]
-        cuts = np.flatnonzero(np.diff(sub_nos)) + 1
-        for low, high in zip([0, *cuts.tolist()], [*cuts.tolist(), len(sub_nos)], strict=True):
-            session = self._by_number.get(int(sub_nos[low])) if high > low else None
+        if not len(sub_nos):
+            return
+        lows = np.flatnonzero(np.diff(sub_nos, prepend=-1))
+        highs = [*lows[1:].tolist(), len(sub_nos)]
+        totals = np.add.reduceat(published.sizes[variants], lows).tolist()  # bytes per session, at once
+        sessions = self._by_number
+        for number, low, high, size in zip(sub_nos[lows].tolist(), lows.tolist(), highs, totals, strict=True):
+            session = sessions.get(number)
             if session is not None:
                 chosen = variants[low:high]
                 session.offer(
                     Chunk(
                         pubs[low:high], published.bodies[chosen].tolist(), published.envelopes[chosen].tolist(),
-                        published.sizes[chosen], published.logged[chosen],
+                        size, published.logged[chosen],
                     )
                 )  # fmt: skip
 
