@@ -1,7 +1,8 @@
 """Credentials over their lifetime, against real gateways: what a token's claim admitted is checked
 again at every delivery handshake, a delivery connection ends when its token expires, a revoked
-client certificate is refused once the revocation list names it, and a --dev broker listens on
-loopback only whatever --bind says. The gateways run without a pipeline: nothing here needs a match."""
+client certificate is refused once the revocation list names it and the connections it opened end,
+and a --dev broker listens on loopback only whatever --bind says. The gateways run without a
+pipeline: nothing here needs a match."""
 
 from __future__ import annotations
 
@@ -130,7 +131,15 @@ async def test_a_revoked_certificate_is_refused_once_the_revocation_list_names_i
         async with mallory_client as mallory, alice_client as alice:
             reply = await mallory.subscribe([{"key": "run", "val": run_id(), "op": "eq"}])
             assert await mallory.publish({"before": "revocation"})
+            opened = await handshake(process, directory, {"subscriptionId": reply["subscriptionId"]}, "mallory")
+            assert await opened.silent(1.0)  # admitted
             certs.revoke(directory, ["mallory"])
+            try:  # the connection opened before the revocation ends with it
+                ended = await opened.line(timeout=15)
+                assert await opened.line(timeout=5) is None
+            finally:
+                opened.close()
+            assert ended is not None and (ended["status"], ended["field"]) == (401, "certificate"), ended
             with pytest.raises(VeilError) as refused:
                 await mallory.publish({"after": "revocation"})
             assert (refused.value.status, refused.value.field) == (401, "certificate")

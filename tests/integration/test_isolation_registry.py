@@ -1,7 +1,8 @@
 """The registry shared by two gateways on one PostgreSQL store, against clients that race each other
 and push its limits: no change acknowledged through one gateway is undone by a change through the
 other (one of two racing changes gets 409, or both land), a static hash revoked through one gateway
-is refused by the other as soon as the revocation is acknowledged, a publisher's rules are bounded,
+is refused by the other as soon as the revocation is acknowledged (and the connections it opened
+there end within seconds), a publisher's rules are bounded,
 the last admin stays, and a publisher cannot lift the policies the admins set on its publications.
 
 The gateways run without a pipeline: what is checked is what they acknowledge and what the store
@@ -21,18 +22,20 @@ import orjson
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from tests.integration.helpers import LineConnection, run_id
 from veil.client import VeilClient, VeilError
 from veil.client.errors import Replaced
 from veil.harness import BrokerProcess, postgres_database
 from veil.security.sealing import RAW, ScopeKey, wrap
 
 pytestmark = pytest.mark.slow
-ROOT, FLEET, CAROL, DAVE, REVOKED = (
+ROOT, FLEET, CAROL, DAVE, REVOKED, LEAKED = (
     "root-secret-1",
     "fleet-secret-1",
     "carol-secret-1",
     "dave-secret-1",
     "gone-secret-1",
+    "carol-secret-2",  # carol's second hash, revoked while a connection it opened is open
 )
 PUBLISHING = "publishing-secret-1"
 MEMBERS = ("alice", "bob")
@@ -46,6 +49,7 @@ REGISTRY = {
         ROOT: "root",
         FLEET: "fleet",
         CAROL: "carol",
+        LEAKED: "carol",
         DAVE: "dave",
         REVOKED: "gone",
         PUBLISHING: "publishing",
@@ -177,6 +181,34 @@ async def test_a_static_hash_revoked_through_one_gateway_is_refused_by_the_other
         with pytest.raises(VeilError) as refused:
             await publishing.publish({"after": True})
         assert refused.value.status == 401
+
+
+async def test_a_connection_opened_with_a_hash_revoked_through_the_other_gateway_ends(gateways):
+    """Revoking a leaked hash ends the delivery connections it opened, wherever they are; the same
+    client's connection opened with a hash it keeps goes on."""
+    a, b = gateways
+    async with client(b, CAROL) as carol:
+        leaked_sub, kept_sub = [
+            (await carol.subscribe([{"key": "run", "val": run_id(), "op": "eq"}]))["subscriptionId"] for _ in range(2)
+        ]
+    leaked = await LineConnection.open(b.tcp_port, {"authHash": LEAKED, "subscriptionId": leaked_sub})
+    kept = await LineConnection.open(b.tcp_port, {"authHash": CAROL, "subscriptionId": kept_sub})
+    try:
+        assert await leaked.silent(1.0) and await kept.silent(0.5)  # both admitted, waiting for deliveries
+        async with client(a, ROOT) as root:
+            document = await root.registry()
+            del document["hashes"][LEAKED]
+            await root.registry(document)
+        revoked_at = time.monotonic()
+        ended = await leaked.line(timeout=15)
+        assert ended is not None and (ended["status"], ended["field"]) == (401, "authHash"), ended
+        assert time.monotonic() - revoked_at < 5
+        assert await leaked.line(timeout=5) is None  # and closed
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(kept.reader.readline(), 2)  # still open: nothing sent, nothing ended
+    finally:
+        leaked.close()
+        kept.close()
 
 
 async def test_oversized_rules_are_refused_naming_the_limit_and_change_nothing(gateways):

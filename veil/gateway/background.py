@@ -38,6 +38,7 @@ class Background:
         loops: list[Coroutine[None, None, None]] = [
             hub.poll(), hub.save_cursors_periodically(), self._track_progress(), self._compact(),
             membership.stay_alive(self.gateway), self.gateway.registry.follow(),
+            self.gateway.credentials.follow(self.gateway.registry, self.gateway.auth),
         ]  # fmt: skip
         if self.pipeline is not None:
             loops.append(self.pipeline.supervise())

@@ -67,14 +67,17 @@ async def serve_connection(
         parsed = parse_handshake(handshake)
         await gateway.registry.fresh()  # credentials revoked through another gateway are refused already
         fingerprinted = fingerprint(certificate) if certificate else None
-        principal = gateway.auth.principal(Credentials(fingerprinted, parsed.token, parsed.auth_hash, certificate))
+        credentials = Credentials(fingerprinted, parsed.token, parsed.auth_hash, certificate)
+        principal = gateway.auth.principal(credentials)
     except ProtocolError as exc:
         await close(exc.to_json())
         return
     expiry = _end_at_expiry(principal, close)
+    watched = gateway.credentials.watch(credentials, principal.identity, close)
     try:
         await _serve(gateway, parsed, principal, send, close, receive)
     finally:
+        gateway.credentials.forget(watched)
         if expiry is not None:
             expiry.cancel()
 

@@ -11,6 +11,7 @@ from aiohttp import web
 from veil.config import Config
 from veil.gateway.admission import Admission
 from veil.gateway.channel import EdgeChannels
+from veil.gateway.credential_watch import CredentialWatch
 from veil.gateway.delivery import DeliveryHub
 from veil.gateway.health import Health
 from veil.gateway.ingest import Ingest
@@ -33,6 +34,7 @@ class Gateway:
     admission: Admission  # connections that have yet to send anything
     parsing: ThreadPoolExecutor  # large bodies are parsed here, off the event loop
     edges: EdgeChannels
+    credentials: CredentialWatch  # open delivery connections, ended when their credentials are revoked
     health: Health
     metrics: Metrics
     metrics_hash: str | None  # the SELIS monitoring client's authHash (None: monitoring off)

@@ -20,6 +20,7 @@ from veil.gateway.admission import Admission
 from veil.gateway.background import Background
 from veil.gateway.channel import EdgeChannels
 from veil.gateway.context import Gateway
+from veil.gateway.credential_watch import CredentialWatch
 from veil.gateway.delivery import DeliveryHub
 from veil.gateway.errors import json_parse_errors
 from veil.gateway.health import Health
@@ -66,6 +67,7 @@ def build_gateway(config: Config) -> Gateway:
         admission=Admission(config.max_unauthenticated, config.read_timeout),
         parsing=parsing,
         edges=EdgeChannels(),
+        credentials=CredentialWatch(),
         health=health,
         metrics=metrics,
         metrics_hash=read_hash(config.metrics_auth_hash_file),
