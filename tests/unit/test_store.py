@@ -67,6 +67,31 @@ def test_replayed_batches_deliver_once(store):
     assert (body, origin) == (b'{"a":1}', Origin()) and abs(logged / 1000 - time.time()) < 60
 
 
+def test_a_large_round_is_cut_into_bounded_feed_rows_read_a_few_at_a_time(store, monkeypatch):
+    """Whatever reads the feed holds rows whole: a round's matches are cut into rows of at most
+    FEED_ROW_PAIRS, one read takes rows up to FEED_READ_PAIRS matches, and every subscription's
+    queue still reads in publication order."""
+    monkeypatch.setattr("veil.store.queues.FEED_ROW_PAIRS", 4)
+    monkeypatch.setattr("veil.store.relational.deliveries.FEED_READ_PAIRS", 6)
+    for sub_id in "stu":
+        store.put_subscription(sub_id, "alice", b"[]")
+    pubs = store.append_publications(published(*[b"{}"] * 5))
+    numbers = [store.subscription_number(sub_id) for sub_id in "stu"]
+    pairs = [(n, p) for p in pubs for n in numbers if (n + p) % 4]  # not every publication for every one
+    store.record_deliveries([n for n, _ in pairs], [p for _, p in pairs], pubs[-1])
+    rows, seq, reads = [], 0, 0
+    while read := store.feed_since(seq, 64):
+        assert sum(len(e.pubs) for e in read[:-1]) < 6  # a read stops at the row that reaches the budget
+        rows, seq, reads = rows + read, read[-1].seq, reads + 1
+    assert [len(e.pubs) for e in rows] == [min(4, len(pairs) - i) for i in range(0, len(pairs), 4)]
+    assert len(rows) >= 3 and reads >= 2
+    cut = [(n, p) for e in rows for n, p in zip(e.sub_nos.tolist(), e.pubs.tolist(), strict=True)]
+    assert cut == sorted(pairs)
+    for n in numbers:
+        queued, _ = store.backlog(n, 0, 100)
+        assert [pub for pub, _, _ in queued] == sorted(p for m, p in pairs if m == n)
+
+
 def test_feed_entries_are_sorted_by_subscription(store):
     for sub_id in "st":
         store.put_subscription(sub_id, "alice", b"[]")

@@ -300,7 +300,8 @@ class GatewayStore(LogReader):
 
     @abstractmethod
     def feed_since(self, seq: int, limit: int) -> list[FeedEntry]:
-        """The matches of the micro-batches queued after `seq`, in the order the pipeline wrote them."""
+        """The feed rows after `seq` (matches of the pipeline's rounds), in the order the pipeline wrote
+        them: at most `limit`, and no more than hold about `queues.FEED_READ_PAIRS` matches."""
 
     @abstractmethod
     def last_feed_seq(self) -> int: ...
@@ -429,7 +430,7 @@ class PipelineStore(LogReader):
         began: int | None = None,
     ) -> None:
         """Queue the (subscription number, publication) matches of matcher partition `part`'s round
-        as one feed entry, with the cropped copies some of them deliver, and record the partition's
+        as feed rows (`queues.feed_rows`), with the cropped copies some of them deliver, and record the partition's
         processed offset, in one transaction; matches of publications at or below the offset the
         partition already recorded are dropped, so a replayed round delivers nothing twice. The
         pipeline's processed offset, its oldest held publication and next expiry are the least of

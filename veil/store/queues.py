@@ -26,15 +26,26 @@ from veil.store.base import FeedEntry
 SPILL_AFTER = 2.0  # seconds a match may wait in the feed before it gets its own queue row
 COMPACT_INTERVAL = 2.0  # seconds between compaction rounds
 COMPACT_CHUNK = 20000  # rows per compaction step (one transaction)
+FEED_ROW_PAIRS = 1 << 20  # matches per feed row at most (16 MiB)
+FEED_READ_PAIRS = 4 << 20  # matches the hub reads from the feed at once, about (it takes at least a row)
 NEVER = np.iinfo(np.int64).max
 
 
-def pack(sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[bytes, int]:
-    """A feed row's pairs, sorted by (subscription number, publication), so that a subscription's
-    matches are one binary search away and spilled rows fill the queue index in order; and the
-    oldest publication the row holds."""
+def feed_rows(sub_nos: np.ndarray, pubs: np.ndarray) -> list[tuple[bytes, int]]:
+    """A round's matches as feed rows: each row's pairs sorted by (subscription number, publication),
+    so that a subscription's matches are one binary search away and spilled rows fill the queue index
+    in order, with the oldest publication the row holds. A row holds at most FEED_ROW_PAIRS pairs:
+    whatever reads the feed (the gateway's hub, compaction) holds a row whole, and one round of many
+    publications matching many subscriptions would otherwise be hundreds of megabytes. The rows
+    follow each other in pair order, so a subscription whose matches span two rows gets them in
+    publication order."""
     order = np.lexsort((pubs, sub_nos))
-    return sub_nos[order].tobytes() + pubs[order].tobytes(), int(pubs.min())
+    sub_nos, pubs = sub_nos[order], pubs[order]
+    return [
+        (sub_nos[low : low + FEED_ROW_PAIRS].tobytes() + pubs[low : low + FEED_ROW_PAIRS].tobytes(),
+         int(pubs[low : low + FEED_ROW_PAIRS].min()))
+        for low in range(0, len(pubs), FEED_ROW_PAIRS)
+    ]  # fmt: skip
 
 
 def unpack(seq: int, pairs: bytes, cropped: bool = False) -> FeedEntry:

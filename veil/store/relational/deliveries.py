@@ -11,7 +11,7 @@ import numpy as np
 
 from veil.protocol.envelope import Origin
 from veil.store.base import KIND_COPY, Delivery, FeedEntry, Quarantined, StatefulBatch
-from veil.store.queues import pack, unpack
+from veil.store.queues import FEED_READ_PAIRS, feed_rows, unpack
 from veil.store.relational.dialect import (
     LAST_FEED_SEQ,
     SPILLED,
@@ -34,8 +34,17 @@ ORIGIN = "COALESCE(client, ''), key_id, signature, copy_of, cropped"  # the colu
 class DeliverySql(Dialect):
     def feed_since(self, seq: int, limit: int) -> list[FeedEntry]:
         with self._read() as db:
+            # the rows' sizes first (no row is read whole for it): as many rows as make about
+            # FEED_READ_PAIRS pairs, at least one, so that what one read holds stays bounded
+            sizes = db.execute(
+                "SELECT seq, length(pairs) FROM feed WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)
+            ).fetchall()
+            if not sizes:
+                return []
+            budget = 16 * FEED_READ_PAIRS  # bytes: two int64 per pair
+            last = next((row_seq for row_seq, size in sizes if (budget := budget - size) <= 0), sizes[-1][0])
             rows = db.execute(
-                "SELECT seq, pairs, cropped FROM feed WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)
+                "SELECT seq, pairs, cropped FROM feed WHERE seq > ? AND seq <= ? ORDER BY seq", (seq, last)
             ).fetchall()
         return [unpack(entry_seq, pairs, bool(cropped)) for entry_seq, pairs, cropped in rows]
 
@@ -227,11 +236,11 @@ class DeliverySql(Dialect):
             if len(pubs):
                 add_status(db, "matched", len(np.unique(pubs)))
                 add_status(db, "matches", len(pubs))
-                pairs, first = pack(sub_nos, pubs)
-                seq = db.execute(
-                    "INSERT INTO feed(pairs, first, created, cropped) VALUES (?, ?, ?, ?) RETURNING seq",
-                    (pairs, first, now, bool(copies)),
-                ).fetchone()[0]
+                for pairs, first in feed_rows(sub_nos, pubs):
+                    seq = db.execute(
+                        "INSERT INTO feed(pairs, first, created, cropped) VALUES (?, ?, ?, ?) RETURNING seq",
+                        (pairs, first, now, bool(copies)),
+                    ).fetchone()[0]
                 set_status(db, "feed_seq", seq)
                 self._feed_written(db)
                 db.executemany(
