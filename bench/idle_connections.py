@@ -4,9 +4,9 @@
 multiplexed connection and read nothing, while a publisher sends `--publications` publications of
 `--payload` bytes; each publication matches 1 in `--selectivity` of every client's subscriptions, so
 every connection is owed one line per publication. The gateway's resident memory (VmRSS) is printed
-before the flood, at its peak, once everything owed is matched and queued, and after the connections
-close, and the bytes of delivery lines queued in memory (`veil_queued_bytes`, where the broker
-reports it) once everything owed is queued.
+once every connection is attached (before the flood), at its peak, once everything owed is matched
+and queued, and 10 s and 30 s after the connections close; and the bytes of delivery lines queued in
+memory (`veil_queued_bytes`, where the broker reports it) once everything owed is queued.
 
     python -m bench.idle_connections [--connections 100] [--subscriptions 1000] [--publications 50]
                                      [--payload 1024] [--selectivity 1]
@@ -49,6 +49,16 @@ async def subscribe_all(broker: BrokerProcess, rid: str, clients: int, each: int
         return [list(await asyncio.gather(*(subscribe(c, j) for j in range(each)))) for c in range(clients)]
 
 
+async def attached(broker: BrokerProcess, subscriptions: int, timeout: float = 1800) -> None:
+    """Wait until the gateway has admitted every connection's subscriptions (admitting 1,000 of them
+    takes a connection seconds): memory measured before that is not that of the connections."""
+    deadline = time.monotonic() + timeout
+    while broker.health()["subscriptionsConnected"] < subscriptions:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{broker.health()['subscriptionsConnected']} of {subscriptions} attached")
+        await asyncio.sleep(1)
+
+
 def connect_idle(broker: BrokerProcess, ids: list[list[str]]) -> list[socket.socket]:
     """One multiplexed connection per client that never reads (a small receive buffer, so that the
     kernel holds little of what it is sent)."""
@@ -87,9 +97,11 @@ async def run(args: argparse.Namespace, broker: BrokerProcess) -> list[dict]:
     began = time.monotonic()
     ids = await subscribe_all(broker, rid, args.connections, args.subscriptions, args.selectivity)
     print(f"{args.connections * args.subscriptions} subscriptions in {time.monotonic() - began:.0f} s", flush=True)
+    began = time.monotonic()
     idle = connect_idle(broker, ids)
-    await asyncio.sleep(5)  # the connections attached
-    rows = [{"when": "connected, before the flood", "rss": resident(pid)}]
+    await attached(broker, args.connections * args.subscriptions)
+    print(f"every connection attached in {time.monotonic() - began:.0f} s", flush=True)
+    rows = [{"when": "attached, before the flood", "rss": resident(pid)}]
     matched = broker.metrics()["veil_matches_total"]
     owed = args.publications * args.subscriptions // args.selectivity * args.connections
     peak = Peak(pid)
@@ -102,8 +114,9 @@ async def run(args: argparse.Namespace, broker: BrokerProcess) -> list[dict]:
     rows.append({"when": "all owed matched and queued", "rss": resident(pid), "queued": queued})
     for s in idle:
         s.close()
-    await asyncio.sleep(10)
-    rows.append({"when": "10 s after the connections closed", "rss": resident(pid)})
+    for after, wait in ((10, 10), (30, 20)):
+        await asyncio.sleep(wait)
+        rows.append({"when": f"{after} s after the connections closed", "rss": resident(pid)})
     rows.insert(1, {"when": "peak during the flood", "rss": peak.stop()})
     lines = args.publications * args.connections
     print(f"owed: {owed} (subscription, publication) pairs, {lines} lines of ~{args.payload} bytes "

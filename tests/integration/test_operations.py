@@ -149,6 +149,13 @@ async def test_metrics_carry_the_pipeline_figures(broker):
         sub = await client.subscribe([{"key": "rid", "op": "eq", "val": rid}])
         async with client.deliveries(sub["subscriptionId"]) as stream:
             await stream.connected.wait()
+
+            def taking_offers() -> bool:
+                """Attached and caught up: from here on its deliveries are taken live from the feed, the
+                ones the latency histogram counts (a backlog read after connecting is not)."""
+                return broker.health()["subscriptionsConnected"] >= 1 and broker.metrics()["veil_sessions_behind"] == 0
+
+            await until(taking_offers, what="the subscription attached and caught up")
             for n in range(6):
                 await client.publish({"rid": rid, "n": n})
             await take(stream, 6)
