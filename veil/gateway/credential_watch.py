@@ -71,12 +71,12 @@ class CredentialWatch:
             await asyncio.sleep(CHECK_INTERVAL)
             if not self._open:
                 continue
-            with contextlib.suppress(StoreUnavailable):  # the registry in force is checked meanwhile
-                await registry.fresh()
             try:
+                with contextlib.suppress(StoreUnavailable):  # the registry in force is checked meanwhile
+                    await registry.fresh()
                 ended = self.check(auth)
-            except Exception:
+            except Exception:  # looked at again next time; the loop must outlive any one failure
                 log.exception("checking open connections' credentials failed")
-            else:
-                if ended:
-                    log.info("ended %d delivery connections whose credentials were revoked", ended)
+                continue
+            if ended:
+                log.info("ended %d delivery connections whose credentials were revoked", ended)
