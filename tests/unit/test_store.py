@@ -215,7 +215,7 @@ def test_a_freed_id_taken_again_is_a_new_subscription_with_a_new_number(store):
     assert store.subscription_number("x") == alice  # her replacement keeps its queue
     now = time.time()
     store.renew_gateway("A", 0)
-    assert store.claim_subscription("x", "A", now, now - 10) is None  # alice's connection, through A
+    assert store.claim_subscriptions(["x"], "A", now, now - 10) is None  # alice's connection, through A
     store.remove_subscription("x", "alice")
     store.record_deliveries([alice], [pubs[3]], pubs[3])  # matched before the unsubscription was processed
     taken = store.put_subscription("x", "mallory", b"[]")
@@ -226,7 +226,7 @@ def test_a_freed_id_taken_again_is_a_new_subscription_with_a_new_number(store):
     assert store.backlogs(np.array([alice, mallory]), np.zeros(2, np.int64), 10)[1].tolist() == []
     store.save_cursors({alice: pubs[3]})  # a late save of alice's session
     assert store.cursor("x") == 0
-    assert store.claim_subscription("x", "B", now, now - 10) is None  # alice's claim went with her subscription
+    assert store.claim_subscriptions(["x"], "B", now, now - 10) is None  # alice's claim went with her subscription
     initial = StatefulBatch([], [(mallory, pubs[0], None)], [], None, None)  # of a still-valid publication
     store.record_deliveries([], [], taken, stateful=initial)
     spill_everything(store)
@@ -495,20 +495,38 @@ def test_a_store_that_kept_envelope_fragments_is_migrated(tmp_path):
         store.close()
 
 
+def test_admissions_read_only_the_owners_live_subscriptions_with_refusal_and_cursor(store):
+    store.put_subscription("a", "alice", b'[["n","ge",1]]')
+    created = store.put_subscription("q", "alice", b"[]")
+    store.put_subscription("b", "bob", b"[]")
+    store.record_deliveries([], [], created, quarantined=[Quarantined(0, KIND_SUBSCRIBE, "q", None, "ValueError: x")])
+    (pub,) = store.append_publications(published(b'{"n":1}'))
+    store.save_cursors({store.subscription_number("a"): pub})
+    a, q, b, nobody = store.admissions(["a", "q", "b", "nobody"], "alice")
+    assert a == (store.subscription_number("a"), b'[["n","ge",1]]', None, pub)
+    assert q is not None and (q.refusal, q.cursor) == ("ValueError: x", 0)
+    assert b is None and nobody is None  # someone else's, and nobody's, alike
+    store.remove_subscription("a", "alice")
+    assert store.admissions(["a"], "alice") == [None]
+    assert store.live_numbers(["a", "b"]) == [None, store.subscription_number("b")]
+
+
 def test_a_subscription_is_claimed_by_one_live_gateway_at_a_time(store):
     store.renew_gateway("A", 7)
     store.renew_gateway("B", 5)
     now = time.time()
     assert store.fanned_out(now - 10) == 5
-    assert store.claim_subscription("s", "A", now, now - 10) is None
-    assert store.claim_subscription("s", "B", now + 1, now - 10) == "A"
-    assert store.claim_subscription("s", "A", now + 2, now - 10) is None  # a new connection through A
-    store.release_subscription("s", "A", now)  # the older connection ends: the newer one's claim stays
-    assert store.claim_subscription("s", "B", now + 3, now - 10) == "A"
-    assert store.claim_subscription("s", "B", now + 4, now + 60) is None  # A counts as gone: its claim lapsed
+    assert store.claim_subscriptions(["s"], "A", now, now - 10) is None
+    assert store.claim_subscriptions(["s"], "B", now + 1, now - 10) == ("s", "A")
+    assert store.claim_subscriptions(["s"], "A", now + 2, now - 10) is None  # a new connection through A
+    store.release_subscriptions(["s"], "A", now)  # the older connection ends: the newer one's claim stays
+    assert store.claim_subscriptions(["t", "s"], "B", now + 3, now - 10) == ("s", "A")
+    assert store.claim_subscriptions(["t"], "A", now + 3, now - 10) is None  # all or none: B took no "t"
+    store.release_subscriptions(["t"], "A", now + 3)
+    assert store.claim_subscriptions(["t", "s"], "B", now + 4, now + 60) is None  # A counts as gone: its claim lapsed
     assert store.fanned_out(now + 60) == 0
     store.leave("B")
-    assert store.claim_subscription("s", "A", now + 5, now - 10) is None
+    assert store.claim_subscriptions(["s", "t"], "A", now + 5, now - 10) is None
     assert store.fanned_out(now - 10) == 7
 
 

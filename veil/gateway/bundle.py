@@ -38,6 +38,7 @@ from veil.gateway.quotas import Client, fitting, stalled
 from veil.monitoring import trace
 from veil.protocol import Handshake
 from veil.protocol.envelope import wrap
+from veil.protocol.limits import dumps_kept
 
 if TYPE_CHECKING:
     from veil.gateway.delivery import DeliveryHub
@@ -100,7 +101,7 @@ class Bundle:
         self.ids = [a.sub_id for a in admitted]
         self.numbers = np.array([a.number for a in admitted], np.int64)
         self._places = {sub_id: place for place, sub_id in enumerate(self.ids)}
-        self._quoted = np.array([orjson.dumps(sub_id) for sub_id in self.ids], object)
+        self._quoted = np.array([dumps_kept(sub_id) for sub_id in self.ids], object)
         self._id_bytes = np.array([len(quoted) + 1 for quoted in self._quoted], np.int64)  # with its comma
         self.acks = handshake.ack
         self.last_queued = np.array([a.start_after for a in admitted], np.int64)

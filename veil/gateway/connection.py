@@ -10,7 +10,7 @@ import contextlib
 import ssl
 import time
 
-from veil.gateway import membership
+from veil.gateway import membership, memory
 from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
 from veil.gateway.delivery import Session
@@ -29,12 +29,12 @@ async def open_session(
     gateway: Gateway, handshake: Handshake, principal: Principal, send: Send, close: Close
 ) -> Session:
     """Admit the handshake's subscription and attach its session; ProtocolError when refused."""
-    admitted = await admit(gateway, handshake, principal)
+    (admitted,) = await admit(gateway, handshake, principal)
     threads, hub = gateway.threads, gateway.hub
     try:
         client = hub.quotas.connect(admitted.client)
     except ProtocolError:
-        await membership.release(gateway, admitted.sub_id, admitted.claimed)
+        await membership.release(gateway, [admitted.sub_id], admitted.claimed)
         raise
     session = Session(hub, handshake, admitted.number, admitted.start_after, send, close, admitted.claimed, client)
     await hub.attach(session)
@@ -43,7 +43,7 @@ async def open_session(
     if await threads.read(threads.store.subscription_number, handshake.subscription_id) != session.number:
         hub.detach(session)
         hub.quotas.disconnect(client)
-        await membership.release(gateway, session.sub_id, admitted.claimed)
+        await membership.release(gateway, [session.sub_id], admitted.claimed)
         raise ProtocolError("subscriptionId", "unknown subscription", 404)
     return session
 
@@ -80,6 +80,7 @@ async def serve_connection(
         gateway.credentials.forget(watched)
         if expiry is not None:
             expiry.cancel()
+        memory.give_back()  # what the connection's queues and subscriptions held, now unreferenced
 
 
 async def _serve(
@@ -108,7 +109,7 @@ async def _serve(
         session.forget()
         gateway.hub.quotas.disconnect(session.client)
         with contextlib.suppress(Exception):  # a claim not released lapses with this gateway's renewals
-            await membership.release(gateway, session.sub_id, session.claimed)
+            await membership.release(gateway, [session.sub_id], session.claimed)
 
 
 def _end_at_expiry(principal: Principal, close: Close) -> asyncio.Task[None] | None:

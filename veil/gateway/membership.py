@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 
 from veil.gateway.context import Gateway
 from veil.protocol import ProtocolError
@@ -44,19 +45,27 @@ async def fanned_out(gateway: Gateway) -> int:
     return min(others, gateway.hub.last_seq)
 
 
-async def claim(gateway: Gateway, sub_id: str) -> float:
-    """Take the subscription's deliveries for this gateway; returns the claim's time, which releases it."""
-    threads, at = gateway.threads, time.time()
-    holder = await threads.write(
-        threads.store.claim_subscription, sub_id, gateway.config.gateway_name, at, at - STALE
-    )
-    if holder is not None:
-        raise ProtocolError(
+class Held(Exception):
+    """A subscription a connection names is connected through another gateway."""
+
+    def __init__(self, sub_id: str, holder: str) -> None:
+        super().__init__(sub_id, holder)
+        self.sub_id = sub_id
+        self.error = ProtocolError(
             "subscriptionId", f"connected through gateway {holder}; retry once that connection has ended", 503
         )
+
+
+async def claim(gateway: Gateway, sub_ids: Sequence[str]) -> float:
+    """Take the subscriptions' deliveries for this gateway, all or none (Held: none); returns the
+    claim's time, which releases them."""
+    threads, at = gateway.threads, time.time()
+    held = await threads.write(threads.store.claim_subscriptions, sub_ids, gateway.config.gateway_name, at, at - STALE)
+    if held is not None:
+        raise Held(*held)
     return at
 
 
-async def release(gateway: Gateway, sub_id: str, at: float) -> None:
+async def release(gateway: Gateway, sub_ids: Sequence[str], at: float) -> None:
     threads = gateway.threads
-    await threads.write(threads.store.release_subscription, sub_id, gateway.config.gateway_name, at)
+    await threads.write(threads.store.release_subscriptions, sub_ids, gateway.config.gateway_name, at)

@@ -36,18 +36,26 @@ def map_large_allocations() -> None:
 
 
 _trim: asyncio.TimerHandle | None = None
+_again = False  # give_back was called while a trim was pending: trim once more after it
 
 
 def give_back() -> None:
-    """Return the heap's free pages to the system TRIM_DELAY after this call: once for a burst of
-    calls (each trim walks the heap), and always after the last of them."""
-    global _trim
-    if _LIBC is not None and _trim is None:
+    """Return the heap's free pages to the system TRIM_DELAY after this call: at most once per
+    TRIM_DELAY for a burst of calls (each trim walks the heap), and always after the last of them."""
+    global _trim, _again
+    if _LIBC is None:
+        return
+    if _trim is None:
         _trim = asyncio.get_running_loop().call_later(TRIM_DELAY, _trimmed)
+    else:
+        _again = True
 
 
 def _trimmed() -> None:
-    global _trim
+    global _trim, _again
     _trim = None
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
+    if _again:
+        _again = False
+        _trim = asyncio.get_running_loop().call_later(TRIM_DELAY, _trimmed)

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import ssl
 
-from veil.gateway import membership, memory
+from veil.gateway import membership
 from veil.gateway.bundle import Bundle
 from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
@@ -20,13 +20,12 @@ async def serve_multiplexed(
     gateway: Gateway, handshake: Handshake, principal: Principal, send: Send, close: Close, receive: Receive
 ) -> None:
     """Serve a connection that named several subscriptions, until the client leaves or none is left."""
-    admitted: list[Admitted] = []
     try:
-        for place, sub_id in enumerate(handshake.subscription_ids):
-            try:
-                admitted.append(await admit(gateway, handshake.for_subscription(place), principal))
-            except ProtocolError as exc:
-                raise ProtocolError("subscriptionIds", f"{sub_id}: {exc.problem}", exc.status) from None
+        admitted = await admit(gateway, handshake, principal)
+    except ProtocolError as exc:
+        await close(exc.to_json())
+        return
+    try:
         client = gateway.hub.quotas.connect(admitted[0].client)
     except ProtocolError as exc:
         await _release(gateway, admitted)
@@ -36,8 +35,9 @@ async def serve_multiplexed(
     await gateway.hub.attach_bundle(bundle)
     threads = gateway.threads
     # an unsubscription that ran before the attach found nothing to end (the id may be taken again since)
-    for sub_id, number in zip(bundle.ids, bundle.numbers.tolist(), strict=True):
-        if await threads.read(threads.store.subscription_number, sub_id) != number:
+    numbers = await threads.read(threads.store.live_numbers, bundle.ids)
+    for sub_id, number, now in zip(bundle.ids, bundle.numbers.tolist(), numbers, strict=True):
+        if now != number:
             await bundle.end(sub_id, ProtocolError("subscriptionId", "unknown subscription", 404).to_json())
     pusher = asyncio.create_task(bundle.run())
 
@@ -55,12 +55,11 @@ async def serve_multiplexed(
             await pusher
         bundle.forget()
         gateway.hub.quotas.disconnect(client)
-        memory.give_back()
         await _release(gateway, admitted)  # (a claim taken since by a newer connection is not this one's)
         await bundle.close()
 
 
 async def _release(gateway: Gateway, admitted: list[Admitted]) -> None:
-    for a in admitted:
-        with contextlib.suppress(Exception):  # a claim not released lapses with this gateway's renewals
-            await membership.release(gateway, a.sub_id, a.claimed)
+    # a claim not released lapses with this gateway's renewals
+    with contextlib.suppress(Exception):
+        await membership.release(gateway, [a.sub_id for a in admitted], admitted[0].claimed)

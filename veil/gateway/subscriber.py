@@ -14,6 +14,7 @@ from veil.matching.stored import decode_subscription
 from veil.protocol import Handshake, ProtocolError
 from veil.security.admission import admit_subscription
 from veil.security.identity import Principal
+from veil.store.base import Admission
 
 
 class Admitted(NamedTuple):
@@ -27,27 +28,52 @@ class Admitted(NamedTuple):
     client: str = ""  # the owner's identity
 
 
-async def admit(gateway: Gateway, handshake: Handshake, principal: Principal) -> Admitted:
-    """Check the handshake for its subscription; ProtocolError (with the reason to send back) when refused."""
+async def admit(gateway: Gateway, handshake: Handshake, principal: Principal) -> list[Admitted]:
+    """Check the handshake's subscriptions (its one, or all a multiplexed one names) and claim them,
+    all or none; ProtocolError (with the reason to send back) naming the first refused. The store is
+    asked once for all of them, and claimed in one transaction: admitting a connection of a thousand
+    subscriptions does not queue a thousand writes ahead of everybody's publications."""
     threads, hub = gateway.threads, gateway.hub
     store = threads.store
+    places = range(len(handshake.subscription_ids)) if handshake.subscription_ids else [None]
+    each = [handshake if place is None else handshake.for_subscription(place) for place in places]
+    ids = [h.subscription_id for h in each]
+    found = await threads.read(store.admissions, ids, principal.identity)
+    for one, admission in zip(each, found, strict=True):
+        try:
+            _check(gateway, principal, admission)
+        except ProtocolError as exc:
+            raise _naming(handshake, one.subscription_id, exc) from None
+    try:
+        claimed = await membership.claim(gateway, ids)
+    except membership.Held as exc:
+        raise _naming(handshake, exc.sub_id, exc.error) from None
+    admitted = []
+    for one, admission in zip(each, found, strict=True):
+        assert admission is not None  # checked above
+        start = one.resume_after
+        if start is None:
+            start = max(admission.cursor, hub.unsaved_cursor(one.subscription_id, admission.number))
+        admitted.append(Admitted(one.subscription_id, admission.number, start, claimed, principal.identity))
+    return admitted
+
+
+def _check(gateway: Gateway, principal: Principal, admission: Admission | None) -> None:
     # one answer for an id nobody holds and one someone else holds: a client learns nothing of others'
-    found = await threads.read(store.live_subscription, handshake.subscription_id, principal.identity)
-    if found is None:
+    if admission is None:
         raise ProtocolError("subscriptionId", "unknown subscription", 404)
-    number, body = found
-    stored = decode_subscription(body)
+    stored = decode_subscription(admission.body)
     try:
         admit_subscription(gateway.registry.current, principal, stored.predicates, stored.scope)
     except ProtocolError as exc:
         problem = f"these credentials no longer admit this subscription ({exc.field}: {exc.problem})"
         raise ProtocolError("subscriptionId", problem, 403) from None
-    refusal = await threads.read(store.subscription_refusal, handshake.subscription_id)
-    if refusal is not None:
-        raise ProtocolError("subscriptionId", f"quarantined by the broker: {refusal}", 422)
-    claimed = await membership.claim(gateway, handshake.subscription_id)
-    start = handshake.resume_after
-    if start is None:
-        saved = await threads.read(store.cursor, handshake.subscription_id)
-        start = max(saved, hub.unsaved_cursor(handshake.subscription_id, number))
-    return Admitted(handshake.subscription_id, number, start, claimed, principal.identity)
+    if admission.refusal is not None:
+        raise ProtocolError("subscriptionId", f"quarantined by the broker: {admission.refusal}", 422)
+
+
+def _naming(handshake: Handshake, sub_id: str, exc: ProtocolError) -> ProtocolError:
+    """A refusal as the handshake's client reads it: on a multiplexed connection, naming which id."""
+    if not handshake.subscription_ids:
+        return exc
+    return ProtocolError("subscriptionIds", f"{sub_id}: {exc.problem}", exc.status)

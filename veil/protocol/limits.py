@@ -34,6 +34,13 @@ class Limits(NamedTuple):
 DEFAULT = Limits()
 
 
+def dumps_kept(doc: object) -> bytes:
+    """JSON for bytes that are kept (queued, or for a connection's life): orjson returns its result in
+    a buffer rounded up to a power of two of at least 4 KiB and never shrinks it, so a kept result of
+    a few bytes would hold 4 KiB; this copy holds what it says."""
+    return bytes(memoryview(orjson.dumps(doc)))
+
+
 def load_json(raw: bytes | str, field: str = "body", limits: Limits = DEFAULT, publication: bool = False) -> object:
     """Parse JSON and check it against the limits; a syntax error, a document nested too deeply, a key
     too long or a key given twice in one object is a 400 naming `field`, and so is a publication with

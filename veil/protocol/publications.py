@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import orjson
-
 from veil.protocol.errors import ProtocolError
-from veil.protocol.limits import DEFAULT, INT64_MAX, Limits, load_json
+from veil.protocol.limits import DEFAULT, INT64_MAX, Limits, dumps_kept, load_json
 from veil.protocol.reserved import Reserved, reserved_of
 from veil.protocol.subscriptions import auth_hash_of, load_object
 from veil.protocol.values import canonical_type, convert, type_of
@@ -81,12 +79,12 @@ def _normalise(doc: object, raw: bytes, prefix: str) -> Routed:
         entries = doc.get("publication")
         if len(doc) == 1 and isinstance(entries, list):
             converted = _from_entries(entries, f"{prefix}publication", typed=True)
-            return Routed(orjson.dumps(converted), reserved_of(converted, prefix))
-        body = orjson.dumps(doc) if b"\n" in raw or b"\r" in raw else raw.strip()
+            return Routed(dumps_kept(converted), reserved_of(converted, prefix))
+        body = dumps_kept(doc) if b"\n" in raw or b"\r" in raw else raw.strip()
         return Routed(body, reserved_of(doc, prefix))
     if isinstance(doc, list):
         converted = _from_entries(doc, f"{prefix}body", typed=False)
-        return Routed(orjson.dumps(converted), reserved_of(converted, prefix))
+        return Routed(dumps_kept(converted), reserved_of(converted, prefix))
     raise ProtocolError(
         f"{prefix}body",
         'a publication is a JSON object, an array of {key, val} pairs, or {"publication": [...]}',

@@ -140,6 +140,15 @@ class PipelineStatus(NamedTuple):
     heartbeat: float | None
 
 
+class Admission(NamedTuple):
+    """What admitting a live subscription to a delivery connection needs of the store."""
+
+    number: int
+    body: bytes
+    refusal: str | None  # why the live version was quarantined, if it was
+    cursor: int  # the last publication delivered (or acknowledged) that was saved
+
+
 class StoreUnavailable(Exception):
     """The store cannot take writes now (disk full, I/O error, lock timeout): retry later."""
 
@@ -285,9 +294,14 @@ class GatewayStore(LogReader):
     def subscription_owner(self, sub_id: str) -> str | None: ...
 
     @abstractmethod
-    def live_subscription(self, sub_id: str, owner: str) -> tuple[int, bytes] | None:
-        """(number, body) of the id's live subscription if `owner` holds it, read in one statement
-        (None: nobody's, or someone else's)."""
+    def admissions(self, sub_ids: Sequence[str], owner: str) -> list[Admission | None]:
+        """For each id, its live subscription if `owner` holds it (None: nobody's, or someone else's),
+        each read in one statement, all in one transaction: a connection of a thousand subscriptions
+        costs one trip to the store, not a thousand."""
+
+    @abstractmethod
+    def live_numbers(self, sub_ids: Sequence[str]) -> list[int | None]:
+        """`subscription_number` of each id, in one transaction."""
 
     @abstractmethod
     def subscription_number(self, sub_id: str, owner: str | None = None) -> int | None:
@@ -363,13 +377,16 @@ class GatewayStore(LogReader):
         """A gateway stops: its feed position and its connections' claims go."""
 
     @abstractmethod
-    def claim_subscription(self, sub_id: str, gateway: str, at: float, alive_since: float) -> str | None:
-        """Record that `gateway` delivers to the subscription from now on (claim time `at`), unless
-        another gateway renewed since `alive_since` holds it: then that gateway, and nothing changes."""
+    def claim_subscriptions(
+        self, sub_ids: Sequence[str], gateway: str, at: float, alive_since: float
+    ) -> tuple[str, str] | None:
+        """Record that `gateway` delivers to these subscriptions from now on (claim time `at`), all of
+        them or none: when another gateway renewed since `alive_since` holds one, (that id, that
+        gateway), and nothing changes."""
 
     @abstractmethod
-    def release_subscription(self, sub_id: str, gateway: str, at: float) -> None:
-        """The connection claimed at `at` ended (a later claim by the same gateway stays)."""
+    def release_subscriptions(self, sub_ids: Sequence[str], gateway: str, at: float) -> None:
+        """The connection that claimed these at `at` ended (a later claim by the same gateway stays)."""
 
     @abstractmethod
     def compact(self, limit: int, fanned_out: int, spill_before: float) -> int:

@@ -6,6 +6,7 @@ live while it renews its row; a claim lives as long as its gateway does."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from veil.store.relational.dialect import Dialect
 
@@ -30,22 +31,29 @@ class GatewaySql(Dialect):
             db.execute("DELETE FROM connections WHERE gateway = ?", (gateway,))
             db.execute("DELETE FROM gateways WHERE gateway = ?", (gateway,))
 
-    def claim_subscription(self, sub_id: str, gateway: str, at: float, alive_since: float) -> str | None:
+    def claim_subscriptions(
+        self, sub_ids: Sequence[str], gateway: str, at: float, alive_since: float
+    ) -> tuple[str, str] | None:
         with self._tx() as db:
-            holder = db.execute(
-                "SELECT c.gateway FROM connections c JOIN gateways g ON g.gateway = c.gateway "
-                "WHERE c.sub_id = ? AND c.gateway <> ? AND g.seen >= ?",
-                (sub_id, gateway, alive_since),
-            ).fetchone()
-            if holder is not None:
-                return holder[0]
-            db.execute(
+            for sub_id in sub_ids:
+                holder = db.execute(
+                    "SELECT c.gateway FROM connections c JOIN gateways g ON g.gateway = c.gateway "
+                    "WHERE c.sub_id = ? AND c.gateway <> ? AND g.seen >= ?",
+                    (sub_id, gateway, alive_since),
+                ).fetchone()
+                if holder is not None:
+                    return sub_id, holder[0]
+            db.executemany(
                 "INSERT INTO connections(sub_id, gateway, since) VALUES (?, ?, ?) "
                 "ON CONFLICT (sub_id) DO UPDATE SET gateway = excluded.gateway, since = excluded.since",
-                (sub_id, gateway, at),
+                # in one order, so that two gateways claiming the same ids cannot deadlock
+                [(sub_id, gateway, at) for sub_id in sorted(set(sub_ids))],
             )
         return None
 
-    def release_subscription(self, sub_id: str, gateway: str, at: float) -> None:
+    def release_subscriptions(self, sub_ids: Sequence[str], gateway: str, at: float) -> None:
         with self._tx() as db:
-            db.execute("DELETE FROM connections WHERE sub_id = ? AND gateway = ? AND since = ?", (sub_id, gateway, at))
+            db.executemany(
+                "DELETE FROM connections WHERE sub_id = ? AND gateway = ? AND since = ?",
+                [(sub_id, gateway, at) for sub_id in sub_ids],
+            )

@@ -8,6 +8,7 @@ subscription (all of it by number) reaches no later subscription that takes the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from veil.store.base import (
@@ -16,6 +17,7 @@ from veil.store.base import (
     KIND_SUBSCRIBE,
     KIND_TICK,
     KIND_UNSUBSCRIBE,
+    Admission,
     LogEntry,
     NotOwner,
     Publication,
@@ -193,14 +195,24 @@ class LogSql(Dialect):
             live = db.execute(LIVE, (sub_id,)).fetchone()
         return live[0] if live else None
 
-    def live_subscription(self, sub_id: str, owner: str) -> tuple[int, bytes] | None:
+    def admissions(self, sub_ids: Sequence[str], owner: str) -> list[Admission | None]:
         with self._read() as db:
-            row = db.execute(
-                "SELECT n.no, s.body FROM subscriptions s JOIN subscription_numbers n USING (sub_id) "
-                "WHERE s.sub_id = ? AND s.deleted IS NULL AND s.owner = ?",
-                (sub_id, owner),
-            ).fetchone()
-        return (row[0], bytes(row[1])) if row else None
+            rows = [
+                db.execute(
+                    "SELECT n.no, s.body, q.error, COALESCE(c.pub, 0) FROM subscriptions s "
+                    "JOIN subscription_numbers n USING (sub_id) "
+                    'LEFT JOIN quarantine q ON q."offset" = s.created LEFT JOIN cursors c ON c.sub_id = s.sub_id '
+                    "WHERE s.sub_id = ? AND s.deleted IS NULL AND s.owner = ?",
+                    (sub_id, owner),
+                ).fetchone()
+                for sub_id in sub_ids
+            ]
+        return [None if row is None else Admission(row[0], bytes(row[1]), row[2], row[3]) for row in rows]
+
+    def live_numbers(self, sub_ids: Sequence[str]) -> list[int | None]:
+        with self._read() as db:
+            rows = [db.execute(LIVE, (sub_id,)).fetchone() for sub_id in sub_ids]
+        return [None if row is None else row[1] for row in rows]
 
     def subscription_number(self, sub_id: str, owner: str | None = None) -> int | None:
         with self._read() as db:
