@@ -4,12 +4,14 @@
 multiplexed connection and read nothing, while a publisher sends `--publications` publications of
 `--payload` bytes; each publication matches 1 in `--selectivity` of every client's subscriptions, so
 every connection is owed one line per publication. The gateway's resident memory (VmRSS) is printed
-once every connection is attached (before the flood), at its peak, once everything owed is matched
-and queued, and 10 s and 30 s after the connections close; and the bytes of delivery lines queued in
-memory (`veil_queued_bytes`, where the broker reports it) once everything owed is queued.
+once the subscriptions are made, then in each of `--rounds` rounds once every connection is attached
+(before the flood), at its peak, once everything owed is matched and queued, and 10 s and 30 s after
+the connections close; and the bytes of delivery lines queued in memory (`veil_queued_bytes`, where
+the broker reports it) once everything owed is queued. A second round shows whether what one round
+left behind is used again or piles up.
 
     python -m bench.idle_connections [--connections 100] [--subscriptions 1000] [--publications 50]
-                                     [--payload 1024] [--selectivity 1]
+                                     [--payload 1024] [--selectivity 1] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ async def subscribe_all(broker: BrokerProcess, rid: str, clients: int, each: int
 
 
 async def attached(broker: BrokerProcess, subscriptions: int, timeout: float = 1800) -> None:
-    """Wait until the gateway has admitted every connection's subscriptions (admitting 1,000 of them
-    takes a connection seconds): memory measured before that is not that of the connections."""
+    """Wait until the gateway has admitted every connection's subscriptions (the handshakes are only
+    sent when this is called): memory measured before that is not that of the connections."""
     deadline = time.monotonic() + timeout
     while broker.health()["subscriptionsConnected"] < subscriptions:
         if time.monotonic() > deadline:
@@ -97,11 +99,21 @@ async def run(args: argparse.Namespace, broker: BrokerProcess) -> list[dict]:
     began = time.monotonic()
     ids = await subscribe_all(broker, rid, args.connections, args.subscriptions, args.selectivity)
     print(f"{args.connections * args.subscriptions} subscriptions in {time.monotonic() - began:.0f} s", flush=True)
+    rows = [{"when": "subscribed, no connection yet", "rss": resident(pid)}]
+    for round_ in range(1, args.rounds + 1):
+        rows += await connect_flood_close(args, broker, pid, rid, ids, f"{round_}: " if args.rounds > 1 else "")
+    return rows
+
+
+async def connect_flood_close(
+    args: argparse.Namespace, broker: BrokerProcess, pid: int, rid: str, ids: list[list[str]], label: str
+) -> list[dict]:
+    """One round: every client connects and reads nothing through a flood, then they all leave."""
     began = time.monotonic()
     idle = connect_idle(broker, ids)
     await attached(broker, args.connections * args.subscriptions)
-    print(f"every connection attached in {time.monotonic() - began:.0f} s", flush=True)
-    rows = [{"when": "attached, before the flood", "rss": resident(pid)}]
+    print(f"{label}every connection attached in {time.monotonic() - began:.0f} s", flush=True)
+    rows = [{"when": f"{label}attached, before the flood", "rss": resident(pid)}]
     matched = broker.metrics()["veil_matches_total"]
     owed = args.publications * args.subscriptions // args.selectivity * args.connections
     peak = Peak(pid)
@@ -111,15 +123,15 @@ async def run(args: argparse.Namespace, broker: BrokerProcess) -> list[dict]:
         await asyncio.sleep(1)
     await asyncio.sleep(5)  # the gateway has had the feed to offer to the connections
     queued = broker.metrics().get("veil_queued_bytes")
-    rows.append({"when": "all owed matched and queued", "rss": resident(pid), "queued": queued})
+    rows.append({"when": f"{label}all owed matched and queued", "rss": resident(pid), "queued": queued})
     for s in idle:
         s.close()
     for after, wait in ((10, 10), (30, 20)):
         await asyncio.sleep(wait)
-        rows.append({"when": f"{after} s after the connections closed", "rss": resident(pid)})
-    rows.insert(1, {"when": "peak during the flood", "rss": peak.stop()})
+        rows.append({"when": f"{label}{after} s after the connections closed", "rss": resident(pid)})
+    rows.insert(1, {"when": f"{label}peak during the flood", "rss": peak.stop()})
     lines = args.publications * args.connections
-    print(f"owed: {owed} (subscription, publication) pairs, {lines} lines of ~{args.payload} bytes "
+    print(f"{label}owed: {owed} (subscription, publication) pairs, {lines} lines of ~{args.payload} bytes "
           f"({lines * args.payload / MB:.0f} MB)")  # fmt: skip
     return rows
 
@@ -131,6 +143,7 @@ def main() -> None:
     parser.add_argument("--publications", type=int, default=50)
     parser.add_argument("--payload", type=int, default=1024, help="bytes of padding per publication")
     parser.add_argument("--selectivity", type=int, default=1, help="1 in N of each client's subscriptions match")
+    parser.add_argument("--rounds", type=int, default=2, help="times every client connects, is flooded and leaves")
     add_broker_arguments(parser)
     args = parser.parse_args()
     with benched_broker(*args.broker_args, keep=args.keep) as broker:
@@ -138,7 +151,7 @@ def main() -> None:
     print_table(
         f"Gateway memory with {args.connections} connections of {args.subscriptions} subscriptions that never read",
         [
-            ("when", 36, lambda r: r["when"]),
+            ("when", 40, lambda r: r["when"]),
             ("RSS MB", 8, lambda r: f"{r['rss'] / MB:.0f}"),
             ("queued lines MB", 16, lambda r: None if r.get("queued") is None else f"{r['queued'] / MB:.1f}"),
         ],
