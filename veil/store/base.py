@@ -296,12 +296,12 @@ class GatewayStore(LogReader):
     @abstractmethod
     def admissions(self, sub_ids: Sequence[str], owner: str) -> list[Admission | None]:
         """For each id, its live subscription if `owner` holds it (None: nobody's, or someone else's),
-        each read in one statement, all in one transaction: a connection of a thousand subscriptions
-        costs one trip to the store, not a thousand."""
+        all read in one statement: a connection of a thousand subscriptions costs one trip to the
+        store, not a thousand, and holds up nobody else's reads meanwhile."""
 
     @abstractmethod
     def live_numbers(self, sub_ids: Sequence[str]) -> list[int | None]:
-        """`subscription_number` of each id, in one transaction."""
+        """`subscription_number` of each id, read in one statement."""
 
     @abstractmethod
     def subscription_number(self, sub_id: str, owner: str | None = None) -> int | None:

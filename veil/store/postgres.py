@@ -177,6 +177,7 @@ class _Connection:
 class PostgresStore(RelationalStore):
     IN_IDS = "= ANY(?::bigint[])"
     NOT_IN_IDS = "<> ALL(?::bigint[])"
+    IN_NAMES = "= ANY(?::text[])"
     PAIRS = "unnest(?::bigint[], ?::bigint[]) AS j(sub_no, pub)"
     GREATEST = "GREATEST"
     LEAST = "LEAST"
@@ -219,6 +220,9 @@ class PostgresStore(RelationalStore):
 
     def _ids(self, values: Sequence[int] | np.ndarray) -> list[int]:
         return np.asarray(values, np.int64).tolist()
+
+    def _names(self, values: Sequence[str]) -> list[str]:
+        return list(values)
 
     def _pairs(self, sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[list[int], list[int]]:
         return sub_nos.tolist(), pubs.tolist()

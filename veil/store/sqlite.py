@@ -158,6 +158,7 @@ class SqliteStore(RelationalStore):
     # numbers only grow (rows are never deleted), so the greatest plus one was never given
     NEW_NUMBER = "(SELECT MAX(no) + 1 FROM subscription_numbers)"
     NOT_IN_IDS = "NOT IN (SELECT value FROM json_each(?))"
+    IN_NAMES = IN_IDS
     PAIRS = "(SELECT value ->> 0 AS sub_no, value ->> 1 AS pub FROM json_each(?)) AS j"
     GREATEST = "MAX"
     LEAST = "MIN"
@@ -201,6 +202,9 @@ class SqliteStore(RelationalStore):
 
     def _ids(self, values: Sequence[int] | np.ndarray) -> bytes:
         return orjson.dumps(np.asarray(values, np.int64), option=orjson.OPT_SERIALIZE_NUMPY)
+
+    def _names(self, values: Sequence[str]) -> bytes:
+        return orjson.dumps(list(values))
 
     def _pairs(self, sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[bytes]:
         return (orjson.dumps(np.column_stack([sub_nos, pubs]), option=orjson.OPT_SERIALIZE_NUMPY),)

@@ -49,6 +49,7 @@ class Dialect(EventStore):
 
     IN_IDS: str  # `column IN_IDS` with one parameter made by `_ids`
     NOT_IN_IDS: str
+    IN_NAMES: str  # `column IN_NAMES` with one parameter made by `_names`
     PAIRS: str  # a table j(sub_no, pub) of the parameters `_pairs` makes
     GREATEST: str  # the scalar max and min of two values
     LEAST: str
@@ -64,6 +65,9 @@ class Dialect(EventStore):
 
     @abstractmethod
     def _ids(self, values: Sequence[int] | np.ndarray) -> Any: ...
+
+    @abstractmethod
+    def _names(self, values: Sequence[str]) -> Any: ...
 
     @abstractmethod
     def _pairs(self, sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[Any, ...]: ...

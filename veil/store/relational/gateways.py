@@ -35,25 +35,24 @@ class GatewaySql(Dialect):
         self, sub_ids: Sequence[str], gateway: str, at: float, alive_since: float
     ) -> tuple[str, str] | None:
         with self._tx() as db:
-            for sub_id in sub_ids:
-                holder = db.execute(
-                    "SELECT c.gateway FROM connections c JOIN gateways g ON g.gateway = c.gateway "
-                    "WHERE c.sub_id = ? AND c.gateway <> ? AND g.seen >= ?",
-                    (sub_id, gateway, alive_since),
-                ).fetchone()
-                if holder is not None:
-                    return sub_id, holder[0]
+            held = db.execute(
+                "SELECT c.sub_id, c.gateway FROM connections c JOIN gateways g ON g.gateway = c.gateway "
+                f"WHERE c.sub_id {self.IN_NAMES} AND c.gateway <> ? AND g.seen >= ? ORDER BY c.sub_id LIMIT 1",
+                (self._names(sub_ids), gateway, alive_since),
+            ).fetchone()
+            if held is not None:
+                return held[0], held[1]
             db.executemany(
                 "INSERT INTO connections(sub_id, gateway, since) VALUES (?, ?, ?) "
                 "ON CONFLICT (sub_id) DO UPDATE SET gateway = excluded.gateway, since = excluded.since",
                 # in one order, so that two gateways claiming the same ids cannot deadlock
-                [(sub_id, gateway, at) for sub_id in sorted(set(sub_ids))],
+                [(sub_id, gateway, at) for sub_id in sorted(sub_ids)],
             )
         return None
 
     def release_subscriptions(self, sub_ids: Sequence[str], gateway: str, at: float) -> None:
         with self._tx() as db:
-            db.executemany(
-                "DELETE FROM connections WHERE sub_id = ? AND gateway = ? AND since = ?",
-                [(sub_id, gateway, at) for sub_id in sub_ids],
+            db.execute(
+                f"DELETE FROM connections WHERE sub_id {self.IN_NAMES} AND gateway = ? AND since = ?",
+                (self._names(sub_ids), gateway, at),
             )

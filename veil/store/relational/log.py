@@ -197,22 +197,25 @@ class LogSql(Dialect):
 
     def admissions(self, sub_ids: Sequence[str], owner: str) -> list[Admission | None]:
         with self._read() as db:
-            rows = [
-                db.execute(
-                    "SELECT n.no, s.body, q.error, COALESCE(c.pub, 0) FROM subscriptions s "
-                    "JOIN subscription_numbers n USING (sub_id) "
-                    'LEFT JOIN quarantine q ON q."offset" = s.created LEFT JOIN cursors c ON c.sub_id = s.sub_id '
-                    "WHERE s.sub_id = ? AND s.deleted IS NULL AND s.owner = ?",
-                    (sub_id, owner),
-                ).fetchone()
-                for sub_id in sub_ids
-            ]
-        return [None if row is None else Admission(row[0], bytes(row[1]), row[2], row[3]) for row in rows]
+            rows = db.execute(
+                "SELECT s.sub_id, n.no, s.body, q.error, COALESCE(c.pub, 0) FROM subscriptions s "
+                "JOIN subscription_numbers n USING (sub_id) "
+                'LEFT JOIN quarantine q ON q."offset" = s.created LEFT JOIN cursors c ON c.sub_id = s.sub_id '
+                f"WHERE s.sub_id {self.IN_NAMES} AND s.deleted IS NULL AND s.owner = ?",
+                (self._names(sub_ids), owner),
+            ).fetchall()
+        found = {row[0]: Admission(row[1], bytes(row[2]), row[3], row[4]) for row in rows}
+        return [found.get(sub_id) for sub_id in sub_ids]
 
     def live_numbers(self, sub_ids: Sequence[str]) -> list[int | None]:
         with self._read() as db:
-            rows = [db.execute(LIVE, (sub_id,)).fetchone() for sub_id in sub_ids]
-        return [None if row is None else row[1] for row in rows]
+            rows = db.execute(
+                "SELECT s.sub_id, n.no FROM subscriptions s JOIN subscription_numbers n USING (sub_id) "
+                f"WHERE s.sub_id {self.IN_NAMES} AND s.deleted IS NULL",
+                (self._names(sub_ids),),
+            ).fetchall()
+        numbers = dict(rows)
+        return [numbers.get(sub_id) for sub_id in sub_ids]
 
     def subscription_number(self, sub_id: str, owner: str | None = None) -> int | None:
         with self._read() as db:
