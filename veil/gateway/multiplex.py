@@ -36,9 +36,11 @@ async def serve_multiplexed(
     threads = gateway.threads
     # an unsubscription that ran before the attach found nothing to end (the id may be taken again since)
     numbers = await threads.read(threads.store.live_numbers, bundle.ids)
-    for sub_id, number, now in zip(bundle.ids, bundle.numbers.tolist(), numbers, strict=True):
-        if now != number:
-            await bundle.end(sub_id, ProtocolError("subscriptionId", "unknown subscription", 404).to_json())
+    gone = [a for a, now in zip(admitted, numbers, strict=True) if now != a.number]
+    for a in gone:
+        await bundle.end(a.sub_id, ProtocolError("subscriptionId", "unknown subscription", 404).to_json())
+    if gone:  # a subscription taken since under the id is its new owner's to connect anywhere
+        await _release(gateway, gone)
     pusher = asyncio.create_task(bundle.run())
 
     def acknowledge(raw: bytes | str) -> None:

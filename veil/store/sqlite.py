@@ -200,14 +200,16 @@ class SqliteStore(RelationalStore):
     def _read(self) -> contextlib.nullcontext[Db]:
         return contextlib.nullcontext(self._db())
 
-    def _ids(self, values: Sequence[int] | np.ndarray) -> bytes:
-        return orjson.dumps(np.asarray(values, np.int64), option=orjson.OPT_SERIALIZE_NUMPY)
+    # JSON parameters are bound as text: SQLite 3.45 and later read a blob given to its JSON functions
+    # as binary JSONB wherever its first bytes happen to fit that format (`[1234]` does)
+    def _ids(self, values: Sequence[int] | np.ndarray) -> str:
+        return orjson.dumps(np.asarray(values, np.int64), option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
-    def _names(self, values: Sequence[str]) -> bytes:
-        return orjson.dumps(list(values))
+    def _names(self, values: Sequence[str]) -> str:
+        return orjson.dumps(list(values)).decode()
 
-    def _pairs(self, sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[bytes]:
-        return (orjson.dumps(np.column_stack([sub_nos, pubs]), option=orjson.OPT_SERIALIZE_NUMPY),)
+    def _pairs(self, sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[str]:
+        return (orjson.dumps(np.column_stack([sub_nos, pubs]), option=orjson.OPT_SERIALIZE_NUMPY).decode(),)
 
     def _insert_publications(self, db: Db, now: int, publications: list[Publication]) -> list[int]:
         db.executemany(
