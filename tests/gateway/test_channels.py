@@ -3,6 +3,7 @@
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
@@ -196,3 +197,36 @@ async def test_lines_never_acknowledged_are_folded_and_the_next_acknowledgement_
         assert bundle.cursor_changes() == {}
         bundle.acknowledge(pubs[2])  # covers the forgotten lines too
         assert bundle.cursor_changes() == {number["f1"]: pubs[2], number["f2"]: pubs[1]}
+
+
+@pytest.mark.parametrize("handshake", [{"subscriptionId": "f1"}, {"subscriptionIds": ["f1", "f2"]}])
+async def test_a_connection_that_fails_while_opening_gives_back_its_claims_and_its_connection(
+    gateway, tcp, monkeypatch, handshake
+):
+    """A store error after the claim (here, the re-check that follows the attach) ends the
+    connection; it must not leave its subscriptions claimed by this gateway (refused on any other)
+    nor count against its client's connections."""
+    store = gateway.threads.store
+    for sub_id in ("f1", "f2"):
+        store.put_subscription(sub_id, "alice", encode_subscription([]))
+    failing = RuntimeError("the store went away")
+
+    def fail(*args: object) -> None:
+        raise failing
+
+    monkeypatch.setattr(store, "live_numbers", fail)
+    monkeypatch.setattr(store, "subscription_number", fail)
+    reader, writer = await asyncio.open_connection("127.0.0.1", tcp)
+    writer.write(orjson.dumps({**handshake, "authHash": ALICE}) + b"\n")
+    try:
+        async with asyncio.timeout(5):
+            while await reader.read(65536):
+                pass
+    finally:
+        writer.close()
+    async with asyncio.timeout(5):
+        while gateway.hub.quotas._clients or gateway.hub.holders:
+            await asyncio.sleep(0.01)
+    now = time.time()
+    store.renew_gateway(gateway.config.gateway_name, 0)  # this gateway is alive: a claim of it would hold
+    assert store.claim_subscriptions(["f1", "f2"], "alice", "elsewhere", now, now - 10) is None

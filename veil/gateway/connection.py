@@ -15,6 +15,7 @@ from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
 from veil.gateway.delivery import Session
 from veil.gateway.edge import run_edge
+from veil.gateway.errors import UNKNOWN
 from veil.gateway.multiplex import serve_multiplexed
 from veil.gateway.subscriber import admit
 from veil.monitoring import selis as monitoring
@@ -36,15 +37,21 @@ async def open_session(
     except ProtocolError:
         await membership.release(gateway, [admitted.sub_id], admitted.claimed)
         raise
-    session = Session(hub, handshake, admitted.number, admitted.start_after, send, close, admitted.claimed, client)
-    await hub.attach(session)
-    # An unsubscription that ran between the check above and the attach found no session to close
-    # (and the id may have been taken again since, under another number).
-    if await threads.read(threads.store.subscription_number, handshake.subscription_id) != session.number:
-        hub.detach(session)
+    session = None
+    try:
+        session = Session(hub, handshake, admitted.number, admitted.start_after, send, close, admitted.claimed, client)
+        await hub.attach(session)
+        # An unsubscription that ran between the check above and the attach found no session to close
+        # (and the id may have been taken again since, under another number).
+        if await threads.read(threads.store.subscription_number, handshake.subscription_id) != session.number:
+            raise UNKNOWN["subscription"]
+    except BaseException:  # whatever stops the opening (a store error, the gateway stopping) gives all back
+        if session is not None:
+            hub.detach(session)
         hub.quotas.disconnect(client)
-        await membership.release(gateway, [session.sub_id], admitted.claimed)
-        raise ProtocolError("subscriptionId", "unknown subscription", 404)
+        with contextlib.suppress(Exception):  # a claim not released lapses with this gateway's renewals
+            await membership.release(gateway, [admitted.sub_id], admitted.claimed)
+        raise
     return session
 
 

@@ -46,21 +46,24 @@ async def fanned_out(gateway: Gateway) -> int:
 
 
 class Held(Exception):
-    """A subscription a connection names is connected through another gateway."""
+    """A subscription a connection names is connected through another gateway (`holder`), or is its
+    client's no more (None): removed since it was admitted."""
 
-    def __init__(self, sub_id: str, holder: str) -> None:
+    def __init__(self, sub_id: str, holder: str | None) -> None:
         super().__init__(sub_id, holder)
         self.sub_id = sub_id
-        self.error = ProtocolError(
-            "subscriptionId", f"connected through gateway {holder}; retry once that connection has ended", 503
-        )
+        self.error = None  # the caller answers as for an id nobody holds
+        if holder is not None:
+            problem = f"connected through gateway {holder}; retry once that connection has ended"
+            self.error = ProtocolError("subscriptionId", problem, 503)
 
 
-async def claim(gateway: Gateway, sub_ids: Sequence[str]) -> float:
+async def claim(gateway: Gateway, sub_ids: Sequence[str], owner: str) -> float:
     """Take the subscriptions' deliveries for this gateway, all or none (Held: none); returns the
     claim's time, which releases them."""
     threads, at = gateway.threads, time.time()
-    held = await threads.write(threads.store.claim_subscriptions, sub_ids, gateway.config.gateway_name, at, at - STALE)
+    store, name = threads.store, gateway.config.gateway_name
+    held = await threads.write(store.claim_subscriptions, sub_ids, owner, name, at, at - STALE)
     if held is not None:
         raise Held(*held)
     return at

@@ -11,6 +11,7 @@ from veil.gateway import membership
 from veil.gateway.bundle import Bundle
 from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
+from veil.gateway.errors import UNKNOWN
 from veil.gateway.subscriber import Admitted, admit
 from veil.protocol import Handshake, ProtocolError, parse_ack
 from veil.security.identity import Principal
@@ -19,46 +20,59 @@ from veil.security.identity import Principal
 async def serve_multiplexed(
     gateway: Gateway, handshake: Handshake, principal: Principal, send: Send, close: Close, receive: Receive
 ) -> None:
-    """Serve a connection that named several subscriptions, until the client leaves or none is left."""
+    """Serve a connection that named several subscriptions, until the client leaves or none is left.
+    Whatever ends it (the client, an error, the gateway stopping), its claims and its place in its
+    client's connection count are given back."""
     try:
         admitted = await admit(gateway, handshake, principal)
     except ProtocolError as exc:
         await close(exc.to_json())
         return
+    quotas = gateway.hub.quotas
     try:
-        client = gateway.hub.quotas.connect(admitted[0].client)
+        client = quotas.connect(admitted[0].client)
     except ProtocolError as exc:
         await _release(gateway, admitted)
         await close(exc.to_json())
         return
-    bundle = Bundle(gateway.hub, handshake, admitted, send, close, client)
-    await gateway.hub.attach_bundle(bundle)
-    threads = gateway.threads
-    # an unsubscription that ran before the attach found nothing to end (the id may be taken again since)
-    numbers = await threads.read(threads.store.live_numbers, bundle.ids)
-    gone = [a for a, now in zip(admitted, numbers, strict=True) if now != a.number]
-    for a in gone:
-        await bundle.end(a.sub_id, ProtocolError("subscriptionId", "unknown subscription", 404).to_json())
-    if gone:  # a subscription taken since under the id is its new owner's to connect anywhere
-        await _release(gateway, gone)
-    pusher = asyncio.create_task(bundle.run())
-
-    def acknowledge(raw: bytes | str) -> None:
-        if raw.strip():
-            with contextlib.suppress(ProtocolError):
-                bundle.acknowledge(parse_ack(raw))
-
+    bundle: Bundle | None = None
     try:
+        bundle = Bundle(gateway.hub, handshake, admitted, send, close, client)
+        await _deliver(gateway, bundle, admitted, receive)
+    finally:
+        quotas.disconnect(client)
+        await _release(gateway, admitted)  # (a claim taken since by a newer connection is not this one's)
+        if bundle is not None:
+            await bundle.close()
+
+
+async def _deliver(gateway: Gateway, bundle: Bundle, admitted: list[Admitted], receive: Receive) -> None:
+    hub, threads = gateway.hub, gateway.threads
+    pusher: asyncio.Task[None] | None = None
+    try:
+        await hub.attach_bundle(bundle)
+        # an unsubscription that ran before the attach found nothing to end (the id may be taken again since)
+        numbers = await threads.read(threads.store.live_numbers, bundle.ids)
+        gone = [a for a, now in zip(admitted, numbers, strict=True) if now != a.number]
+        for a in gone:
+            await bundle.end(a.sub_id, UNKNOWN["subscription"].to_json())
+        if gone:  # a subscription taken since under the id is its new owner's to connect anywhere
+            await _release(gateway, gone)
+        pusher = asyncio.create_task(bundle.run())
+
+        def acknowledge(raw: bytes | str) -> None:
+            if raw.strip():
+                with contextlib.suppress(ProtocolError):
+                    bundle.acknowledge(parse_ack(raw))
+
         await read_while(pusher, receive, acknowledge)
     finally:
-        gateway.hub.detach_bundle(bundle)
-        pusher.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
-            await pusher
+        hub.detach_bundle(bundle)
+        if pusher is not None:
+            pusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
+                await pusher
         bundle.forget()
-        gateway.hub.quotas.disconnect(client)
-        await _release(gateway, admitted)  # (a claim taken since by a newer connection is not this one's)
-        await bundle.close()
 
 
 async def _release(gateway: Gateway, admitted: list[Admitted]) -> None:

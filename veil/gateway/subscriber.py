@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from veil.gateway import membership
 from veil.gateway.context import Gateway
+from veil.gateway.errors import UNKNOWN
 from veil.gateway.http import sized
 from veil.matching.stored import decode_subscription
 from veil.protocol import Handshake, ProtocolError
@@ -44,9 +45,9 @@ async def admit(gateway: Gateway, handshake: Handshake, principal: Principal) ->
     size = sum(len(admission.body) for admission in found if admission is not None)
     await sized(gateway, size, _check_all, gateway, principal, handshake, ids, found)
     try:
-        claimed = await membership.claim(gateway, ids)
+        claimed = await membership.claim(gateway, ids, principal.identity)
     except membership.Held as exc:
-        raise _naming(handshake, exc.sub_id, exc.error) from None
+        raise _naming(handshake, exc.sub_id, exc.error or UNKNOWN["subscription"]) from None
     admitted = []
     for one, admission in zip(each, found, strict=True):
         assert admission is not None  # checked above
@@ -70,7 +71,7 @@ def _check_all(
 def _check(gateway: Gateway, principal: Principal, admission: Admission | None) -> None:
     # one answer for an id nobody holds and one someone else holds: a client learns nothing of others'
     if admission is None:
-        raise ProtocolError("subscriptionId", "unknown subscription", 404)
+        raise UNKNOWN["subscription"]
     stored = decode_subscription(admission.body)
     try:
         admit_subscription(gateway.registry.current, principal, stored.predicates, stored.scope)

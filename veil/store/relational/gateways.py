@@ -32,9 +32,19 @@ class GatewaySql(Dialect):
             db.execute("DELETE FROM gateways WHERE gateway = ?", (gateway,))
 
     def claim_subscriptions(
-        self, sub_ids: Sequence[str], gateway: str, at: float, alive_since: float
-    ) -> tuple[str, str] | None:
+        self, sub_ids: Sequence[str], owner: str, gateway: str, at: float, alive_since: float
+    ) -> tuple[str, str | None] | None:
         with self._tx() as db:
+            owned = {
+                row[0]
+                for row in db.execute(
+                    f"SELECT sub_id FROM subscriptions WHERE sub_id {self.IN_NAMES} AND deleted IS NULL AND owner = ?",
+                    (self._names(sub_ids), owner),
+                )
+            }
+            lost = sorted(set(sub_ids) - owned)
+            if lost:
+                return lost[0], None
             held = db.execute(
                 "SELECT c.sub_id, c.gateway FROM connections c JOIN gateways g ON g.gateway = c.gateway "
                 f"WHERE c.sub_id {self.IN_NAMES} AND c.gateway <> ? AND g.seen >= ? ORDER BY c.sub_id LIMIT 1",
