@@ -12,6 +12,7 @@ import pytest
 
 from tests.gateway.conftest import ALICE, BOB
 from veil.gateway import bundle as bundle_module
+from veil.gateway import membership
 from veil.gateway.bundle import Bundle
 from veil.gateway.subscriber import Admitted
 from veil.gateway.tcp import start_tcp
@@ -200,22 +201,22 @@ async def test_lines_never_acknowledged_are_folded_and_the_next_acknowledgement_
 
 
 @pytest.mark.parametrize("handshake", [{"subscriptionId": "f1"}, {"subscriptionIds": ["f1", "f2"]}])
-async def test_a_connection_that_fails_while_opening_gives_back_its_claims_and_its_connection(
-    gateway, tcp, monkeypatch, handshake
+@pytest.mark.parametrize("failing", [("live_numbers", "subscription_number"), ("backlog", "backlogs")])
+async def test_a_connection_that_a_store_error_ends_gives_back_its_claims_and_its_connection(
+    gateway, tcp, monkeypatch, handshake, failing
 ):
-    """A store error after the claim (here, the re-check that follows the attach) ends the
-    connection; it must not leave its subscriptions claimed by this gateway (refused on any other)
-    nor count against its client's connections."""
+    """A store error after the claim (the re-check that follows the attach, or the first backlog
+    read once serving) ends the connection; it must not leave its subscriptions claimed by this
+    gateway (refused on any other), its bytes or its place in its client's connections counted."""
     store = gateway.threads.store
     for sub_id in ("f1", "f2"):
         store.put_subscription(sub_id, "alice", encode_subscription([]))
-    failing = RuntimeError("the store went away")
 
     def fail(*args: object) -> None:
-        raise failing
+        raise RuntimeError("the store went away")
 
-    monkeypatch.setattr(store, "live_numbers", fail)
-    monkeypatch.setattr(store, "subscription_number", fail)
+    for method in failing:
+        monkeypatch.setattr(store, method, fail)
     reader, writer = await asyncio.open_connection("127.0.0.1", tcp)
     writer.write(orjson.dumps({**handshake, "authHash": ALICE}) + b"\n")
     try:
@@ -225,8 +226,88 @@ async def test_a_connection_that_fails_while_opening_gives_back_its_claims_and_i
     finally:
         writer.close()
     async with asyncio.timeout(5):
-        while gateway.hub.quotas._clients or gateway.hub.holders:
+        while gateway.hub.quotas._clients or gateway.hub.holders or gateway.hub.quotas.queued:
             await asyncio.sleep(0.01)
     now = time.time()
     store.renew_gateway(gateway.config.gateway_name, 0)  # this gateway is alive: a claim of it would hold
     assert store.claim_subscriptions(["f1", "f2"], "alice", "elsewhere", now, now - 10) is None
+
+
+async def test_a_connection_refused_at_the_clients_limit_leaves_the_older_ones_claim(gateway, tcp, monkeypatch):
+    store = gateway.threads.store
+    store.put_subscription("c1", "alice", encode_subscription([]))
+    monkeypatch.setattr(gateway.hub.quotas, "max_connections", 1)
+    _, writer = await asyncio.open_connection("127.0.0.1", tcp)
+    writer.write(orjson.dumps({"subscriptionId": "c1", "authHash": ALICE}) + b"\n")
+    try:
+        async with asyncio.timeout(5):
+            while "c1" not in gateway.hub.holders:
+                await asyncio.sleep(0.01)
+        refused = await exchange(tcp, {"subscriptionId": "c1", "authHash": ALICE})
+        assert refused[0]["status"] == 429
+        now = time.time()
+        store.renew_gateway(gateway.config.gateway_name, 0)
+        held = store.claim_subscriptions(["c1"], "alice", "elsewhere", now, now - 10)
+        assert held == ("c1", gateway.config.gateway_name)  # the older connection still holds it
+    finally:
+        writer.close()
+
+
+async def test_a_release_the_store_refused_is_made_with_the_next_renewal(gateway, monkeypatch):
+    store = gateway.threads.store
+    store.put_subscription("r1", "alice", encode_subscription([]))
+    claimed = await membership.claim(gateway, ["r1"], "alice")
+    real = store.release_subscriptions
+
+    def fail(*args: object) -> None:
+        raise RuntimeError("the store went away")
+
+    monkeypatch.setattr(store, "release_subscriptions", fail)
+    await membership.release(gateway, ["r1"], claimed)
+    assert gateway.unreleased == [(["r1"], claimed)]
+    monkeypatch.setattr(store, "release_subscriptions", real)
+    monkeypatch.setattr(membership, "RENEW", 0.01)
+    renewing = asyncio.create_task(membership.stay_alive(gateway))
+    try:
+        async with asyncio.timeout(5):
+            while gateway.unreleased:
+                await asyncio.sleep(0.01)
+    finally:
+        renewing.cancel()
+    now = time.time()
+    assert store.claim_subscriptions(["r1"], "alice", "elsewhere", now, now - 10) is None
+
+
+async def test_a_stale_connection_never_displaces_a_newer_subscription_of_its_id(gateway, tcp):
+    """Alice's connection was admitted for her subscription "x" just before she removed it and bob
+    took the id and connected: her late attach must neither end bob's connection nor take his place."""
+    store = gateway.threads.store
+    store.put_subscription("x", "alice", encode_subscription([]))
+    store.put_subscription("y", "alice", encode_subscription([]))
+    stale = [
+        Admitted("x", store.subscription_number("x"), 0, 0.0),
+        Admitted("y", store.subscription_number("y"), 0, 0.0),
+    ]
+    store.remove_subscription("x", "alice")
+    store.put_subscription("x", "bob", encode_subscription([]))
+    reader, writer = await asyncio.open_connection("127.0.0.1", tcp)
+    writer.write(orjson.dumps({"subscriptionId": "x", "authHash": BOB}) + b"\n")
+    try:
+        async with asyncio.timeout(5):
+            while "x" not in gateway.hub.holders:
+                await asyncio.sleep(0.01)
+        bobs = gateway.hub.holders["x"]
+        handshake = Handshake(ALICE, "", envelope=True, ack=True, resume_after=None, subscription_ids=("x", "y"))
+
+        async def ignore(*args: object) -> None:
+            pass
+
+        bundle = Bundle(gateway.hub, handshake, stale, ignore, ignore)
+        await gateway.hub.attach_bundle(bundle)
+        assert gateway.hub.holders["x"] is bobs and gateway.hub.holders["y"] is bundle
+        gateway.hub.detach_bundle(bundle)
+        assert gateway.hub.holders == {"x": bobs}
+        with pytest.raises(TimeoutError):  # bob was told nothing: his connection goes on
+            await asyncio.wait_for(reader.readline(), 0.3)
+    finally:
+        writer.close()

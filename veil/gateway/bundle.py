@@ -180,11 +180,18 @@ class Bundle:
     def behind(self) -> int:
         return int(np.count_nonzero(self.open & ~self.live))
 
-    async def end(self, sub_id: str, error: bytes | None) -> None:
-        """One subscription leaves the connection, with its error line naming it."""
+    def number_of(self, sub_id: str) -> int:
+        return int(self.numbers[self.place(sub_id)])
+
+    def let_go(self, sub_id: str) -> None:
+        """The subscription is delivered through this connection no more (at once: `end` says why)."""
         place = self.place(sub_id)
         self.open[place] = self.live[place] = False
         self.hub.leave(self, place)
+
+    async def end(self, sub_id: str, error: bytes | None) -> None:
+        """One subscription leaves the connection, with its error line naming it."""
+        self.let_go(sub_id)
         if error is not None:
             # the line is handed to the transport; waiting for a client that does not read would hold
             # up whoever ends the subscription (an unsubscription, the quarantine, another connection)

@@ -15,8 +15,9 @@ from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
 from veil.gateway.delivery import Session
 from veil.gateway.edge import run_edge
-from veil.gateway.errors import UNKNOWN
+from veil.gateway.errors import unknown
 from veil.gateway.multiplex import serve_multiplexed
+from veil.gateway.quotas import Client
 from veil.gateway.subscriber import admit
 from veil.monitoring import selis as monitoring
 from veil.protocol import Handshake, ProtocolError, parse_ack, parse_handshake
@@ -27,16 +28,12 @@ MAX_LINE = 64 * 1024
 
 
 async def open_session(
-    gateway: Gateway, handshake: Handshake, principal: Principal, send: Send, close: Close
+    gateway: Gateway, handshake: Handshake, principal: Principal, send: Send, close: Close, client: Client
 ) -> Session:
-    """Admit the handshake's subscription and attach its session; ProtocolError when refused."""
+    """Admit the handshake's subscription and attach its session, in `client`'s connection place the
+    caller took; ProtocolError when refused."""
     (admitted,) = await admit(gateway, handshake, principal)
     threads, hub = gateway.threads, gateway.hub
-    try:
-        client = hub.quotas.connect(admitted.client)
-    except ProtocolError:
-        await membership.release(gateway, [admitted.sub_id], admitted.claimed)
-        raise
     session = None
     try:
         session = Session(hub, handshake, admitted.number, admitted.start_after, send, close, admitted.claimed, client)
@@ -44,13 +41,11 @@ async def open_session(
         # An unsubscription that ran between the check above and the attach found no session to close
         # (and the id may have been taken again since, under another number).
         if await threads.read(threads.store.subscription_number, handshake.subscription_id) != session.number:
-            raise UNKNOWN["subscription"]
+            raise unknown("subscription")
     except BaseException:  # whatever stops the opening (a store error, the gateway stopping) gives all back
         if session is not None:
             hub.detach(session)
-        hub.quotas.disconnect(client)
-        with contextlib.suppress(Exception):  # a claim not released lapses with this gateway's renewals
-            await membership.release(gateway, [admitted.sub_id], admitted.claimed)
+        await membership.release(gateway, [admitted.sub_id], admitted.claimed)
         raise
     return session
 
@@ -101,7 +96,24 @@ async def _serve(
         if handshake.subscription_ids:
             await serve_multiplexed(gateway, handshake, principal, send, close, receive)
             return
-        session = await open_session(gateway, handshake, principal, send, close)
+        # the client's connection place first: a refused connection must not have touched the claim
+        # of an older one of the same subscription
+        client = gateway.hub.quotas.connect(principal.identity)
+    except ProtocolError as exc:
+        await close(exc.to_json())
+        return
+    try:
+        await _serve_session(gateway, handshake, principal, client, send, close, receive)
+    finally:
+        gateway.hub.quotas.disconnect(client)
+
+
+async def _serve_session(
+    gateway: Gateway, handshake: Handshake, principal: Principal, client: Client, send: Send, close: Close,
+    receive: Receive,
+) -> None:  # fmt: skip
+    try:
+        session = await open_session(gateway, handshake, principal, send, close, client)
     except ProtocolError as exc:
         await close(exc.to_json())
         return
@@ -109,13 +121,13 @@ async def _serve(
     try:
         await read_while(pusher, receive, lambda message: handle_client_line(session, message))
     finally:
-        await session.close()
-        pusher.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
-            await pusher
-        session.forget()
-        gateway.hub.quotas.disconnect(session.client)
-        with contextlib.suppress(Exception):  # a claim not released lapses with this gateway's renewals
+        try:  # a store error that ended the pusher is raised (and logged) after everything is given back
+            await session.close()
+            pusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
+                await pusher
+        finally:
+            session.forget()
             await membership.release(gateway, [session.sub_id], session.claimed)
 
 

@@ -4,7 +4,7 @@ server puts in each application (`GATEWAY`): handlers read what they need from i
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -38,6 +38,8 @@ class Gateway:
     health: Health
     metrics: Metrics
     metrics_hash: str | None  # the SELIS monitoring client's authHash (None: monitoring off)
+    # claims whose release failed (the store unreachable), retried with the renewals (`membership`)
+    unreleased: list[tuple[list[str], float]] = field(default_factory=list)
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -207,9 +207,16 @@ class Session:
         with contextlib.suppress(Exception):
             await self._close(error)
 
+    def number_of(self, sub_id: str) -> int:
+        return self.number
+
+    def let_go(self, sub_id: str) -> None:
+        """The subscription is delivered through this connection no more (at once: `end` says why)."""
+        self.hub.detach(self)
+
     async def end(self, sub_id: str, error: bytes | None) -> None:
         """The subscription leaves this connection (the hub's call for a session or a bundle alike)."""
-        self.hub.detach(self)
+        self.let_go(sub_id)
         await self.close(error)
 
 
@@ -219,6 +226,7 @@ class DeliveryHub:
         self.poll_interval = poll_interval
         self.quotas = quotas or Quotas(UNLIMITED, UNLIMITED, UNLIMITED)
         self.holders: dict[str, Session | Bundle] = {}  # connected subscriptions, by id
+        self._ending: set[asyncio.Future[None]] = set()  # replaced connections being told so
         self._by_number: dict[int, Session] = {}
         self._bundles: dict[int, Bundle] = {}
         # indexed by subscription number: connected here; the key of its bundle (-1: a session of its
@@ -240,7 +248,10 @@ class DeliveryHub:
         self.last_seq = await self.threads.read(self.threads.store.last_feed_seq)
 
     async def attach(self, session: Session) -> None:
-        await self._replace(session.sub_id)
+        """Deliver the session's subscription through it from now on (not if a newer subscription of
+        its id is connected here: the caller's check of the number finds it gone)."""
+        if not self._replace(session.sub_id, session.number):
+            return
         self.holders[session.sub_id] = session
         self._by_number[session.number] = session
         self._grow(session.number + 1)
@@ -249,21 +260,38 @@ class DeliveryHub:
         self._bundle_of[session.number] = -1
 
     async def attach_bundle(self, bundle: Bundle) -> None:
-        for sub_id in bundle.ids:
-            await self._replace(sub_id)
-            self.holders[sub_id] = bundle
+        """Deliver the bundle's subscriptions through it from now on (but those of which a newer
+        subscription of the id is connected here: the caller's check of the numbers finds them gone).
+        Nothing is awaited: no other connection attaches or ends in the middle."""
+        numbers = bundle.numbers.tolist()
+        kept = [self._replace(sub_id, number) for sub_id, number in zip(bundle.ids, numbers, strict=True)]
+        for sub_id, keep in zip(bundle.ids, kept, strict=True):
+            if keep:
+                self.holders[sub_id] = bundle
         self._bundles[bundle.key] = bundle
+        places = np.flatnonzero(kept)
+        attached = bundle.numbers[places]
         self._grow(int(bundle.numbers.max()) + 1)
-        self._connected[bundle.numbers] = True
-        self._taking[bundle.numbers] = bundle.live
-        self._bundle_of[bundle.numbers] = bundle.key
-        self._place[bundle.numbers] = np.arange(len(bundle.numbers))
+        self._connected[attached] = True
+        self._taking[attached] = bundle.live[places]
+        self._bundle_of[attached] = bundle.key
+        self._place[attached] = places
 
-    async def _replace(self, sub_id: str) -> None:
+    def _replace(self, sub_id: str, number: int) -> bool:
+        """Make room for a new connection of the subscription: its previous connection here lets go of
+        it at once, and is told why in the background (a client that does not read could hold up the
+        attach; nothing may attach meanwhile). False if the one connected is of a newer subscription."""
         previous = self.holders.get(sub_id)
-        if previous is not None:
-            reason = ProtocolError("subscriptionId", "replaced by a newer connection", 409).to_json()
-            await previous.end(sub_id, reason)
+        if previous is None:
+            return True
+        if previous.number_of(sub_id) > number:
+            return False
+        previous.let_go(sub_id)
+        reason = ProtocolError("subscriptionId", "replaced by a newer connection", 409).to_json()
+        ending = asyncio.ensure_future(previous.end(sub_id, reason))
+        self._ending.add(ending)
+        ending.add_done_callback(self._ending.discard)
+        return True
 
     def detach(self, session: Session) -> None:
         if self.holders.get(session.sub_id) is session:

@@ -33,10 +33,17 @@ STORE_RETRY_AFTER = 5  # seconds, when the store cannot take writes
 # the request field that carries the id a store refusal is about (NotOwner.what)
 ID_FIELDS = {"subscription": "subscriptionId", "announcement": "announcementId", "publication": "id"}
 UNKNOWN = {
-    "subscription": ProtocolError("subscriptionId", "unknown subscription", 404),
-    "announcement": ProtocolError("announcementId", "unknown announcement", 404),
-    "publication": ProtocolError("id", "no publication with this id is still valid", 404),
+    "subscription": "unknown subscription",
+    "announcement": "unknown announcement",
+    "publication": "no publication with this id is still valid",
 }
+
+
+def unknown(what: str) -> ProtocolError:
+    """The one answer for an id nobody holds and one someone else holds (`what`: "subscription", ...):
+    a new error each time, since raising one shared error would chain every raise's frames onto it."""
+    return ProtocolError(ID_FIELDS[what], UNKNOWN[what], 404)
+
 
 Answer = tuple[ProtocolError, dict[str, str] | None]
 
@@ -55,7 +62,7 @@ def _not_owner(exc: NotOwner) -> Answer:
     theirs to learn); a subscription id can only be refused as taken, since ids are global."""
     if exc.what == "subscription":
         return ProtocolError(ID_FIELDS[exc.what], "belongs to another client", 403), None
-    return UNKNOWN[exc.what], None
+    return unknown(exc.what), None
 
 
 def _too_many(exc: TooMany) -> Answer:
@@ -72,9 +79,9 @@ ANSWERS: dict[type[Exception], Callable[[Exception], Answer]] = {
     NotOwner: _not_owner,  # type: ignore[dict-item]
     StaleRegistry: lambda exc: (stale(exc.current, exc.base), None),  # type: ignore[attr-defined]
     TooMany: _too_many,  # type: ignore[dict-item]
-    UnknownSubscription: lambda exc: (UNKNOWN["subscription"], None),
-    UnknownAnnouncement: lambda exc: (UNKNOWN["announcement"], None),
-    UnknownPublication: lambda exc: (UNKNOWN["publication"], None),
+    UnknownSubscription: lambda exc: (unknown("subscription"), None),
+    UnknownAnnouncement: lambda exc: (unknown("announcement"), None),
+    UnknownPublication: lambda exc: (unknown("publication"), None),
 }
 
 

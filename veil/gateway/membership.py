@@ -2,7 +2,9 @@
 far it has fanned out the feed, and claims each subscription it delivers to, so that a subscriber
 connected through two gateways at once is refused on the second. A gateway silent for STALE seconds
 counts as gone: its claims lapse (its subscribers may reconnect elsewhere) and compaction stops
-keeping feed rows for it."""
+keeping feed rows for it. A live gateway's claims never lapse: a release that fails is retried with
+the renewals, and a gateway starting under the name of one that stopped without leaving (a crash)
+drops that one's claims first."""
 
 from __future__ import annotations
 
@@ -19,6 +21,11 @@ RENEW = 2.0  # seconds between renewals
 STALE = 10.0  # seconds without one after which a gateway counts as gone
 
 
+async def start(gateway: Gateway) -> None:
+    await leave(gateway)
+    await join(gateway)
+
+
 async def join(gateway: Gateway) -> None:
     threads = gateway.threads
     await threads.write(threads.store.renew_gateway, gateway.config.gateway_name, gateway.hub.last_seq)
@@ -29,8 +36,17 @@ async def stay_alive(gateway: Gateway) -> None:
         await asyncio.sleep(RENEW)
         try:
             await join(gateway)
+            await _release_again(gateway)
         except Exception:
-            log.exception("renewing this gateway's row in the store failed")
+            log.exception("renewing this gateway's row in the store, or releasing claims again, failed")
+
+
+async def _release_again(gateway: Gateway) -> None:
+    threads, unreleased = gateway.threads, gateway.unreleased
+    while unreleased:
+        sub_ids, at = unreleased[0]
+        await threads.write(threads.store.release_subscriptions, sub_ids, gateway.config.gateway_name, at)
+        unreleased.pop(0)
 
 
 async def leave(gateway: Gateway) -> None:
@@ -70,5 +86,10 @@ async def claim(gateway: Gateway, sub_ids: Sequence[str], owner: str) -> float:
 
 
 async def release(gateway: Gateway, sub_ids: Sequence[str], at: float) -> None:
+    """The claim taken at `at` ends; if the store cannot take it now, it is retried with the renewals."""
     threads = gateway.threads
-    await threads.write(threads.store.release_subscriptions, sub_ids, gateway.config.gateway_name, at)
+    try:
+        await threads.write(threads.store.release_subscriptions, sub_ids, gateway.config.gateway_name, at)
+    except Exception:
+        log.warning("releasing %d subscriptions' claim failed; retried with the renewals", len(sub_ids))
+        gateway.unreleased.append((list(sub_ids), at))

@@ -11,7 +11,8 @@ from veil.gateway import membership
 from veil.gateway.bundle import Bundle
 from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
-from veil.gateway.errors import UNKNOWN
+from veil.gateway.errors import unknown
+from veil.gateway.quotas import Client
 from veil.gateway.subscriber import Admitted, admit
 from veil.protocol import Handshake, ProtocolError, parse_ack
 from veil.security.identity import Principal
@@ -23,16 +24,27 @@ async def serve_multiplexed(
     """Serve a connection that named several subscriptions, until the client leaves or none is left.
     Whatever ends it (the client, an error, the gateway stopping), its claims and its place in its
     client's connection count are given back."""
+    quotas = gateway.hub.quotas
     try:
-        admitted = await admit(gateway, handshake, principal)
+        # the client's connection place first: a refused connection must not have touched the claims
+        # of older ones of the same subscriptions
+        client = quotas.connect(principal.identity)
     except ProtocolError as exc:
         await close(exc.to_json())
         return
-    quotas = gateway.hub.quotas
     try:
-        client = quotas.connect(admitted[0].client)
+        await _serve_admitted(gateway, handshake, principal, client, send, close, receive)
+    finally:
+        quotas.disconnect(client)
+
+
+async def _serve_admitted(
+    gateway: Gateway, handshake: Handshake, principal: Principal, client: Client, send: Send, close: Close,
+    receive: Receive,
+) -> None:  # fmt: skip
+    try:
+        admitted = await admit(gateway, handshake, principal)
     except ProtocolError as exc:
-        await _release(gateway, admitted)
         await close(exc.to_json())
         return
     bundle: Bundle | None = None
@@ -40,7 +52,6 @@ async def serve_multiplexed(
         bundle = Bundle(gateway.hub, handshake, admitted, send, close, client)
         await _deliver(gateway, bundle, admitted, receive)
     finally:
-        quotas.disconnect(client)
         await _release(gateway, admitted)  # (a claim taken since by a newer connection is not this one's)
         if bundle is not None:
             await bundle.close()
@@ -55,7 +66,7 @@ async def _deliver(gateway: Gateway, bundle: Bundle, admitted: list[Admitted], r
         numbers = await threads.read(threads.store.live_numbers, bundle.ids)
         gone = [a for a, now in zip(admitted, numbers, strict=True) if now != a.number]
         for a in gone:
-            await bundle.end(a.sub_id, UNKNOWN["subscription"].to_json())
+            await bundle.end(a.sub_id, unknown("subscription").to_json())
         if gone:  # a subscription taken since under the id is its new owner's to connect anywhere
             await _release(gateway, gone)
         pusher = asyncio.create_task(bundle.run())
@@ -68,14 +79,14 @@ async def _deliver(gateway: Gateway, bundle: Bundle, admitted: list[Admitted], r
         await read_while(pusher, receive, acknowledge)
     finally:
         hub.detach_bundle(bundle)
-        if pusher is not None:
-            pusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
-                await pusher
-        bundle.forget()
+        try:  # a store error that ended the pusher is raised (and logged) after what it queued is given back
+            if pusher is not None:
+                pusher.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
+                    await pusher
+        finally:
+            bundle.forget()
 
 
 async def _release(gateway: Gateway, admitted: list[Admitted]) -> None:
-    # a claim not released lapses with this gateway's renewals
-    with contextlib.suppress(Exception):
-        await membership.release(gateway, [a.sub_id for a in admitted], admitted[0].claimed)
+    await membership.release(gateway, [a.sub_id for a in admitted], admitted[0].claimed)

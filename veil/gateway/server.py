@@ -96,7 +96,7 @@ class Broker:
         gateway.ingest.processed = await threads.read(threads.store.processed_offset)
         await gateway.registry.load(config.registry)
         await gateway.hub.start()
-        await membership.join(gateway)
+        await membership.start(gateway)
         if self.pipeline is not None:
             await threads.write(threads.store.expect_pipeline)  # until the new pipeline registers
 

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from veil.gateway import membership
 from veil.gateway.context import Gateway
-from veil.gateway.errors import UNKNOWN
+from veil.gateway.errors import unknown
 from veil.gateway.http import sized
 from veil.matching.stored import decode_subscription
 from veil.protocol import Handshake, ProtocolError
@@ -27,7 +27,6 @@ class Admitted(NamedTuple):
     number: int
     start_after: int
     claimed: float
-    client: str = ""  # the owner's identity
 
 
 async def admit(gateway: Gateway, handshake: Handshake, principal: Principal) -> list[Admitted]:
@@ -47,14 +46,14 @@ async def admit(gateway: Gateway, handshake: Handshake, principal: Principal) ->
     try:
         claimed = await membership.claim(gateway, ids, principal.identity)
     except membership.Held as exc:
-        raise _naming(handshake, exc.sub_id, exc.error or UNKNOWN["subscription"]) from None
+        raise _naming(handshake, exc.sub_id, exc.error or unknown("subscription")) from None
     admitted = []
     for one, admission in zip(each, found, strict=True):
         assert admission is not None  # checked above
         start = one.resume_after
         if start is None:
             start = max(admission.cursor, hub.unsaved_cursor(one.subscription_id, admission.number))
-        admitted.append(Admitted(one.subscription_id, admission.number, start, claimed, principal.identity))
+        admitted.append(Admitted(one.subscription_id, admission.number, start, claimed))
     return admitted
 
 
@@ -71,7 +70,7 @@ def _check_all(
 def _check(gateway: Gateway, principal: Principal, admission: Admission | None) -> None:
     # one answer for an id nobody holds and one someone else holds: a client learns nothing of others'
     if admission is None:
-        raise UNKNOWN["subscription"]
+        raise unknown("subscription")
     stored = decode_subscription(admission.body)
     try:
         admit_subscription(gateway.registry.current, principal, stored.predicates, stored.scope)
