@@ -211,6 +211,7 @@ async def test_a_connection_that_a_store_error_ends_gives_back_its_claims_and_it
     store = gateway.threads.store
     for sub_id in ("f1", "f2"):
         store.put_subscription(sub_id, "alice", encode_subscription([]))
+    numbers = [store.subscription_number("f1"), store.subscription_number("f2")]
 
     def fail(*args: object) -> None:
         raise RuntimeError("the store went away")
@@ -230,7 +231,7 @@ async def test_a_connection_that_a_store_error_ends_gives_back_its_claims_and_it
             await asyncio.sleep(0.01)
     now = time.time()
     store.renew_gateway(gateway.config.gateway_name, 0)  # this gateway is alive: a claim of it would hold
-    assert store.claim_subscriptions(["f1", "f2"], "alice", "elsewhere", now, now - 10) is None
+    assert store.claim_subscriptions(["f1", "f2"], numbers, "elsewhere", now, now - 10) is None
 
 
 async def test_a_connection_refused_at_the_clients_limit_leaves_the_older_ones_claim(gateway, tcp, monkeypatch):
@@ -247,7 +248,7 @@ async def test_a_connection_refused_at_the_clients_limit_leaves_the_older_ones_c
         assert refused[0]["status"] == 429
         now = time.time()
         store.renew_gateway(gateway.config.gateway_name, 0)
-        held = store.claim_subscriptions(["c1"], "alice", "elsewhere", now, now - 10)
+        held = store.claim_subscriptions(["c1"], [store.subscription_number("c1")], "elsewhere", now, now - 10)
         assert held == ("c1", gateway.config.gateway_name)  # the older connection still holds it
     finally:
         writer.close()
@@ -256,7 +257,8 @@ async def test_a_connection_refused_at_the_clients_limit_leaves_the_older_ones_c
 async def test_a_release_the_store_refused_is_made_with_the_next_renewal(gateway, monkeypatch):
     store = gateway.threads.store
     store.put_subscription("r1", "alice", encode_subscription([]))
-    claimed = await membership.claim(gateway, ["r1"], "alice")
+    number = store.subscription_number("r1")
+    claimed = await membership.claim(gateway, ["r1"], [number])
     real = store.release_subscriptions
 
     def fail(*args: object) -> None:
@@ -275,7 +277,7 @@ async def test_a_release_the_store_refused_is_made_with_the_next_renewal(gateway
     finally:
         renewing.cancel()
     now = time.time()
-    assert store.claim_subscriptions(["r1"], "alice", "elsewhere", now, now - 10) is None
+    assert store.claim_subscriptions(["r1"], [number], "elsewhere", now, now - 10) is None
 
 
 async def test_a_stale_connection_never_displaces_a_newer_subscription_of_its_id(gateway, tcp):

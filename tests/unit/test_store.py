@@ -215,7 +215,7 @@ def test_a_freed_id_taken_again_is_a_new_subscription_with_a_new_number(store):
     assert store.subscription_number("x") == alice  # her replacement keeps its queue
     now = time.time()
     store.renew_gateway("A", 0)
-    assert store.claim_subscriptions(["x"], "alice", "A", now, now - 10) is None  # alice's connection, through A
+    assert store.claim_subscriptions(["x"], [alice], "A", now, now - 10) is None  # alice's connection, through A
     store.remove_subscription("x", "alice")
     store.record_deliveries([alice], [pubs[3]], pubs[3])  # matched before the unsubscription was processed
     taken = store.put_subscription("x", "mallory", b"[]")
@@ -226,8 +226,8 @@ def test_a_freed_id_taken_again_is_a_new_subscription_with_a_new_number(store):
     assert store.backlogs(np.array([alice, mallory]), np.zeros(2, np.int64), 10)[1].tolist() == []
     store.save_cursors({alice: pubs[3]})  # a late save of alice's session
     assert store.cursor("x") == 0
-    assert store.claim_subscriptions(["x"], "mallory", "B", now, now - 10) is None  # alice's claim went with hers
-    assert store.claim_subscriptions(["x"], "alice", "A", now, now - 10) == ("x", None)  # whose and where: not hers
+    assert store.claim_subscriptions(["x"], [mallory], "B", now, now - 10) is None  # alice's claim went with hers
+    assert store.claim_subscriptions(["x"], [alice], "A", now, now - 10) == ("x", None)  # whose and where: not hers
     initial = StatefulBatch([], [(mallory, pubs[0], None)], [], None, None)  # of a still-valid publication
     store.record_deliveries([], [], taken, stateful=initial)
     spill_everything(store)
@@ -517,22 +517,27 @@ def test_a_subscription_is_claimed_by_one_live_gateway_at_a_time(store):
     store.renew_gateway("B", 5)
     store.put_subscription("s", "o", b"[]")
     store.put_subscription("t", "o", b"[]")
+    s, t = store.subscription_number("s"), store.subscription_number("t")
     now = time.time()
     assert store.fanned_out(now - 10) == 5
-    assert store.claim_subscriptions(["s"], "o", "A", now, now - 10) is None
-    assert store.claim_subscriptions(["s"], "o", "B", now + 1, now - 10) == ("s", "A")
-    assert store.claim_subscriptions(["s"], "o", "A", now + 2, now - 10) is None  # a new connection through A
+    assert store.claim_subscriptions(["s"], [s], "A", now, now - 10) is None
+    assert store.claim_subscriptions(["s"], [s], "B", now + 1, now - 10) == ("s", "A")
+    assert store.claim_subscriptions(["s"], [s], "A", now + 2, now - 10) is None  # a new connection through A
     store.release_subscriptions(["s"], "A", now)  # the older connection ends: the newer one's claim stays
-    assert store.claim_subscriptions(["t", "s"], "o", "B", now + 3, now - 10) == ("s", "A")
-    assert store.claim_subscriptions(["t"], "o", "A", now + 3, now - 10) is None  # all or none: B took no "t"
-    # someone else's id (or nobody's) is never claimed, and where its owner is connected is not told
-    assert store.claim_subscriptions(["t", "s"], "p", "B", now + 3, now - 10) == ("s", None)
-    assert store.claim_subscriptions(["t", "u"], "o", "B", now + 3, now - 10) == ("u", None)
+    assert store.claim_subscriptions(["t", "s"], [t, s], "B", now + 3, now - 10) == ("s", "A")
+    assert store.claim_subscriptions(["t"], [t], "A", now + 3, now - 10) is None  # all or none: B took no "t"
+    # an earlier subscription of an id (or nobody's) is never claimed, nor told where the id is connected
+    assert store.claim_subscriptions(["t", "s"], [t, 10**9], "B", now + 3, now - 10) == ("s", None)
+    assert store.claim_subscriptions(["t", "u"], [t, 0], "B", now + 3, now - 10) == ("u", None)
     store.release_subscriptions(["t"], "A", now + 3)
-    assert store.claim_subscriptions(["t", "s"], "o", "B", now + 4, now + 60) is None  # A counts as gone: its claim lapsed
+    # A counts as gone: its claim lapsed
+    assert store.claim_subscriptions(["t", "s"], [t, s], "B", now + 4, now + 60) is None
     assert store.fanned_out(now + 60) == 0
     store.leave("B")
-    assert store.claim_subscriptions(["s", "t"], "o", "A", now + 5, now - 10) is None
+    assert store.claim_subscriptions(["s", "t"], [s, t], "A", now + 5, now - 10) is None
+    store.remove_subscription("s", "o")
+    store.put_subscription("s", "o", b"[]")  # its owner's new subscription of the id
+    assert store.claim_subscriptions(["s"], [s], "B", now + 6, now - 10) == ("s", None)  # the old one's claim
     assert store.fanned_out(now - 10) == 7
 
 

@@ -15,12 +15,12 @@ from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
 from veil.gateway.delivery import Session
 from veil.gateway.edge import run_edge
-from veil.gateway.errors import unknown
 from veil.gateway.multiplex import serve_multiplexed
 from veil.gateway.quotas import Client
 from veil.gateway.subscriber import admit
 from veil.monitoring import selis as monitoring
 from veil.protocol import Handshake, ProtocolError, parse_ack, parse_handshake
+from veil.protocol.errors import unknown
 from veil.security.identity import Credentials, Principal
 from veil.security.tls import fingerprint
 
@@ -122,10 +122,10 @@ async def _serve_session(
         await read_while(pusher, receive, lambda message: handle_client_line(session, message))
     finally:
         try:  # a store error that ended the pusher is raised (and logged) after everything is given back
-            await session.close()
             pusher.cancel()
             with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
                 await pusher
+            await session.close()
         finally:
             session.forget()
             await membership.release(gateway, [session.sub_id], session.claimed)

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from veil.gateway.bundle import LINE_BYTES, REFILL_BYTES, SEND_BYTES, Bundle, Published
+from veil.gateway.bundle import END_LINE_WAIT, LINE_BYTES, REFILL_BYTES, SEND_BYTES, Bundle, Published
 from veil.gateway.channel import Close, Send
 from veil.gateway.quotas import UNLIMITED, Client, Quotas, fitting, stalled
 from veil.gateway.store_threads import StoreThreads
@@ -32,6 +32,7 @@ from veil.monitoring import trace
 from veil.monitoring.histogram import LATENCY_BOUNDS, Histogram
 from veil.protocol import Handshake, ProtocolError
 from veil.protocol.envelope import fields, wrap
+from veil.protocol.errors import unknown
 from veil.store.base import FeedEntry
 
 log = logging.getLogger("veil.gateway")
@@ -40,6 +41,7 @@ QUEUE_LIMIT = 2048
 SEND_BATCH = 512
 BUNDLE_CURSOR_TICKS = 10  # cursor flushes per save of multiplexed connections' cursors
 FEED_WAIT = 0.5  # seconds the hub waits for a store's signal of new deliveries before it looks again
+FEED_RETRY = 1.0  # seconds before the feed is read again after the store failed
 
 
 class Chunk(NamedTuple):
@@ -202,16 +204,20 @@ class Session:
             self.hub.session_taking(self)
 
     async def close(self, error: bytes | None = None) -> None:
+        """(Waiting at most END_LINE_WAIT for a client that does not read: whoever ends the session,
+        an unsubscription or a newer connection, is not held up by it.)"""
         self.closed = True
         self._wake.set()
         with contextlib.suppress(Exception):
-            await self._close(error)
+            await asyncio.wait_for(self._close(error), END_LINE_WAIT)
 
     def number_of(self, sub_id: str) -> int:
         return self.number
 
     def let_go(self, sub_id: str) -> None:
-        """The subscription is delivered through this connection no more (at once: `end` says why)."""
+        """The subscription is delivered through this connection no more (at once: `end` says why;
+        the pusher is not woken, so that the line saying so is what the connection ends with)."""
+        self.closed = True
         self.hub.detach(self)
 
     async def end(self, sub_id: str, error: bytes | None) -> None:
@@ -286,8 +292,12 @@ class DeliveryHub:
             return True
         if previous.number_of(sub_id) > number:
             return False
+        # a holder of an earlier subscription of the id learns only that its own is gone, not that the
+        # id was taken again and connected
+        older = previous.number_of(sub_id) < number
         previous.let_go(sub_id)
-        reason = ProtocolError("subscriptionId", "replaced by a newer connection", 409).to_json()
+        replaced = ProtocolError("subscriptionId", "replaced by a newer connection", 409)
+        reason = (unknown("subscription") if older else replaced).to_json()
         ending = asyncio.ensure_future(previous.end(sub_id, reason))
         self._ending.add(ending)
         ending.add_done_callback(self._ending.discard)
@@ -397,9 +407,17 @@ class DeliveryHub:
         """Fan the pipeline's feed out to the connected subscriptions, entry by entry."""
         store = self.threads.store
         while not self._stopping.is_set():
-            entries = await self.threads.read(store.feed_since, self.last_seq, 64)
+            try:
+                entries = await self.threads.read(store.feed_since, self.last_seq, 64)
+                signalled = not entries and store.feed_signal
+                signalled = signalled and await self.threads.wait(store.wait_for_feed, self.last_seq, FEED_WAIT)
+            except Exception:  # the store unreachable for a moment: live delivery resumes with it
+                log.exception("reading the feed failed; read again in %g s", FEED_RETRY)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), FEED_RETRY)
+                continue
             if not entries:
-                if not (store.feed_signal and await self.threads.wait(store.wait_for_feed, self.last_seq, FEED_WAIT)):
+                if not signalled:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stopping.wait(), self.poll_interval)
                 continue

@@ -18,6 +18,7 @@ from veil.gateway.context import GATEWAY
 from veil.gateway.ingest import Overloaded
 from veil.gateway.registry import stale
 from veil.protocol import ProtocolError
+from veil.protocol.errors import ID_FIELDS, unknown
 from veil.store import (
     NotOwner,
     StaleRegistry,
@@ -30,21 +31,6 @@ from veil.store import (
 
 log = logging.getLogger("veil.gateway")
 STORE_RETRY_AFTER = 5  # seconds, when the store cannot take writes
-# the request field that carries the id a store refusal is about (NotOwner.what)
-ID_FIELDS = {"subscription": "subscriptionId", "announcement": "announcementId", "publication": "id"}
-UNKNOWN = {
-    "subscription": "unknown subscription",
-    "announcement": "unknown announcement",
-    "publication": "no publication with this id is still valid",
-}
-
-
-def unknown(what: str) -> ProtocolError:
-    """The one answer for an id nobody holds and one someone else holds (`what`: "subscription", ...):
-    a new error each time, since raising one shared error would chain every raise's frames onto it."""
-    return ProtocolError(ID_FIELDS[what], UNKNOWN[what], 404)
-
-
 Answer = tuple[ProtocolError, dict[str, str] | None]
 
 

@@ -19,6 +19,7 @@ from veil.protocol import ProtocolError
 log = logging.getLogger("veil.gateway")
 RENEW = 2.0  # seconds between renewals
 STALE = 10.0  # seconds without one after which a gateway counts as gone
+RELEASES_PER_RENEWAL = 64  # failed releases made again after each renewal
 
 
 async def start(gateway: Gateway) -> None:
@@ -42,8 +43,9 @@ async def stay_alive(gateway: Gateway) -> None:
 
 
 async def _release_again(gateway: Gateway) -> None:
+    """A few of the releases that failed, so that the next renewal is never late however many wait."""
     threads, unreleased = gateway.threads, gateway.unreleased
-    while unreleased:
+    for _ in range(min(len(unreleased), RELEASES_PER_RENEWAL)):
         sub_ids, at = unreleased[0]
         await threads.write(threads.store.release_subscriptions, sub_ids, gateway.config.gateway_name, at)
         unreleased.pop(0)
@@ -74,12 +76,12 @@ class Held(Exception):
             self.error = ProtocolError("subscriptionId", problem, 503)
 
 
-async def claim(gateway: Gateway, sub_ids: Sequence[str], owner: str) -> float:
-    """Take the subscriptions' deliveries for this gateway, all or none (Held: none); returns the
-    claim's time, which releases them."""
+async def claim(gateway: Gateway, sub_ids: Sequence[str], numbers: Sequence[int]) -> float:
+    """Take the deliveries of these subscriptions (each id's of that number) for this gateway, all or
+    none (Held: none); returns the claim's time, which releases them."""
     threads, at = gateway.threads, time.time()
     store, name = threads.store, gateway.config.gateway_name
-    held = await threads.write(store.claim_subscriptions, sub_ids, owner, name, at, at - STALE)
+    held = await threads.write(store.claim_subscriptions, sub_ids, numbers, name, at, at - STALE)
     if held is not None:
         raise Held(*held)
     return at

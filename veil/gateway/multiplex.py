@@ -11,10 +11,10 @@ from veil.gateway import membership
 from veil.gateway.bundle import Bundle
 from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
-from veil.gateway.errors import unknown
 from veil.gateway.quotas import Client
 from veil.gateway.subscriber import Admitted, admit
 from veil.protocol import Handshake, ProtocolError, parse_ack
+from veil.protocol.errors import unknown
 from veil.security.identity import Principal
 
 

@@ -10,10 +10,10 @@ from typing import NamedTuple
 
 from veil.gateway import membership
 from veil.gateway.context import Gateway
-from veil.gateway.errors import unknown
 from veil.gateway.http import sized
 from veil.matching.stored import decode_subscription
 from veil.protocol import Handshake, ProtocolError
+from veil.protocol.errors import unknown
 from veil.security.admission import admit_subscription
 from veil.security.identity import Principal
 from veil.store.base import Admission
@@ -44,7 +44,8 @@ async def admit(gateway: Gateway, handshake: Handshake, principal: Principal) ->
     size = sum(len(admission.body) for admission in found if admission is not None)
     await sized(gateway, size, _check_all, gateway, principal, handshake, ids, found)
     try:
-        claimed = await membership.claim(gateway, ids, principal.identity)
+        numbers = [admission.number for admission in found if admission is not None]  # all are: checked above
+        claimed = await membership.claim(gateway, ids, numbers)
     except membership.Held as exc:
         raise _naming(handshake, exc.sub_id, exc.error or unknown("subscription")) from None
     admitted = []

@@ -17,3 +17,17 @@ class ProtocolError(Exception):
     def to_json(self) -> bytes:
         return orjson.dumps({"error": self.problem, "field": self.field, "status": self.status})
 
+
+# the request field that carries the id a refusal is about, and what is said of an id nobody holds
+ID_FIELDS = {"subscription": "subscriptionId", "announcement": "announcementId", "publication": "id"}
+UNKNOWN = {
+    "subscription": "unknown subscription",
+    "announcement": "unknown announcement",
+    "publication": "no publication with this id is still valid",
+}
+
+
+def unknown(what: str) -> ProtocolError:
+    """The one answer for an id nobody holds and one someone else holds (`what`: "subscription", ...):
+    a new error each time, since raising one shared error would chain every raise's frames onto it."""
+    return ProtocolError(ID_FIELDS[what], UNKNOWN[what], 404)

@@ -378,13 +378,13 @@ class GatewayStore(LogReader):
 
     @abstractmethod
     def claim_subscriptions(
-        self, sub_ids: Sequence[str], owner: str, gateway: str, at: float, alive_since: float
+        self, sub_ids: Sequence[str], numbers: Sequence[int], gateway: str, at: float, alive_since: float
     ) -> tuple[str, str | None] | None:
-        """Record that `gateway` delivers to these subscriptions of `owner` from now on (claim time
-        `at`), all of them or none. When one is `owner`'s no more (removed since it was admitted, and
-        perhaps taken by someone else), (that id, None); when another gateway renewed since
-        `alive_since` holds one, (that id, that gateway); and nothing changes. Which gateway holds an
-        id is told only to its owner."""
+        """Record that `gateway` delivers to these subscriptions (each id's subscription of that
+        number) from now on (claim time `at`), all of them or none. When one is live no more (removed
+        since it was admitted, perhaps taken again by its owner or someone else), (that id, None); when
+        another gateway renewed since `alive_since` holds one, (that id, that gateway); and nothing
+        changes. Which gateway holds an id is told only to a connection of its live subscription."""
 
     @abstractmethod
     def release_subscriptions(self, sub_ids: Sequence[str], gateway: str, at: float) -> None:

@@ -72,6 +72,15 @@ class Dialect(EventStore):
     @abstractmethod
     def _pairs(self, sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[Any, ...]: ...
 
+    def _live_numbers(self, db: Db, sub_ids: Sequence[str]) -> dict[str, int]:
+        """The numbers of these ids' live subscriptions (an id without one is left out)."""
+        rows = db.execute(
+            "SELECT s.sub_id, n.no FROM subscriptions s JOIN subscription_numbers n USING (sub_id) "
+            f"WHERE s.sub_id {self.IN_NAMES} AND s.deleted IS NULL",
+            (self._names(sub_ids),),
+        ).fetchall()
+        return dict(rows)
+
     @abstractmethod
     def _insert_publications(self, db: Db, now: int, publications: list[Publication]) -> list[int]:
         """Log the publications with consecutive offsets (the caller holds the write lock)."""

@@ -32,17 +32,11 @@ class GatewaySql(Dialect):
             db.execute("DELETE FROM gateways WHERE gateway = ?", (gateway,))
 
     def claim_subscriptions(
-        self, sub_ids: Sequence[str], owner: str, gateway: str, at: float, alive_since: float
+        self, sub_ids: Sequence[str], numbers: Sequence[int], gateway: str, at: float, alive_since: float
     ) -> tuple[str, str | None] | None:
         with self._tx() as db:
-            owned = {
-                row[0]
-                for row in db.execute(
-                    f"SELECT sub_id FROM subscriptions WHERE sub_id {self.IN_NAMES} AND deleted IS NULL AND owner = ?",
-                    (self._names(sub_ids), owner),
-                )
-            }
-            lost = sorted(set(sub_ids) - owned)
+            live = self._live_numbers(db, sub_ids)
+            lost = sorted(sub_id for sub_id, number in zip(sub_ids, numbers, strict=True) if live.get(sub_id) != number)
             if lost:
                 return lost[0], None
             held = db.execute(

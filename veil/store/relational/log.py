@@ -209,12 +209,7 @@ class LogSql(Dialect):
 
     def live_numbers(self, sub_ids: Sequence[str]) -> list[int | None]:
         with self._read() as db:
-            rows = db.execute(
-                "SELECT s.sub_id, n.no FROM subscriptions s JOIN subscription_numbers n USING (sub_id) "
-                f"WHERE s.sub_id {self.IN_NAMES} AND s.deleted IS NULL",
-                (self._names(sub_ids),),
-            ).fetchall()
-        numbers = dict(rows)
+            numbers = self._live_numbers(db, sub_ids)
         return [numbers.get(sub_id) for sub_id in sub_ids]
 
     def subscription_number(self, sub_id: str, owner: str | None = None) -> int | None:
