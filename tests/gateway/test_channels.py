@@ -41,6 +41,20 @@ async def exchange(port: int, handshake: dict, lines: int = 1) -> list[dict]:
         writer.close()
 
 
+@contextlib.asynccontextmanager
+async def attached(gateway, port: int, sub_id: str, auth: str) -> AsyncIterator[asyncio.StreamReader]:
+    """A delivery connection of `sub_id`, open (its reader) once the hub holds it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(orjson.dumps({"subscriptionId": sub_id, "authHash": auth}) + b"\n")
+    try:
+        async with asyncio.timeout(5):
+            while sub_id not in gateway.hub.holders:
+                await asyncio.sleep(0.01)
+        yield reader
+    finally:
+        writer.close()
+
+
 async def test_handshakes_are_refused_with_the_reason(gateway, tcp):
     await gateway.threads.write(gateway.threads.store.put_subscription, "s", "alice", encode_subscription([]))
     unknown = await exchange(tcp, {"subscriptionId": "nobody", "authHash": ALICE})
@@ -238,20 +252,13 @@ async def test_a_connection_refused_at_the_clients_limit_leaves_the_older_ones_c
     store = gateway.threads.store
     store.put_subscription("c1", "alice", encode_subscription([]))
     monkeypatch.setattr(gateway.hub.quotas, "max_connections", 1)
-    _, writer = await asyncio.open_connection("127.0.0.1", tcp)
-    writer.write(orjson.dumps({"subscriptionId": "c1", "authHash": ALICE}) + b"\n")
-    try:
-        async with asyncio.timeout(5):
-            while "c1" not in gateway.hub.holders:
-                await asyncio.sleep(0.01)
+    async with attached(gateway, tcp, "c1", ALICE):
         refused = await exchange(tcp, {"subscriptionId": "c1", "authHash": ALICE})
         assert refused[0]["status"] == 429
         now = time.time()
         store.renew_gateway(gateway.config.gateway_name, 0)
         held = store.claim_subscriptions(["c1"], [store.subscription_number("c1")], "elsewhere", now, now - 10)
         assert held == ("c1", gateway.config.gateway_name)  # the older connection still holds it
-    finally:
-        writer.close()
 
 
 async def test_a_release_the_store_refused_is_made_with_the_next_renewal(gateway, monkeypatch):
@@ -292,12 +299,7 @@ async def test_a_stale_connection_never_displaces_a_newer_subscription_of_its_id
     ]
     store.remove_subscription("x", "alice")
     store.put_subscription("x", "bob", encode_subscription([]))
-    reader, writer = await asyncio.open_connection("127.0.0.1", tcp)
-    writer.write(orjson.dumps({"subscriptionId": "x", "authHash": BOB}) + b"\n")
-    try:
-        async with asyncio.timeout(5):
-            while "x" not in gateway.hub.holders:
-                await asyncio.sleep(0.01)
+    async with attached(gateway, tcp, "x", BOB) as reader:
         bobs = gateway.hub.holders["x"]
         handshake = Handshake(ALICE, "", envelope=True, ack=True, resume_after=None, subscription_ids=("x", "y"))
 
@@ -311,5 +313,3 @@ async def test_a_stale_connection_never_displaces_a_newer_subscription_of_its_id
         assert gateway.hub.holders == {"x": bobs}
         with pytest.raises(TimeoutError):  # bob was told nothing: his connection goes on
             await asyncio.wait_for(reader.readline(), 0.3)
-    finally:
-        writer.close()

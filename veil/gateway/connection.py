@@ -93,17 +93,15 @@ async def _serve(
             await run_edge(gateway, handshake, principal, send, close, receive)
             await close(None)
             return
-        if handshake.subscription_ids:
-            await serve_multiplexed(gateway, handshake, principal, send, close, receive)
-            return
-        # the client's connection place first: a refused connection must not have touched the claim
-        # of an older one of the same subscription
+        # the client's connection place first: a refused connection must not have touched the claims
+        # of older ones of the same subscriptions
         client = gateway.hub.quotas.connect(principal.identity)
     except ProtocolError as exc:
         await close(exc.to_json())
         return
+    serve = serve_multiplexed if handshake.subscription_ids else _serve_session
     try:
-        await _serve_session(gateway, handshake, principal, client, send, close, receive)
+        await serve(gateway, handshake, principal, client, send, close, receive)
     finally:
         gateway.hub.quotas.disconnect(client)
 

@@ -19,29 +19,12 @@ from veil.security.identity import Principal
 
 
 async def serve_multiplexed(
-    gateway: Gateway, handshake: Handshake, principal: Principal, send: Send, close: Close, receive: Receive
-) -> None:
-    """Serve a connection that named several subscriptions, until the client leaves or none is left.
-    Whatever ends it (the client, an error, the gateway stopping), its claims and its place in its
-    client's connection count are given back."""
-    quotas = gateway.hub.quotas
-    try:
-        # the client's connection place first: a refused connection must not have touched the claims
-        # of older ones of the same subscriptions
-        client = quotas.connect(principal.identity)
-    except ProtocolError as exc:
-        await close(exc.to_json())
-        return
-    try:
-        await _serve_admitted(gateway, handshake, principal, client, send, close, receive)
-    finally:
-        quotas.disconnect(client)
-
-
-async def _serve_admitted(
     gateway: Gateway, handshake: Handshake, principal: Principal, client: Client, send: Send, close: Close,
     receive: Receive,
 ) -> None:  # fmt: skip
+    """Serve a connection that named several subscriptions, in `client`'s connection place, until the
+    client leaves or none is left. Whatever ends it (the client, an error, the gateway stopping), its
+    claims are given back."""
     try:
         admitted = await admit(gateway, handshake, principal)
     except ProtocolError as exc:
