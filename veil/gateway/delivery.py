@@ -290,14 +290,14 @@ class DeliveryHub:
         previous = self.holders.get(sub_id)
         if previous is None:
             return True
-        if previous.number_of(sub_id) > number:
+        held = previous.number_of(sub_id)
+        if held > number:
             return False
+        previous.let_go(sub_id)
         # a holder of an earlier subscription of the id learns only that its own is gone, not that the
         # id was taken again and connected
-        older = previous.number_of(sub_id) < number
-        previous.let_go(sub_id)
         replaced = ProtocolError("subscriptionId", "replaced by a newer connection", 409)
-        reason = (unknown("subscription") if older else replaced).to_json()
+        reason = (unknown("subscription") if held < number else replaced).to_json()
         ending = asyncio.ensure_future(previous.end(sub_id, reason))
         self._ending.add(ending)
         ending.add_done_callback(self._ending.discard)
