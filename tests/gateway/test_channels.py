@@ -236,10 +236,10 @@ async def test_a_connection_that_a_store_error_ends_gives_back_its_claims_and_it
     writer.write(orjson.dumps({**handshake, "authHash": ALICE}) + b"\n")
     try:
         async with asyncio.timeout(5):
-            while await reader.read(65536):
-                pass
+            lines = (await reader.read()).splitlines()
     finally:
         writer.close()
+    assert orjson.loads(lines[-1])["status"] == 503  # told to come back, not just cut off
     async with asyncio.timeout(5):
         while gateway.hub.quotas._clients or gateway.hub.holders or gateway.hub.quotas.queued:
             await asyncio.sleep(0.01)
@@ -313,3 +313,38 @@ async def test_a_stale_connection_never_displaces_a_newer_subscription_of_its_id
         assert gateway.hub.holders == {"x": bobs}
         with pytest.raises(TimeoutError):  # bob was told nothing: his connection goes on
             await asyncio.wait_for(reader.readline(), 0.3)
+
+
+async def test_a_gateway_starting_under_a_running_ones_id_is_refused(gateway, monkeypatch):
+    """Each would drop the other's claims: the second is refused while the first renews its row."""
+    store, name = gateway.threads.store, gateway.config.gateway_name
+    monkeypatch.setattr(membership, "WATCH", 0.05)
+    store.renew_gateway(name, 0)
+    running = asyncio.create_task(renew_every(store, name, 0.02))
+    try:
+        with pytest.raises(ValueError, match=f"--gateway-id {name}: a gateway of that name is running"):
+            await membership.start(gateway)
+    finally:
+        running.cancel()
+
+
+async def test_a_gateway_restarted_after_a_crash_takes_its_id_once_the_crashed_one_is_silent(gateway, monkeypatch):
+    store, name = gateway.threads.store, gateway.config.gateway_name
+    monkeypatch.setattr(membership, "WATCH", 0.05)
+    monkeypatch.setattr(membership, "STALE", 0.5)
+    store.put_subscription("crashed", "alice", encode_subscription([]))
+    number = store.subscription_number("crashed")
+    store.renew_gateway(name, 0)
+    now = time.time()
+    assert store.claim_subscriptions(["crashed"], [number], name, now, now - 10) is None
+    started = time.monotonic()
+    await membership.start(gateway)
+    assert 0.3 < time.monotonic() - started < 5
+    now = time.time()
+    assert store.claim_subscriptions(["crashed"], [number], "elsewhere", now, now - 10) is None  # dropped
+
+
+async def renew_every(store, name: str, seconds: float) -> None:
+    while True:
+        await asyncio.sleep(seconds)
+        store.renew_gateway(name, 0)

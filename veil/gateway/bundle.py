@@ -332,11 +332,11 @@ class Bundle:
             self.live[places[~full & ~cut]] = True
             self.hub.taking(self.numbers[places[~full & ~cut]], self.key, True)
 
-    async def close(self) -> None:
+    async def close(self, error: bytes | None = None) -> None:
         self.closed = True
         self._wake.set()
         with contextlib.suppress(Exception):
-            await self._close(None)
+            await self._close(error)
 
 
 def _lines(

@@ -5,7 +5,10 @@ broker pushes to it."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable
+
+from veil.protocol import ProtocolError
 
 Send = Callable[[list[bytes]], Awaitable[None]]
 """Send frames (delivery lines or messages) in order, waiting while the client is slow to take them."""
@@ -13,6 +16,17 @@ Close = Callable[[bytes | None], Awaitable[None]]
 """Close the connection, after sending an error document when one is given."""
 Receive = Callable[[], Awaitable[bytes | str | None]]
 """The client's next message, or None when the client is done."""
+
+# what a client is told when the gateway fails serving it (a store error): its own mistakes it is told
+# as such, this one only that reconnecting later is worth it
+FAILED = ProtocolError("", "the broker could not serve this connection (its store failed); reconnect later", 503)
+
+
+def failure_line(exc: Exception) -> bytes | None:
+    """The line a connection that `exc` ends closes with: none when the client is gone."""
+    if isinstance(exc, ConnectionError | ssl.SSLError | asyncio.IncompleteReadError):
+        return None
+    return FAILED.to_json()
 
 
 async def read_while(work: asyncio.Task[None], receive: Receive, on_message: Callable[[bytes | str], None]) -> None:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 import time
 
 from veil.gateway import membership, memory
-from veil.gateway.channel import Close, Receive, Send, read_while
+from veil.gateway.channel import Close, Receive, Send, failure_line, read_while
 from veil.gateway.context import Gateway
 from veil.gateway.delivery import Session
 from veil.gateway.edge import run_edge
@@ -24,6 +25,7 @@ from veil.protocol.errors import unknown
 from veil.security.identity import Credentials, Principal
 from veil.security.tls import fingerprint
 
+log = logging.getLogger("veil.gateway")
 MAX_LINE = 64 * 1024
 
 
@@ -78,6 +80,13 @@ async def serve_connection(
     watched = gateway.credentials.watch(credentials, principal.identity, close)
     try:
         await _serve(gateway, parsed, principal, send, close, receive)
+    except Exception as exc:
+        line = failure_line(exc)
+        if line is None:
+            raise  # the client went: nobody to tell
+        log.exception("serving a delivery connection failed; its client is told to reconnect")
+        with contextlib.suppress(ConnectionError, ssl.SSLError):
+            await close(line)
     finally:
         gateway.credentials.forget(watched)
         if expiry is not None:

@@ -4,7 +4,8 @@ connected through two gateways at once is refused on the second. A gateway silen
 counts as gone: its claims lapse (its subscribers may reconnect elsewhere) and compaction stops
 keeping feed rows for it. A live gateway's claims never lapse: a release that fails is retried with
 the renewals, and a gateway starting under the name of one that stopped without leaving (a crash)
-drops that one's claims first."""
+drops that one's claims first, once that one has been silent for STALE seconds; one starting under the
+name of a gateway still renewing is refused (each would drop the other's claims)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,29 @@ log = logging.getLogger("veil.gateway")
 RENEW = 2.0  # seconds between renewals
 STALE = 10.0  # seconds without one after which a gateway counts as gone
 RELEASES_PER_RENEWAL = 64  # failed releases made again after each renewal
+WATCH = 0.5  # seconds between looks at a namesake's row
 
 
 async def start(gateway: Gateway) -> None:
+    await _outlive_namesake(gateway)
     await leave(gateway)
     await join(gateway)
+
+
+async def _outlive_namesake(gateway: Gateway) -> None:
+    """Wait until a gateway of this name that renewed its row less than STALE seconds ago counts as
+    gone; ValueError if it renews again meanwhile (it is running)."""
+    threads, name = gateway.threads, gateway.config.gateway_name
+    seen = await threads.read(threads.store.gateway_seen, name)
+    while seen is not None and time.time() - seen < STALE:
+        await asyncio.sleep(WATCH)
+        again = await threads.read(threads.store.gateway_seen, name)
+        if again is not None and again != seen:
+            raise ValueError(
+                f"--gateway-id {name}: a gateway of that name is running on this store (it renewed its row "
+                f"{time.time() - again:.1f} s ago); give each gateway its own id"
+            )
+        seen = again
 
 
 async def join(gateway: Gateway) -> None:

@@ -9,7 +9,7 @@ import ssl
 
 from veil.gateway import membership
 from veil.gateway.bundle import Bundle
-from veil.gateway.channel import Close, Receive, Send, read_while
+from veil.gateway.channel import Close, Receive, Send, failure_line, read_while
 from veil.gateway.context import Gateway
 from veil.gateway.quotas import Client
 from veil.gateway.subscriber import Admitted, admit
@@ -31,13 +31,17 @@ async def serve_multiplexed(
         await close(exc.to_json())
         return
     bundle: Bundle | None = None
+    ending: bytes | None = None
     try:
         bundle = Bundle(gateway.hub, handshake, admitted, send, close, client)
         await _deliver(gateway, bundle, admitted, receive)
+    except Exception as exc:
+        ending = failure_line(exc)
+        raise
     finally:
         await _release(gateway, admitted)  # (a claim taken since by a newer connection is not this one's)
         if bundle is not None:
-            await bundle.close()
+            await bundle.close(ending)
 
 
 async def _deliver(gateway: Gateway, bundle: Bundle, admitted: list[Admitted], receive: Receive) -> None:

@@ -373,6 +373,10 @@ class GatewayStore(LogReader):
         """The feed seq every gateway renewed since `alive_since` (unix seconds) has fanned out."""
 
     @abstractmethod
+    def gateway_seen(self, gateway: str) -> float | None:
+        """When `gateway` last renewed its row (unix seconds), None if it has none."""
+
+    @abstractmethod
     def leave(self, gateway: str) -> None:
         """A gateway stops: its feed position and its connections' claims go."""
 

@@ -26,6 +26,11 @@ class GatewaySql(Dialect):
                 "SELECT COALESCE(MIN(fanned_out), 0) FROM gateways WHERE seen >= ?", (alive_since,)
             ).fetchone()[0]
 
+    def gateway_seen(self, gateway: str) -> float | None:
+        with self._read() as db:
+            row = db.execute("SELECT seen FROM gateways WHERE gateway = ?", (gateway,)).fetchone()
+        return None if row is None else row[0]
+
     def leave(self, gateway: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM connections WHERE gateway = ?", (gateway,))
