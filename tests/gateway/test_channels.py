@@ -348,3 +348,38 @@ async def renew_every(store, name: str, seconds: float) -> None:
     while True:
         await asyncio.sleep(seconds)
         store.renew_gateway(name, 0)
+
+
+async def test_a_multiplexed_connection_replaced_whole_is_told_each_id_in_one_write(gateway, tcp, monkeypatch):
+    """Its ids end together: one background task and one write of every id's line, not one each."""
+    store = gateway.threads.store
+    endings: list[int] = []
+    end = Bundle.end
+
+    async def counted(bundle: Bundle, ended: list) -> None:
+        endings.append(len(ended))
+        await end(bundle, ended)
+
+    monkeypatch.setattr(Bundle, "end", counted)
+    ids = [f"whole{i}" for i in range(50)]
+    for sub_id in ids:
+        store.put_subscription(sub_id, "alice", encode_subscription([]))
+    first_reader, first = await asyncio.open_connection("127.0.0.1", tcp)
+    first.write(orjson.dumps({"subscriptionIds": ids, "authHash": ALICE}) + b"\n")
+    async with asyncio.timeout(5):
+        while any(sub_id not in gateway.hub.holders for sub_id in ids):
+            await asyncio.sleep(0.01)
+    older = gateway.hub.holders[ids[0]]
+    _, second = await asyncio.open_connection("127.0.0.1", tcp)
+    second.write(orjson.dumps({"subscriptionIds": ids, "authHash": ALICE}) + b"\n")
+    try:
+        async with asyncio.timeout(5):
+            while gateway.hub.holders[ids[0]] is older:
+                await asyncio.sleep(0.01)
+            ended = [orjson.loads(line) for line in (await first_reader.read()).splitlines()]
+        assert endings == [len(ids)]
+        assert sorted(line["subscriptionId"] for line in ended) == sorted(ids)
+        assert {(line["status"], line["error"]) for line in ended} == {(409, "replaced by a newer connection")}
+    finally:
+        first.close()
+        second.close()

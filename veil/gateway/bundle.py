@@ -28,6 +28,7 @@ import contextlib
 import itertools
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -189,15 +190,16 @@ class Bundle:
         self.open[place] = self.live[place] = False
         self.hub.leave(self, place)
 
-    async def end(self, sub_id: str, error: bytes | None) -> None:
-        """One subscription leaves the connection, with its error line naming it."""
-        self.let_go(sub_id)
-        if error is not None:
-            # the line is handed to the transport; waiting for a client that does not read would hold
-            # up whoever ends the subscription (an unsubscription, the quarantine, another connection)
+    async def end(self, ended: Sequence[tuple[str, bytes | None]]) -> None:
+        """Subscriptions leave the connection, each with its error line naming it, in one write."""
+        for sub_id, _ in ended:
+            self.let_go(sub_id)
+        lines = [error[:-1] + b',"subscriptionId":' + orjson.dumps(sub_id) + b"}" for sub_id, error in ended if error]
+        if lines:
+            # the lines are handed to the transport; waiting for a client that does not read would hold
+            # up whoever ends the subscriptions (an unsubscription, the quarantine, another connection)
             with contextlib.suppress(Exception):
-                line = error[:-1] + b',"subscriptionId":' + orjson.dumps(sub_id) + b"}"
-                await asyncio.wait_for(self._send([line]), END_LINE_WAIT)
+                await asyncio.wait_for(self._send(lines), END_LINE_WAIT)
         if not self.open.any():
             self.closed = True
             self._wake.set()

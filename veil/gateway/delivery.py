@@ -20,6 +20,7 @@ import itertools
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -220,8 +221,10 @@ class Session:
         self.closed = True
         self.hub.detach(self)
 
-    async def end(self, sub_id: str, error: bytes | None) -> None:
-        """The subscription leaves this connection (the hub's call for a session or a bundle alike)."""
+    async def end(self, ended: Sequence[tuple[str, bytes | None]]) -> None:
+        """The subscription leaves this connection (the hub's call for a session or a bundle alike:
+        a session has one, so `ended` names it once)."""
+        ((sub_id, error),) = ended
         self.let_go(sub_id)
         await self.close(error)
 
@@ -256,7 +259,7 @@ class DeliveryHub:
     async def attach(self, session: Session) -> None:
         """Deliver the session's subscription through it from now on (not if a newer subscription of
         its id is connected here: the caller's check of the number finds it gone)."""
-        if not self._replace(session.sub_id, session.number):
+        if not self._replace([session.sub_id], [session.number])[0]:
             return
         self.holders[session.sub_id] = session
         self._by_number[session.number] = session
@@ -269,8 +272,7 @@ class DeliveryHub:
         """Deliver the bundle's subscriptions through it from now on (but those of which a newer
         subscription of the id is connected here: the caller's check of the numbers finds them gone).
         Nothing is awaited: no other connection attaches or ends in the middle."""
-        numbers = bundle.numbers.tolist()
-        kept = [self._replace(sub_id, number) for sub_id, number in zip(bundle.ids, numbers, strict=True)]
+        kept = self._replace(bundle.ids, bundle.numbers.tolist())
         for sub_id, keep in zip(bundle.ids, kept, strict=True):
             if keep:
                 self.holders[sub_id] = bundle
@@ -283,25 +285,29 @@ class DeliveryHub:
         self._bundle_of[attached] = bundle.key
         self._place[attached] = places
 
-    def _replace(self, sub_id: str, number: int) -> bool:
-        """Make room for a new connection of the subscription: its previous connection here lets go of
-        it at once, and is told why in the background (a client that does not read could hold up the
-        attach; nothing may attach meanwhile). False if the one connected is of a newer subscription."""
-        previous = self.holders.get(sub_id)
-        if previous is None:
-            return True
-        held = previous.number_of(sub_id)
-        if held > number:
-            return False
-        previous.let_go(sub_id)
-        # a holder of an earlier subscription of the id learns only that its own is gone, not that the
-        # id was taken again and connected
-        replaced = ProtocolError("subscriptionId", "replaced by a newer connection", 409)
-        reason = (unknown("subscription") if held < number else replaced).to_json()
-        ending = asyncio.ensure_future(previous.end(sub_id, reason))
-        self._ending.add(ending)
-        ending.add_done_callback(self._ending.discard)
-        return True
+    def _replace(self, sub_ids: Sequence[str], numbers: Sequence[int]) -> list[bool]:
+        """Make room for a new connection of these subscriptions: their previous connections here let
+        go of them at once, and are told why in the background, one task and one write each (a client
+        that does not read could hold up the attach; nothing may attach meanwhile). False for an id
+        whose connection here is of a newer subscription."""
+        kept, endings = [], {}
+        for sub_id, number in zip(sub_ids, numbers, strict=True):
+            previous = self.holders.get(sub_id)
+            held = -1 if previous is None else previous.number_of(sub_id)
+            kept.append(held <= number)
+            if previous is None or held > number:
+                continue
+            previous.let_go(sub_id)
+            # a holder of an earlier subscription of the id learns only that its own is gone, not that
+            # the id was taken again and connected
+            replaced = ProtocolError("subscriptionId", "replaced by a newer connection", 409)
+            reason = (unknown("subscription") if held < number else replaced).to_json()
+            endings.setdefault(id(previous), (previous, []))[1].append((sub_id, reason))
+        for previous, ended in endings.values():
+            ending = asyncio.ensure_future(previous.end(ended))
+            self._ending.add(ending)
+            ending.add_done_callback(self._ending.discard)
+        return kept
 
     def detach(self, session: Session) -> None:
         if self.holders.get(session.sub_id) is session:
@@ -383,7 +389,7 @@ class DeliveryHub:
     async def kick(self, sub_id: str, reason: bytes) -> None:
         holder = self.holders.get(sub_id)
         if holder is not None:
-            await holder.end(sub_id, reason)
+            await holder.end([(sub_id, reason)])
 
     def save_cursor(self, number: int, pub: int) -> None:
         """(Saved unless the subscription has gone meanwhile: the store keeps only live numbers' cursors.)"""

@@ -52,9 +52,8 @@ async def _deliver(gateway: Gateway, bundle: Bundle, admitted: list[Admitted], r
         # an unsubscription that ran before the attach found nothing to end (the id may be taken again since)
         numbers = await threads.read(threads.store.live_numbers, bundle.ids)
         gone = [a for a, now in zip(admitted, numbers, strict=True) if now != a.number]
-        for a in gone:
-            await bundle.end(a.sub_id, unknown("subscription").to_json())
         if gone:  # a subscription taken since under the id is its new owner's to connect anywhere
+            await bundle.end([(a.sub_id, unknown("subscription").to_json()) for a in gone])
             await _release(gateway, gone)
         pusher = asyncio.create_task(bundle.run())
 
