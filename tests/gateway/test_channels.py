@@ -3,6 +3,7 @@
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -13,6 +14,7 @@ import pytest
 from tests.gateway.conftest import ALICE, BOB
 from veil.gateway import bundle as bundle_module
 from veil.gateway import membership
+from veil.gateway import tcp as tcp_module
 from veil.gateway.bundle import Bundle
 from veil.gateway.subscriber import Admitted
 from veil.gateway.tcp import start_tcp
@@ -383,3 +385,33 @@ async def test_a_multiplexed_connection_replaced_whole_is_told_each_id_in_one_wr
     finally:
         first.close()
         second.close()
+
+
+async def test_a_client_that_half_closes_and_never_reads_is_cut_off(gateway, tcp, monkeypatch):
+    """The gateway would otherwise keep its socket, and what waits to be written to it, for as long
+    as the client reads nothing."""
+    monkeypatch.setattr(tcp_module, "CLOSE_WAIT", 0.2)
+    store = gateway.threads.store
+    store.put_subscription("half", "alice", encode_subscription([]))
+    pubs = store.append_publications([Publication(b'{"pad":"%s"}' % (b"x" * 100_000), "bob") for _ in range(100)])
+    store.record_deliveries(np.full(len(pubs), store.subscription_number("half")), np.array(pubs), max(pubs))
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", tcp))
+    _, writer = await asyncio.open_connection(sock=sock)
+    writer.write(orjson.dumps({"subscriptionId": "half", "authHash": ALICE}) + b"\n")
+
+    def serving() -> int:
+        return sum(task.get_coro().__qualname__ == "start_tcp.<locals>.handle" for task in asyncio.all_tasks())
+
+    try:
+        async with asyncio.timeout(5):
+            while not serving():
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.5)  # what the client does not read piles up in the gateway's socket
+            writer.write_eof()
+            while serving():
+                await asyncio.sleep(0.01)
+    finally:
+        writer.close()

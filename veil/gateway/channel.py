@@ -17,6 +17,7 @@ Close = Callable[[bytes | None], Awaitable[None]]
 Receive = Callable[[], Awaitable[bytes | str | None]]
 """The client's next message, or None when the client is done."""
 
+CLOSE_WAIT = 5.0  # seconds a closed connection's client has to take what was written before it is cut
 # what a client is told when the gateway fails serving it (a store error): its own mistakes it is told
 # as such, this one only that reconnecting later is worth it
 FAILED = ProtocolError("", "the broker could not serve this connection (its store failed); reconnect later", 503)

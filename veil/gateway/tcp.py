@@ -4,9 +4,9 @@ line out; optional acknowledgement lines back."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
 
+from veil.gateway.channel import CLOSE_WAIT
 from veil.gateway.connection import MAX_LINE, serve_connection
 from veil.gateway.context import Gateway
 from veil.protocol import ProtocolError
@@ -24,8 +24,12 @@ async def start_tcp(gateway: Gateway, host: str, port: int, context: ssl.SSLCont
         finally:
             gateway.admission.settle(writer)
             writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            try:  # a client that reads nothing gets no say in when its socket goes
+                await asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT)
+            except TimeoutError:
+                writer.transport.abort()
+            except Exception:
+                pass  # gone already, however it went
 
     return await asyncio.start_server(handle, host, port, ssl=context, limit=MAX_LINE)
 

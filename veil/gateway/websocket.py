@@ -8,6 +8,7 @@ import contextlib
 
 from aiohttp import WSMsgType, web
 
+from veil.gateway.channel import CLOSE_WAIT
 from veil.gateway.connection import MAX_LINE, serve_connection
 from veil.gateway.context import GATEWAY, Gateway
 from veil.gateway.errors import errors
@@ -30,7 +31,13 @@ async def handle(request: web.Request) -> web.StreamResponse:
             await _serve(gateway, ws, certificate_of(request), request.protocol)
     finally:
         gateway.admission.settle(request.protocol)
-        await ws.close()
+        transport = request.transport
+        try:
+            async with asyncio.timeout(CLOSE_WAIT):
+                await ws.close()
+        except TimeoutError:  # a client that reads nothing gets no say in when it goes
+            if transport is not None:
+                transport.abort()
     return ws
 
 
