@@ -102,7 +102,7 @@ async def test_a_multiplexed_connection_writes_each_publication_once_with_its_su
             (second, ["m2"], {"n": 2}),
         ]
         writer.write(orjson.dumps({"ack": second}) + b"\n")  # covers all three
-        await gateway.hub.kick("m2", b'{"error":"unsubscribed","field":"subscriptionId","status":404}')
+        gateway.hub.kick("m2", b'{"error":"unsubscribed","field":"subscriptionId","status":404}')
         ended = orjson.loads(await asyncio.wait_for(reader.readline(), 5))
         assert ended["subscriptionId"] == "m2" and set(gateway.hub.holders) == {"m1", "m3"}
         await gateway.hub.flush_cursors()

@@ -114,7 +114,7 @@ class Background:
             self._quarantine_seq = record.seq
             if record.kind == KIND_SUBSCRIBE and record.sub_id is not None:
                 reason = ProtocolError("subscriptionId", f"quarantined by the broker: {record.error}", 422)
-                await self.gateway.hub.kick(record.sub_id, reason.to_json())
+                self.gateway.hub.kick(record.sub_id, reason.to_json())
 
     async def _tick_when_due(self) -> None:
         """A top-k/w window whose best publication expires promotes the next one at that moment,

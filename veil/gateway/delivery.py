@@ -235,7 +235,7 @@ class DeliveryHub:
         self.poll_interval = poll_interval
         self.quotas = quotas or Quotas(UNLIMITED, UNLIMITED, UNLIMITED)
         self.holders: dict[str, Session | Bundle] = {}  # connected subscriptions, by id
-        self._ending: set[asyncio.Future[None]] = set()  # replaced connections being told so
+        self._ending: set[asyncio.Future[None]] = set()  # connections being told that they end
         self._by_number: dict[int, Session] = {}
         self._bundles: dict[int, Bundle] = {}
         # indexed by subscription number: connected here; the key of its bundle (-1: a session of its
@@ -304,10 +304,13 @@ class DeliveryHub:
             reason = (unknown("subscription") if held < number else replaced).to_json()
             endings.setdefault(id(previous), (previous, []))[1].append((sub_id, reason))
         for previous, ended in endings.values():
-            ending = asyncio.ensure_future(previous.end(ended))
-            self._ending.add(ending)
-            ending.add_done_callback(self._ending.discard)
+            self._end_in_background(previous, ended)
         return kept
+
+    def _end_in_background(self, holder: Session | Bundle, ended: list[tuple[str, bytes | None]]) -> None:
+        ending = asyncio.ensure_future(holder.end(ended))
+        self._ending.add(ending)
+        ending.add_done_callback(self._ending.discard)
 
     def detach(self, session: Session) -> None:
         if self.holders.get(session.sub_id) is session:
@@ -386,10 +389,13 @@ class DeliveryHub:
             self._bundle_of = np.concatenate([self._bundle_of, np.full(size - len(self._bundle_of), -1, np.int64)])
             self._place = np.concatenate([self._place, np.zeros(size - len(self._place), np.int64)])
 
-    async def kick(self, sub_id: str, reason: bytes) -> None:
+    def kick(self, sub_id: str, reason: bytes) -> None:
+        """The subscription is delivered here no more, at once; its connection is told `reason` in the
+        background (an unsubscription or the quarantine is not held up by a client that does not read)."""
         holder = self.holders.get(sub_id)
         if holder is not None:
-            await holder.end([(sub_id, reason)])
+            holder.let_go(sub_id)
+            self._end_in_background(holder, [(sub_id, reason)])
 
     def save_cursor(self, number: int, pub: int) -> None:
         """(Saved unless the subscription has gone meanwhile: the store keeps only live numbers' cursors.)"""

@@ -155,7 +155,7 @@ async def unsubscribe(request: web.Request) -> web.Response:
     req = parse_unsubscribe(await body_of(gateway, request), gateway.limits)
     owner = client_of(gateway, request, req.auth_hash)
     await gateway.threads.write(gateway.threads.store.remove_subscription, req.subscription_id, owner)
-    await gateway.hub.kick(req.subscription_id, ProtocolError("subscriptionId", "unsubscribed", 410).to_json())
+    gateway.hub.kick(req.subscription_id, ProtocolError("subscriptionId", "unsubscribed", 410).to_json())
     return json_response({"subscriptionId": req.subscription_id})
 
 
