@@ -2,7 +2,9 @@
 (which needs the log, not the pipeline)."""
 
 import asyncio
+import base64
 import contextlib
+import os
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -10,17 +12,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import numpy as np
 import orjson
 import pytest
+from aiohttp import web
 
 from tests.gateway.conftest import ALICE, BOB
 from veil.gateway import bundle as bundle_module
 from veil.gateway import membership
 from veil.gateway import tcp as tcp_module
+from veil.gateway import websocket as websocket_module
 from veil.gateway.bundle import Bundle
 from veil.gateway.subscriber import Admitted
 from veil.gateway.tcp import start_tcp
+from veil.gateway.websocket import create_ws_app
 from veil.matching.stored import encode_subscription
 from veil.protocol import Handshake
-from veil.store import Publication
+from veil.store import Publication, StoreUnavailable
 
 Until = Callable[[Callable[[], bool]], Awaitable[None]]
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # the loop the fixtures run on
@@ -230,7 +235,7 @@ async def test_a_connection_that_a_store_error_ends_gives_back_its_claims_and_it
     numbers = [store.subscription_number("f1"), store.subscription_number("f2")]
 
     def fail(*args: object) -> None:
-        raise RuntimeError("the store went away")
+        raise StoreUnavailable("the store went away")
 
     for method in failing:
         monkeypatch.setattr(store, method, fail)
@@ -246,7 +251,7 @@ async def test_a_connection_that_a_store_error_ends_gives_back_its_claims_and_it
         while gateway.hub.quotas._clients or gateway.hub.holders or gateway.hub.quotas.queued:
             await asyncio.sleep(0.01)
     now = time.time()
-    store.renew_gateway(gateway.config.gateway_name, 0)  # this gateway is alive: a claim of it would hold
+    store.renew_gateway(gateway.config.gateway_name, gateway.incarnation, 0)  # this gateway is alive: a claim of it would hold
     assert store.claim_subscriptions(["f1", "f2"], numbers, "elsewhere", now, now - 10) is None
 
 
@@ -258,7 +263,7 @@ async def test_a_connection_refused_at_the_clients_limit_leaves_the_older_ones_c
         refused = await exchange(tcp, {"subscriptionId": "c1", "authHash": ALICE})
         assert refused[0]["status"] == 429
         now = time.time()
-        store.renew_gateway(gateway.config.gateway_name, 0)
+        store.renew_gateway(gateway.config.gateway_name, gateway.incarnation, 0)
         held = store.claim_subscriptions(["c1"], [store.subscription_number("c1")], "elsewhere", now, now - 10)
         assert held == ("c1", gateway.config.gateway_name)  # the older connection still holds it
 
@@ -318,38 +323,74 @@ async def test_a_stale_connection_never_displaces_a_newer_subscription_of_its_id
 
 
 async def test_a_gateway_starting_under_a_running_ones_id_is_refused(gateway, monkeypatch):
-    """Each would drop the other's claims: the second is refused while the first renews its row."""
+    """Each would drop the other's claims: the second is refused while the first renews its row, and
+    the first keeps its row and claims."""
     store, name = gateway.threads.store, gateway.config.gateway_name
     monkeypatch.setattr(membership, "WATCH", 0.05)
-    store.renew_gateway(name, 0)
-    running = asyncio.create_task(renew_every(store, name, 0.02))
+    store.put_subscription("running", "alice", encode_subscription([]))
+    number, now = store.subscription_number("running"), time.time()
+    store.take_over_gateway(name, "running", 0)
+    assert store.claim_subscriptions(["running"], [number], name, now, now - 10) is None
+    renewing = asyncio.create_task(renew_every(store, name, "running", 0.02))
     try:
         with pytest.raises(ValueError, match=f"--gateway-id {name}: a gateway of that name is running"):
             await membership.start(gateway)
     finally:
-        running.cancel()
+        renewing.cancel()
+    assert store.gateway_row(name)[1] == "running"
+    assert store.claim_subscriptions(["running"], [number], "elsewhere", now, now - 10) == ("running", name)
 
 
-async def test_a_gateway_restarted_after_a_crash_takes_its_id_once_the_crashed_one_is_silent(gateway, monkeypatch):
+async def test_a_gateway_restarted_after_a_crash_takes_its_id_once_the_crashed_ones_row_stays_still(
+    gateway, monkeypatch
+):
+    """Watched by the starting gateway's own clock: a crashed namesake whose clock ran ahead is not waited
+    for longer."""
     store, name = gateway.threads.store, gateway.config.gateway_name
     monkeypatch.setattr(membership, "WATCH", 0.05)
-    monkeypatch.setattr(membership, "STALE", 0.5)
+    monkeypatch.setattr(membership, "WATCH_FOR", 0.5)
     store.put_subscription("crashed", "alice", encode_subscription([]))
     number = store.subscription_number("crashed")
-    store.renew_gateway(name, 0)
+    store.take_over_gateway(name, "crashed", 0)
     now = time.time()
     assert store.claim_subscriptions(["crashed"], [number], name, now, now - 10) is None
+    monkeypatch.setattr(time, "time", lambda real=time.time: real() + 30)  # the crashed one's clock was ahead
+    store.renew_gateway(name, "crashed", 0)
+    monkeypatch.undo()
+    monkeypatch.setattr(membership, "WATCH", 0.05)
+    monkeypatch.setattr(membership, "WATCH_FOR", 0.5)
     started = time.monotonic()
     await membership.start(gateway)
-    assert 0.3 < time.monotonic() - started < 5
+    assert 0.4 < time.monotonic() - started < 3
     now = time.time()
     assert store.claim_subscriptions(["crashed"], [number], "elsewhere", now, now - 10) is None  # dropped
+    assert store.gateway_row(name)[1] == gateway.incarnation
 
 
-async def renew_every(store, name: str, seconds: float) -> None:
+async def test_a_gateway_whose_id_another_took_over_stops(gateway, monkeypatch):
+    """Two started at once, or this one silent too long: the one that finds its name taken stops, and
+    its leaving drops nothing of the other's."""
+    store, name = gateway.threads.store, gateway.config.gateway_name
+    monkeypatch.setattr(membership, "RENEW", 0.01)
+    store.put_subscription("other", "alice", encode_subscription([]))
+    number, now = store.subscription_number("other"), time.time()
+    store.take_over_gateway(name, "the other", 0)
+    assert store.claim_subscriptions(["other"], [number], name, now, now - 10) is None
+    async with asyncio.timeout(5):
+        await membership.stay_alive(gateway)
+    assert gateway.replaced.is_set() and gateway.stop.is_set()
+    await membership.leave(gateway)
+    assert store.gateway_row(name)[1] == "the other"
+    assert store.claim_subscriptions(["other"], [number], "elsewhere", now, now - 10) == ("other", name)
+    gateway.replaced.clear()
+    gateway.stop.clear()
+    store.take_over_gateway(name, gateway.incarnation, 0)
+
+
+async def renew_every(store, name: str, incarnation: str, seconds: float) -> None:
     while True:
         await asyncio.sleep(seconds)
-        store.renew_gateway(name, 0)
+        store.renew_gateway(name, incarnation, 0)
 
 
 async def test_a_multiplexed_connection_replaced_whole_is_told_each_id_in_one_write(gateway, tcp, monkeypatch):
@@ -391,27 +432,95 @@ async def test_a_client_that_half_closes_and_never_reads_is_cut_off(gateway, tcp
     """The gateway would otherwise keep its socket, and what waits to be written to it, for as long
     as the client reads nothing."""
     monkeypatch.setattr(tcp_module, "CLOSE_WAIT", 0.2)
+    writer = await flooded(gateway, "half", tcp, {"subscriptionId": "half", "authHash": ALICE})
+    try:
+        writer.write_eof()
+        await until_cut_off(gateway, tcp)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("ids", [["kicked"], ["kicked", "kicked2"]])
+async def test_a_connection_the_gateway_ends_is_cut_off_when_its_client_reads_nothing(gateway, tcp, monkeypatch, ids):
+    """Its unsubscribed client's push waits for it: the connection, its socket and its place in its
+    client's connections would stay as long as it reads nothing."""
+    monkeypatch.setattr(tcp_module, "CLOSE_WAIT", 0.2)
+    handshake = {"subscriptionIds": ids} if len(ids) > 1 else {"subscriptionId": ids[0]}
+    writer = await flooded(gateway, ids, tcp, {**handshake, "authHash": ALICE})
+    try:
+        for sub_id in ids:
+            gateway.hub.kick(sub_id, b'{"error":"unsubscribed","field":"subscriptionId","status":410}')
+        await until_cut_off(gateway, tcp)
+    finally:
+        writer.close()
+
+
+async def test_a_websocket_client_that_closes_and_never_reads_is_cut_off(gateway, monkeypatch):
+    """aiohttp answers a client's close and closes its transport, which waits for the client to read
+    what was written: the socket would stay, though the connection gave back its place."""
+    monkeypatch.setattr(websocket_module, "CLOSE_WAIT", 0.2)
+    runner = web.AppRunner(create_ws_app(gateway), handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    key = base64.b64encode(os.urandom(16)).decode()
+    upgrade = (
+        f"GET / HTTP/1.1\r\nHost: veil\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    handshake = orjson.dumps({"subscriptionId": "wsclose", "authHash": ALICE})
+    writer = await flooded(gateway, "wsclose", port, upgrade.encode() + ws_frame(0x1, handshake))
+    try:
+        writer.write(ws_frame(0x8, (1000).to_bytes(2, "big")))
+        await until_cut_off(gateway, port)
+    finally:
+        writer.close()
+        await runner.cleanup()
+
+
+async def flooded(
+    gateway, ids: str | list[str], port: int, handshake: dict | bytes
+) -> asyncio.StreamWriter:
+    """A connection of a client that reads nothing, once its subscriptions' backlog of 10 MB (more
+    than the sockets hold) fills what waits to be written to it."""
     store = gateway.threads.store
-    store.put_subscription("half", "alice", encode_subscription([]))
+    ids = [ids] if isinstance(ids, str) else ids
+    for sub_id in ids:
+        store.put_subscription(sub_id, "alice", encode_subscription([]))
     pubs = store.append_publications([Publication(b'{"pad":"%s"}' % (b"x" * 100_000), "bob") for _ in range(100)])
-    store.record_deliveries(np.full(len(pubs), store.subscription_number("half")), np.array(pubs), max(pubs))
+    numbers = [store.subscription_number(sub_id) for sub_id in ids]
+    store.record_deliveries(np.repeat(numbers, len(pubs)), np.tile(pubs, len(ids)), max(pubs))
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", tcp))
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
     _, writer = await asyncio.open_connection(sock=sock)
-    writer.write(orjson.dumps({"subscriptionId": "half", "authHash": ALICE}) + b"\n")
+    writer.write(handshake if isinstance(handshake, bytes) else orjson.dumps(handshake) + b"\n")
+    async with asyncio.timeout(5):
+        while any(sub_id not in gateway.hub.holders for sub_id in ids):
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.5)  # what the client does not read piles up in the gateway's socket
+    return writer
 
-    def serving() -> int:
-        return sum(task.get_coro().__qualname__ == "start_tcp.<locals>.handle" for task in asyncio.all_tasks())
 
-    try:
-        async with asyncio.timeout(5):
-            while not serving():
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.5)  # what the client does not read piles up in the gateway's socket
-            writer.write_eof()
-            while serving():
-                await asyncio.sleep(0.01)
-    finally:
-        writer.close()
+async def until_cut_off(gateway, port: int) -> None:
+    """Until the gateway holds no socket on `port` (the client's stays open) and its client no place."""
+    async with asyncio.timeout(5):
+        while held_sockets(port) or gateway.hub.quotas._clients:
+            await asyncio.sleep(0.02)
+
+
+def held_sockets(port: int) -> int:
+    """The gateway's sockets on `port` that it has not closed: established, or closed by the client only."""
+    with open("/proc/net/tcp") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    return sum(int(row[1].split(":")[1], 16) == port and row[3] in ("01", "08") for row in rows)
+
+
+def ws_frame(opcode: int, payload: bytes) -> bytes:
+    """One final WebSocket frame from a client (masked, as clients' frames are)."""
+    mask = os.urandom(4)
+    size = len(payload)
+    length = bytes([0x80 | size]) if size < 126 else bytes([0x80 | 126]) + size.to_bytes(2, "big")
+    return bytes([0x80 | opcode]) + length + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))

@@ -214,7 +214,7 @@ def test_a_freed_id_taken_again_is_a_new_subscription_with_a_new_number(store):
     replaced = store.put_subscription("x", "alice", b'[["n","ge",0]]')
     assert store.subscription_number("x") == alice  # her replacement keeps its queue
     now = time.time()
-    store.renew_gateway("A", 0)
+    store.renew_gateway("A", "a1", 0)
     assert store.claim_subscriptions(["x"], [alice], "A", now, now - 10) is None  # alice's connection, through A
     store.remove_subscription("x", "alice")
     store.record_deliveries([alice], [pubs[3]], pubs[3])  # matched before the unsubscription was processed
@@ -513,8 +513,8 @@ def test_admissions_read_only_the_owners_live_subscriptions_with_refusal_and_cur
 
 
 def test_a_subscription_is_claimed_by_one_live_gateway_at_a_time(store):
-    store.renew_gateway("A", 7)
-    store.renew_gateway("B", 5)
+    store.renew_gateway("A", "a1", 7)
+    store.renew_gateway("B", "b1", 5)
     store.put_subscription("s", "o", b"[]")
     store.put_subscription("t", "o", b"[]")
     s, t = store.subscription_number("s"), store.subscription_number("t")
@@ -533,12 +533,34 @@ def test_a_subscription_is_claimed_by_one_live_gateway_at_a_time(store):
     # A counts as gone: its claim lapsed
     assert store.claim_subscriptions(["t", "s"], [t, s], "B", now + 4, now + 60) is None
     assert store.fanned_out(now + 60) == 0
-    store.leave("B")
+    store.leave("B", "b1")
     assert store.claim_subscriptions(["s", "t"], [s, t], "A", now + 5, now - 10) is None
     store.remove_subscription("s", "o")
     store.put_subscription("s", "o", b"[]")  # its owner's new subscription of the id
     assert store.claim_subscriptions(["s"], [s], "B", now + 6, now - 10) == ("s", None)  # the old one's claim
     assert store.fanned_out(now - 10) == 7
+
+
+def test_a_gateways_name_is_held_by_one_process_at_a_time(store):
+    """A process that took a crashed one's name over drops its claims; the crashed one, back, can
+    neither renew the name nor, leaving, drop the new one's claims."""
+    store.put_subscription("s", "o", b"[]")
+    s, now = store.subscription_number("s"), time.time()
+    assert store.renew_gateway("A", "first", 3) and store.gateway_row("A")[1] == "first"
+    assert store.claim_subscriptions(["s"], [s], "A", now, now - 10) is None
+    store.take_over_gateway("A", "second", 4)
+    assert store.gateway_row("A")[1] == "second"
+    assert store.claim_subscriptions(["s"], [s], "B", now + 1, now - 10) is None  # the first one's claim went
+    store.release_subscriptions(["s"], "B", now + 1)
+    assert store.claim_subscriptions(["s"], [s], "A", now + 2, now - 10) is None  # the second one's
+    assert not store.renew_gateway("A", "first", 9)
+    store.leave("A", "first")
+    assert store.gateway_row("A")[1] == "second" and store.fanned_out(now - 10) == 4
+    assert store.claim_subscriptions(["s"], [s], "B", now + 3, now - 10) == ("s", "A")
+    assert store.renew_gateway("A", "second", 5)
+    store.leave("A", "second")
+    assert store.gateway_row("A") is None
+    assert store.claim_subscriptions(["s"], [s], "B", now + 4, now - 10) is None
 
 
 def test_one_pipeline_per_store_and_a_standby_takes_over(request, store):

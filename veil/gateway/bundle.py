@@ -200,9 +200,8 @@ class Bundle:
             # up whoever ends the subscriptions (an unsubscription, the quarantine, another connection)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._send(lines), END_LINE_WAIT)
-        if not self.open.any():
-            self.closed = True
-            self._wake.set()
+        if not self.open.any():  # closed now: a push waiting for a client that does not read is cut off
+            await self.close()
 
     def acknowledge(self, seq: int) -> None:
         """The client consumed the line with this seq, and so every line written before it."""
@@ -335,10 +334,12 @@ class Bundle:
             self.hub.taking(self.numbers[places[~full & ~cut]], self.key, True)
 
     async def close(self, error: bytes | None = None) -> None:
+        """(Waiting at most END_LINE_WAIT for a client that does not read: the gateway's stop is not
+        held up by it.)"""
         self.closed = True
         self._wake.set()
         with contextlib.suppress(Exception):
-            await self._close(error)
+            await asyncio.wait_for(self._close(error), END_LINE_WAIT)
 
 
 def _lines(

@@ -5,7 +5,6 @@ broker pushes to it."""
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections.abc import Awaitable, Callable
 
 from veil.protocol import ProtocolError
@@ -23,11 +22,10 @@ CLOSE_WAIT = 5.0  # seconds a closed connection's client has to take what was wr
 FAILED = ProtocolError("", "the broker could not serve this connection (its store failed); reconnect later", 503)
 
 
-def failure_line(exc: Exception) -> bytes | None:
-    """The line a connection that `exc` ends closes with: none when the client is gone."""
-    if isinstance(exc, ConnectionError | ssl.SSLError | asyncio.IncompleteReadError):
-        return None
-    return FAILED.to_json()
+def failure_line(exc: Exception, failures: tuple[type[Exception], ...]) -> bytes | None:
+    """The line a connection that `exc` ends closes with when it is one of the store's `failures`;
+    None for anything else (the client gone, or a fault of the gateway's own, which is raised)."""
+    return FAILED.to_json() if isinstance(exc, failures) else None
 
 
 async def read_while(work: asyncio.Task[None], receive: Receive, on_message: Callable[[bytes | str], None]) -> None:

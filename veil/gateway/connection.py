@@ -81,10 +81,10 @@ async def serve_connection(
     try:
         await _serve(gateway, parsed, principal, send, close, receive)
     except Exception as exc:
-        line = failure_line(exc)
+        line = failure_line(exc, gateway.threads.store.failures)
         if line is None:
-            raise  # the client went: nobody to tell
-        log.exception("serving a delivery connection failed; its client is told to reconnect")
+            raise
+        log.warning("a delivery connection ended on a store failure (%s); its client is told to reconnect", exc)
         with contextlib.suppress(ConnectionError, ssl.SSLError):
             await close(line)
     finally:

@@ -3,6 +3,8 @@ server puts in each application (`GATEWAY`): handlers read what they need from i
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -40,6 +42,10 @@ class Gateway:
     metrics_hash: str | None  # the SELIS monitoring client's authHash (None: monitoring off)
     # claims whose release failed (the store unreachable), retried with the renewals (`membership`)
     unreleased: list[tuple[list[str], float]] = field(default_factory=list)
+    # this process among those that ever held the gateway's name (`membership`)
+    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)  # set: the gateway stops (a signal, or...)
+    replaced: asyncio.Event = field(default_factory=asyncio.Event)  # ...another process took its name over
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -3,9 +3,13 @@ far it has fanned out the feed, and claims each subscription it delivers to, so 
 connected through two gateways at once is refused on the second. A gateway silent for STALE seconds
 counts as gone: its claims lapse (its subscribers may reconnect elsewhere) and compaction stops
 keeping feed rows for it. A live gateway's claims never lapse: a release that fails is retried with
-the renewals, and a gateway starting under the name of one that stopped without leaving (a crash)
-drops that one's claims first, once that one has been silent for STALE seconds; one starting under the
-name of a gateway still renewing is refused (each would drop the other's claims)."""
+the renewals.
+
+A gateway's name (--gateway-id) is held by one process at a time, its incarnation: one starting under
+the name of a gateway still renewing is refused, one starting under the name of a gateway that
+stopped without leaving (a crash) drops that one's claims and takes the name over, and a process
+that finds its name taken over (it was silent too long, or two started at once) stops: two
+processes renewing one name would each drop the other's claims."""
 
 from __future__ import annotations
 
@@ -22,40 +26,60 @@ RENEW = 2.0  # seconds between renewals
 STALE = 10.0  # seconds without one after which a gateway counts as gone
 RELEASES_PER_RENEWAL = 64  # failed releases made again after each renewal
 WATCH = 0.5  # seconds between looks at a namesake's row
+WATCH_FOR = 2 * RENEW + 1.0  # seconds a namesake's row must stay as it is for the namesake to count as gone
 
 
 async def start(gateway: Gateway) -> None:
     await _outlive_namesake(gateway)
-    await leave(gateway)
-    await join(gateway)
+    threads = gateway.threads
+    name, incarnation = gateway.config.gateway_name, gateway.incarnation
+    await threads.write(threads.store.take_over_gateway, name, incarnation, gateway.hub.last_seq)
 
 
 async def _outlive_namesake(gateway: Gateway) -> None:
-    """Wait until a gateway of this name that renewed its row less than STALE seconds ago counts as
-    gone; ValueError if it renews again meanwhile (it is running)."""
+    """A gateway of this name that renewed its row less than STALE seconds ago (by the clocks) may be
+    running: its row is watched for WATCH_FOR seconds of this machine's own clock, whatever the clocks'
+    skew. Renewed meanwhile, it is running (ValueError); not, it stopped without leaving. (A namesake
+    whose clock is behind looks gone at once: it finds its name taken over at its next renewal.)"""
     threads, name = gateway.threads, gateway.config.gateway_name
-    seen = await threads.read(threads.store.gateway_seen, name)
-    while seen is not None and time.time() - seen < STALE:
+    row = await threads.read(threads.store.gateway_row, name)
+    if row is None or time.time() - row[0] >= STALE:
+        return
+    ago = time.time() - row[0]
+    log.info("a gateway named %s renewed its row %.1f s ago: watching it for %g s", name, ago, WATCH_FOR)
+    deadline = time.monotonic() + WATCH_FOR
+    while time.monotonic() < deadline:
         await asyncio.sleep(WATCH)
-        again = await threads.read(threads.store.gateway_seen, name)
-        if again is not None and again != seen:
+        again = await threads.read(threads.store.gateway_row, name)
+        if again is not None and again != row:
             raise ValueError(
                 f"--gateway-id {name}: a gateway of that name is running on this store (it renewed its row "
-                f"{time.time() - again:.1f} s ago); give each gateway its own id"
+                f"{time.time() - again[0]:.1f} s ago); give each gateway its own id"
             )
-        seen = again
+        row = again
+        if row is None:  # it left
+            return
 
 
-async def join(gateway: Gateway) -> None:
+async def renew(gateway: Gateway) -> bool:
+    """False when another process has taken this gateway's name over."""
     threads = gateway.threads
-    await threads.write(threads.store.renew_gateway, gateway.config.gateway_name, gateway.hub.last_seq)
+    name, incarnation = gateway.config.gateway_name, gateway.incarnation
+    return await threads.write(threads.store.renew_gateway, name, incarnation, gateway.hub.last_seq)
 
 
 async def stay_alive(gateway: Gateway) -> None:
     while True:
         await asyncio.sleep(RENEW)
         try:
-            await join(gateway)
+            if not await renew(gateway):
+                log.error(
+                    "another gateway took the id %s over (this one was silent %g s, or both started at once): "
+                    "stopping", gateway.config.gateway_name, STALE,
+                )  # fmt: skip
+                gateway.replaced.set()
+                gateway.stop.set()
+                return
             await _release_again(gateway)
         except Exception:
             log.exception("renewing this gateway's row in the store, or releasing claims again, failed")
@@ -72,7 +96,7 @@ async def _release_again(gateway: Gateway) -> None:
 
 async def leave(gateway: Gateway) -> None:
     threads = gateway.threads
-    await threads.write(threads.store.leave, gateway.config.gateway_name)
+    await threads.write(threads.store.leave, gateway.config.gateway_name, gateway.incarnation)
 
 
 async def fanned_out(gateway: Gateway) -> int:

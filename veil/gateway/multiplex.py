@@ -36,7 +36,7 @@ async def serve_multiplexed(
         bundle = Bundle(gateway.hub, handshake, admitted, send, close, client)
         await _deliver(gateway, bundle, admitted, receive)
     except Exception as exc:
-        ending = failure_line(exc)
+        ending = failure_line(exc, gateway.threads.store.failures)
         raise
     finally:
         await _release(gateway, admitted)  # (a claim taken since by a newer connection is not this one's)

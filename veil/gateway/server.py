@@ -94,9 +94,9 @@ class Broker:
         threads = gateway.threads
         gateway.ingest.head = await threads.read(threads.store.head_offset)
         gateway.ingest.processed = await threads.read(threads.store.processed_offset)
-        await gateway.registry.load(config.registry)
         await gateway.hub.start()
-        await membership.start(gateway)
+        await membership.start(gateway)  # first: a gateway refused its name changes nothing
+        await gateway.registry.load(config.registry)
         if self.pipeline is not None:
             await threads.write(threads.store.expect_pipeline)  # until the new pipeline registers
 
@@ -186,12 +186,14 @@ async def serve(config: Config) -> None:
     announce_profile(config)
     memory.map_large_allocations()
     broker = Broker(config, run_pipeline=config.role == "all")
-    stop = asyncio.Event()
+    gateway = broker.gateway
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, gateway.stop.set)
     await broker.start()
-    await stop.wait()
+    await gateway.stop.wait()
     log.info("stopping")
     await broker.stop()
     log.info("stopped")
+    if gateway.replaced.is_set():
+        raise ValueError(f"--gateway-id {config.gateway_name}: another gateway took this id over; give each its own")

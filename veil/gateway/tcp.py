@@ -4,6 +4,7 @@ line out; optional acknowledgement lines back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 
 from veil.gateway.channel import CLOSE_WAIT
@@ -23,13 +24,9 @@ async def start_tcp(gateway: Gateway, host: str, port: int, context: ssl.SSLCont
             pass
         finally:
             gateway.admission.settle(writer)
-            writer.close()
-            try:  # a client that reads nothing gets no say in when its socket goes
-                await asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT)
-            except TimeoutError:
-                writer.transport.abort()
-            except Exception:
-                pass  # gone already, however it went
+            _close(writer)
+            with contextlib.suppress(Exception):  # (however it went)
+                await writer.wait_closed()
 
     return await asyncio.start_server(handle, host, port, ssl=context, limit=MAX_LINE)
 
@@ -38,7 +35,15 @@ def _refuse(writer: asyncio.StreamWriter, error: bytes) -> None:
     """Close with an error line first (unless closed already)."""
     if not writer.is_closing():
         writer.write(error + b"\n")
+    _close(writer)
+
+
+def _close(writer: asyncio.StreamWriter) -> None:
+    """Close once what was written is taken, or cut off after CLOSE_WAIT: a client that reads nothing
+    gets no say in when its socket goes (and a push waiting for it fails then, so that the connection
+    ends and gives back what it holds)."""
     writer.close()
+    asyncio.get_running_loop().call_later(CLOSE_WAIT, writer.transport.abort)
 
 
 async def _serve(gateway: Gateway, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -48,7 +53,7 @@ async def _serve(gateway: Gateway, reader: asyncio.StreamReader, writer: asyncio
 
     async def close(error: bytes | None) -> None:
         if error is None:
-            writer.close()
+            _close(writer)
         else:
             _refuse(writer, error)
 

@@ -26,19 +26,23 @@ async def handle(request: web.Request) -> web.StreamResponse:
     await ws.prepare(request)
     # upgraded, but silent until its handshake message
     gateway.admission.admit(request.protocol, lambda reason: _refuse(ws, request.transport, reason))
+    transport = request.transport
     try:
         with gateway.health.connection():
-            await _serve(gateway, ws, certificate_of(request), request.protocol)
+            await _serve(gateway, ws, certificate_of(request), request.protocol, transport)
     finally:
         gateway.admission.settle(request.protocol)
-        transport = request.transport
-        try:
-            async with asyncio.timeout(CLOSE_WAIT):
-                await ws.close()
-        except TimeoutError:  # a client that reads nothing gets no say in when it goes
-            if transport is not None:
-                transport.abort()
+        _cut_off_later(transport)
+        await ws.close()
     return ws
+
+
+def _cut_off_later(transport: asyncio.Transport | None) -> None:
+    """A closing connection's client that reads nothing gets no say in when it goes: its transport
+    is aborted after CLOSE_WAIT (aiohttp's close waits for the client to take what was written, and
+    a push waiting for it fails then, so that the connection ends and gives back what it holds)."""
+    if transport is not None:
+        asyncio.get_running_loop().call_later(CLOSE_WAIT, transport.abort)
 
 
 def _refuse(ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, reason: str) -> None:
@@ -63,12 +67,16 @@ def create_ws_app(gateway: Gateway) -> web.Application:
     return app
 
 
-async def _serve(gateway: Gateway, ws: web.WebSocketResponse, certificate: bytes | None, connection: object) -> None:
+async def _serve(
+    gateway: Gateway, ws: web.WebSocketResponse, certificate: bytes | None, connection: object,
+    transport: asyncio.Transport | None,
+) -> None:  # fmt: skip
     async def send(frames: list[bytes]) -> None:
         for payload in frames:
             await ws.send_str(payload.decode())
 
     async def close(error: bytes | None) -> None:
+        _cut_off_later(transport)
         if error is not None and not ws.closed:
             await ws.send_str(error.decode())
         await ws.close()

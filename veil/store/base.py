@@ -231,6 +231,9 @@ class LogReader(ABC):
 class GatewayStore(LogReader):
     """The gateway's part: it appends to the log, serves the queues and keeps the cursors."""
 
+    # what the store raises when it fails (not the caller): the store's condition, the client's to retry
+    failures: tuple[type[Exception], ...] = (StoreUnavailable,)
+
     @abstractmethod
     def append_publications(self, publications: list[Publication], registry: int | None = None) -> list[int]:
         """Durably append publications (one commit for all); returns their offsets. With `registry`,
@@ -364,21 +367,28 @@ class GatewayStore(LogReader):
     def batch_durations(self) -> BatchDurations: ...
 
     @abstractmethod
-    def renew_gateway(self, gateway: str, fanned_out: int) -> None:
-        """This gateway is alive (its delivery connections' claims with it) and has fanned out the feed
-        up to seq `fanned_out`."""
+    def renew_gateway(self, gateway: str, incarnation: str, fanned_out: int) -> bool:
+        """This gateway (the process `incarnation` of it) is alive, its delivery connections' claims
+        with it, and has fanned out the feed up to seq `fanned_out`. False, and nothing changes, when
+        another process has taken the name over since."""
+
+    @abstractmethod
+    def take_over_gateway(self, gateway: str, incarnation: str, fanned_out: int) -> None:
+        """A gateway starts under this name as process `incarnation`: the claims of whichever process
+        held the name before are dropped, and the name's row is this one's."""
+
+    @abstractmethod
+    def gateway_row(self, gateway: str) -> tuple[float, str] | None:
+        """When `gateway` last renewed its row (unix seconds) and which process did, None if it has none."""
 
     @abstractmethod
     def fanned_out(self, alive_since: float) -> int:
         """The feed seq every gateway renewed since `alive_since` (unix seconds) has fanned out."""
 
     @abstractmethod
-    def gateway_seen(self, gateway: str) -> float | None:
-        """When `gateway` last renewed its row (unix seconds), None if it has none."""
-
-    @abstractmethod
-    def leave(self, gateway: str) -> None:
-        """A gateway stops: its feed position and its connections' claims go."""
+    def leave(self, gateway: str, incarnation: str) -> None:
+        """A gateway stops: its feed position and its connections' claims go (unless another process
+        has taken its name over since: they are that one's)."""
 
     @abstractmethod
     def claim_subscriptions(

@@ -148,6 +148,10 @@ ALTER TABLE subscription_numbers DROP COLUMN reset;
     """
 CREATE INDEX subscriptions_owner_live ON subscriptions(owner) WHERE deleted IS NULL;
 """,
+    # the process that holds a gateway's name: a second one under the same name is found out
+    """
+ALTER TABLE gateways ADD COLUMN incarnation TEXT NOT NULL DEFAULT '';
+""",
 )
 
 
@@ -175,6 +179,7 @@ class _Connection:
 
 
 class PostgresStore(RelationalStore):
+    failures = (StoreUnavailable, psycopg.Error)
     IN_IDS = "= ANY(?::bigint[])"
     NOT_IN_IDS = "<> ALL(?::bigint[])"
     IN_NAMES = "= ANY(?::text[])"

@@ -18,11 +18,12 @@ from collections.abc import Sequence
 import numpy as np
 import orjson
 
-from veil.store.base import KIND_PUBLICATION, KIND_SUBSCRIBE, Publication, StoreMissing
+from veil.store.base import KIND_PUBLICATION, KIND_SUBSCRIBE, Publication, StoreMissing, StoreUnavailable
 from veil.store.relational import Db, RelationalStore, Transaction
 
 FAILURES = (sqlite3.OperationalError,)  # full disks, I/O errors, locks held too long
 ADDED_COLUMNS = (  # (table, column, declaration) added since the first release
+    ("gateways", "incarnation", "TEXT NOT NULL DEFAULT ''"),
     ("log", "client", "TEXT"),
     ("feed", "cropped", "INTEGER NOT NULL DEFAULT 0"),
     ("log", "time", "INTEGER"),
@@ -137,6 +138,7 @@ CREATE TABLE IF NOT EXISTS quarantine (  -- log entries the pipeline could not p
 );
 CREATE TABLE IF NOT EXISTS gateways (  -- the gateways sharing the store, while they renew their row
     gateway TEXT PRIMARY KEY,
+    incarnation TEXT NOT NULL DEFAULT '',  -- of the process that holds the name
     fanned_out INTEGER NOT NULL,  -- the feed seq it has offered to its connections
     seen REAL NOT NULL  -- unix seconds of its last renewal
 );
@@ -154,6 +156,7 @@ CREATE TABLE IF NOT EXISTS status (
 
 
 class SqliteStore(RelationalStore):
+    failures = (StoreUnavailable, sqlite3.Error)
     IN_IDS = "IN (SELECT value FROM json_each(?))"
     # numbers only grow (rows are never deleted), so the greatest plus one was never given
     NEW_NUMBER = "(SELECT MAX(no) + 1 FROM subscription_numbers)"

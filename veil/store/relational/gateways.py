@@ -12,13 +12,30 @@ from veil.store.relational.dialect import Dialect
 
 
 class GatewaySql(Dialect):
-    def renew_gateway(self, gateway: str, fanned_out: int) -> None:
+    def renew_gateway(self, gateway: str, incarnation: str, fanned_out: int) -> bool:
         with self._tx() as db:
+            renewed = db.execute(
+                "INSERT INTO gateways(gateway, incarnation, fanned_out, seen) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (gateway) DO UPDATE SET fanned_out = excluded.fanned_out, seen = excluded.seen "
+                "WHERE gateways.incarnation = excluded.incarnation RETURNING gateway",
+                (gateway, incarnation, fanned_out, time.time()),
+            ).fetchone()
+        return renewed is not None
+
+    def take_over_gateway(self, gateway: str, incarnation: str, fanned_out: int) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM connections WHERE gateway = ?", (gateway,))
             db.execute(
-                "INSERT INTO gateways(gateway, fanned_out, seen) VALUES (?, ?, ?) ON CONFLICT (gateway) "
-                "DO UPDATE SET fanned_out = excluded.fanned_out, seen = excluded.seen",
-                (gateway, fanned_out, time.time()),
+                "INSERT INTO gateways(gateway, incarnation, fanned_out, seen) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (gateway) DO UPDATE SET incarnation = excluded.incarnation, "
+                "fanned_out = excluded.fanned_out, seen = excluded.seen",
+                (gateway, incarnation, fanned_out, time.time()),
             )
+
+    def gateway_row(self, gateway: str) -> tuple[float, str] | None:
+        with self._read() as db:
+            row = db.execute("SELECT seen, incarnation FROM gateways WHERE gateway = ?", (gateway,)).fetchone()
+        return None if row is None else (row[0], row[1])
 
     def fanned_out(self, alive_since: float) -> int:
         with self._read() as db:
@@ -26,15 +43,13 @@ class GatewaySql(Dialect):
                 "SELECT COALESCE(MIN(fanned_out), 0) FROM gateways WHERE seen >= ?", (alive_since,)
             ).fetchone()[0]
 
-    def gateway_seen(self, gateway: str) -> float | None:
-        with self._read() as db:
-            row = db.execute("SELECT seen FROM gateways WHERE gateway = ?", (gateway,)).fetchone()
-        return None if row is None else row[0]
-
-    def leave(self, gateway: str) -> None:
+    def leave(self, gateway: str, incarnation: str) -> None:
         with self._tx() as db:
-            db.execute("DELETE FROM connections WHERE gateway = ?", (gateway,))
-            db.execute("DELETE FROM gateways WHERE gateway = ?", (gateway,))
+            ours = db.execute(
+                "DELETE FROM gateways WHERE gateway = ? AND incarnation = ? RETURNING gateway", (gateway, incarnation)
+            ).fetchone()
+            if ours is not None:
+                db.execute("DELETE FROM connections WHERE gateway = ?", (gateway,))
 
     def claim_subscriptions(
         self, sub_ids: Sequence[str], numbers: Sequence[int], gateway: str, at: float, alive_since: float
