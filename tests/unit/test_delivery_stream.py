@@ -9,11 +9,13 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 import orjson
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from veil.client import VeilClient
 from veil.client.client import DeliveryStream
 
 Script = Callable[[asyncio.StreamWriter], Awaitable[None]]
+RECIPIENT = X25519PrivateKey.generate()
 
 
 class ScriptedBroker:
@@ -176,3 +178,20 @@ async def test_lines_the_protocol_does_not_allow_never_reach_the_application():
         assert client.positions == {"a": 5}
         assert all("resumeAfter" not in sent[0] for sent in broker.sent[:7])  # nothing was taken from them
         await client.close()
+
+
+async def test_a_sealed_payload_that_does_not_open_is_reported_on_its_delivery_and_the_stream_goes_on():
+    """One member sealing garbage (or a broker altering it) must not stop the scope's subscribers."""
+
+    def sealed(seq: int, value: str) -> bytes:
+        publication = {"n": seq, "veil:scope": "customs", "veil:sealed": value}
+        return orjson.dumps({"seq": seq, "id": f"p{seq}", "publication": publication}) + b"\n"
+
+    async with ScriptedBroker(lines(sealed(1, "not base64!"), sealed(2, "AAAA"), line(3), stay=True)) as broker:
+        client = VeilClient("http://127.0.0.1:1", auth_hash="h", tcp_port=broker.port, recipient_key=RECIPIENT)
+        async with client.deliveries("s") as stream, asyncio.timeout(20):
+            got = [await anext(stream) for _ in range(3)]
+        await client.close()
+    assert [(d.seq, d.payload) for d in got] == [(1, None), (2, None), (3, None)]
+    assert "not base64" in got[0].payload_error and "too short" in got[1].payload_error
+    assert got[2].payload_error is None

@@ -59,3 +59,11 @@ def test_a_key_envelope_opens_only_for_its_member_scope_and_version():
             unwrap(envelope, scope, version, member)
     with pytest.raises(SealError, match="not a key envelope"):
         unwrap(envelope[:-1], "customs", 1, alice)
+
+
+def test_an_envelope_with_a_low_order_ephemeral_key_is_a_seal_error():
+    """(X25519 refuses such a point with a ValueError of its own: a member's client must see a SealError.)"""
+    alice = X25519PrivateKey.generate()
+    envelope = wrap(ScopeKey.new("customs"), alice.public_key())
+    with pytest.raises(SealError, match="no valid ephemeral key"):
+        unwrap(bytes(32) + envelope[32:], "customs", 1, alice)

@@ -54,6 +54,9 @@ class Delivery(NamedTuple):
     verified: bool = False  # its signature verified against a key the application trusts
     cropped: bool = False  # fields were removed from this copy for this subscriber
     payload: bytes | None = None  # its sealed payload, opened (None: none, or not sealed for us)
+    # why its sealed payload did not open (tampered with, or malformed): the delivery still comes, so
+    # that no one (a member sealing garbage, a broker) can stop a scope's subscribers with one publication
+    payload_error: str | None = None
     subscription_ids: tuple[str, ...] = ()  # on a multiplexed stream: the subscriptions it is delivered to
 
 
@@ -414,7 +417,7 @@ class DeliveryStream:
             try:
                 delivery = delivery._replace(payload=await self.client.keyring.open(delivery.publication))
             except SealError as exc:
-                raise TamperedPublication("veil:sealed", f"publication {delivery.id}: {exc}", 0) from None
+                delivery = delivery._replace(payload_error=str(exc))
         return delivery
 
     def _consumed(self, seq: int, subscription_ids: tuple[str, ...]) -> None:

@@ -101,7 +101,10 @@ def unwrap(envelope: bytes, scope: str, version: int, member: X25519PrivateKey) 
     ephemeral_public = envelope[:32]
     recipient = member.public_key().public_bytes(*RAW)
     context = _context(scope, version) + ephemeral_public + recipient
-    shared = member.exchange(X25519PublicKey.from_public_bytes(ephemeral_public))
+    try:
+        shared = member.exchange(X25519PublicKey.from_public_bytes(ephemeral_public))
+    except ValueError:  # a low-order point: no secret to share
+        raise SealError(f"this key envelope of scope {scope!r} v{version} has no valid ephemeral key") from None
     try:
         secret = _derive(shared, b"", WRAPPED, context).decrypt(NONCE, envelope[32:], context)
     except InvalidTag:
