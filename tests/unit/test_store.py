@@ -214,7 +214,7 @@ def test_a_freed_id_taken_again_is_a_new_subscription_with_a_new_number(store):
     replaced = store.put_subscription("x", "alice", b'[["n","ge",0]]')
     assert store.subscription_number("x") == alice  # her replacement keeps its queue
     now = time.time()
-    store.renew_gateway("A", "a1", 0)
+    store.take_over_gateway("A", "a1", 0)
     assert store.claim_subscriptions(["x"], [alice], "A", now, now - 10) is None  # alice's connection, through A
     store.remove_subscription("x", "alice")
     store.record_deliveries([alice], [pubs[3]], pubs[3])  # matched before the unsubscription was processed
@@ -513,8 +513,8 @@ def test_admissions_read_only_the_owners_live_subscriptions_with_refusal_and_cur
 
 
 def test_a_subscription_is_claimed_by_one_live_gateway_at_a_time(store):
-    store.renew_gateway("A", "a1", 7)
-    store.renew_gateway("B", "b1", 5)
+    store.take_over_gateway("A", "a1", 7)
+    store.take_over_gateway("B", "b1", 5)
     store.put_subscription("s", "o", b"[]")
     store.put_subscription("t", "o", b"[]")
     s, t = store.subscription_number("s"), store.subscription_number("t")
@@ -546,6 +546,8 @@ def test_a_gateways_name_is_held_by_one_process_at_a_time(store):
     neither renew the name nor, leaving, drop the new one's claims."""
     store.put_subscription("s", "o", b"[]")
     s, now = store.subscription_number("s"), time.time()
+    assert not store.renew_gateway("A", "first", 3)  # a renewal makes no row: only a start does
+    store.take_over_gateway("A", "first", 0)
     assert store.renew_gateway("A", "first", 3) and store.gateway_row("A")[1] == "first"
     assert store.claim_subscriptions(["s"], [s], "A", now, now - 10) is None
     store.take_over_gateway("A", "second", 4)
@@ -560,6 +562,7 @@ def test_a_gateways_name_is_held_by_one_process_at_a_time(store):
     assert store.renew_gateway("A", "second", 5)
     store.leave("A", "second")
     assert store.gateway_row("A") is None
+    assert not store.renew_gateway("A", "first", 6) and store.gateway_row("A") is None  # back, it stays out
     assert store.claim_subscriptions(["s"], [s], "B", now + 4, now - 10) is None
 
 

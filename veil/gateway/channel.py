@@ -16,10 +16,33 @@ Close = Callable[[bytes | None], Awaitable[None]]
 Receive = Callable[[], Awaitable[bytes | str | None]]
 """The client's next message, or None when the client is done."""
 
-CLOSE_WAIT = 5.0  # seconds a closed connection's client has to take what was written before it is cut
+CLOSE_WAIT = 5.0  # seconds a closed connection's client has to take more of what was written before it is cut
 # what a client is told when the gateway fails serving it (a store error): its own mistakes it is told
 # as such, this one only that reconnecting later is worth it
 FAILED = ProtocolError("", "the broker could not serve this connection (its store failed); reconnect later", 503)
+
+
+def cut_off_later(transport: asyncio.BaseTransport | None) -> None:
+    """A closing connection's client that reads nothing gets no say in when it goes: its transport is
+    aborted once CLOSE_WAIT passes without the client taking any of what waits to be written to it (a
+    graceful close waits for the client, and so does a push: aborted, it fails, and the connection
+    ends and gives back what it holds). A client that reads, however slowly, gets its last lines."""
+    if transport is not None:
+        pending = transport.get_write_buffer_size() if isinstance(transport, asyncio.WriteTransport) else 0
+        asyncio.get_running_loop().call_later(CLOSE_WAIT, _cut_off, transport, pending)
+
+
+def _cut_off(transport: asyncio.BaseTransport, pending_then: int) -> None:
+    if not isinstance(transport, asyncio.WriteTransport):
+        return
+    try:
+        pending = transport.get_write_buffer_size()
+        if 0 < pending < pending_then:
+            asyncio.get_running_loop().call_later(CLOSE_WAIT, _cut_off, transport, pending)
+        else:
+            transport.abort()
+    except (AttributeError, RuntimeError):
+        pass  # closed meanwhile: asyncio's and uvloop's transports refuse to abort then
 
 
 def failure_line(exc: Exception, failures: tuple[type[Exception], ...]) -> bytes | None:

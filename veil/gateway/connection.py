@@ -12,7 +12,7 @@ import ssl
 import time
 
 from veil.gateway import membership, memory
-from veil.gateway.channel import Close, Receive, Send, failure_line, read_while
+from veil.gateway.channel import FAILED, Close, Receive, Send, failure_line, read_while
 from veil.gateway.context import Gateway
 from veil.gateway.delivery import Session
 from veil.gateway.edge import run_edge
@@ -75,6 +75,10 @@ async def serve_connection(
         principal = gateway.auth.principal(credentials)
     except ProtocolError as exc:
         await close(exc.to_json())
+        return
+    except gateway.threads.store.failures as exc:
+        log.warning("a delivery handshake met a store failure (%s); its client is told to reconnect", exc)
+        await close(FAILED.to_json())
         return
     expiry = _end_at_expiry(principal, close)
     watched = gateway.credentials.watch(credentials, principal.identity, close)

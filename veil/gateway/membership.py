@@ -26,7 +26,7 @@ RENEW = 2.0  # seconds between renewals
 STALE = 10.0  # seconds without one after which a gateway counts as gone
 RELEASES_PER_RENEWAL = 64  # failed releases made again after each renewal
 WATCH = 0.5  # seconds between looks at a namesake's row
-WATCH_FOR = 2 * RENEW + 1.0  # seconds a namesake's row must stay as it is for the namesake to count as gone
+WATCH_FOR = STALE  # seconds a namesake's row must stay as it is for the namesake to count as gone
 
 
 async def start(gateway: Gateway) -> None:
@@ -37,16 +37,14 @@ async def start(gateway: Gateway) -> None:
 
 
 async def _outlive_namesake(gateway: Gateway) -> None:
-    """A gateway of this name that renewed its row less than STALE seconds ago (by the clocks) may be
-    running: its row is watched for WATCH_FOR seconds of this machine's own clock, whatever the clocks'
-    skew. Renewed meanwhile, it is running (ValueError); not, it stopped without leaving. (A namesake
-    whose clock is behind looks gone at once: it finds its name taken over at its next renewal.)"""
+    """A gateway of this name that has a row may be running (it left otherwise): its row is watched for
+    WATCH_FOR seconds of this machine's own clock (the clocks' skew has no say). Renewed meanwhile, it
+    is running (ValueError); not, it stopped without leaving."""
     threads, name = gateway.threads, gateway.config.gateway_name
     row = await threads.read(threads.store.gateway_row, name)
-    if row is None or time.time() - row[0] >= STALE:
+    if row is None:
         return
-    ago = time.time() - row[0]
-    log.info("a gateway named %s renewed its row %.1f s ago: watching it for %g s", name, ago, WATCH_FOR)
+    log.info("a gateway named %s has a row in the store: watching it for %g s", name, WATCH_FOR)
     deadline = time.monotonic() + WATCH_FOR
     while time.monotonic() < deadline:
         await asyncio.sleep(WATCH)

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import ssl
 
-from veil.gateway.channel import CLOSE_WAIT
+from veil.gateway.channel import cut_off_later
 from veil.gateway.connection import MAX_LINE, serve_connection
 from veil.gateway.context import Gateway
 from veil.protocol import ProtocolError
@@ -39,11 +39,9 @@ def _refuse(writer: asyncio.StreamWriter, error: bytes) -> None:
 
 
 def _close(writer: asyncio.StreamWriter) -> None:
-    """Close once what was written is taken, or cut off after CLOSE_WAIT: a client that reads nothing
-    gets no say in when its socket goes (and a push waiting for it fails then, so that the connection
-    ends and gives back what it holds)."""
+    """Close once what was written is taken (`cut_off_later`)."""
     writer.close()
-    asyncio.get_running_loop().call_later(CLOSE_WAIT, writer.transport.abort)
+    cut_off_later(writer.transport)
 
 
 async def _serve(gateway: Gateway, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -8,7 +8,7 @@ import contextlib
 
 from aiohttp import WSMsgType, web
 
-from veil.gateway.channel import CLOSE_WAIT
+from veil.gateway.channel import cut_off_later
 from veil.gateway.connection import MAX_LINE, serve_connection
 from veil.gateway.context import GATEWAY, Gateway
 from veil.gateway.errors import errors
@@ -32,17 +32,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
             await _serve(gateway, ws, certificate_of(request), request.protocol, transport)
     finally:
         gateway.admission.settle(request.protocol)
-        _cut_off_later(transport)
+        cut_off_later(transport)
         await ws.close()
     return ws
-
-
-def _cut_off_later(transport: asyncio.Transport | None) -> None:
-    """A closing connection's client that reads nothing gets no say in when it goes: its transport
-    is aborted after CLOSE_WAIT (aiohttp's close waits for the client to take what was written, and
-    a push waiting for it fails then, so that the connection ends and gives back what it holds)."""
-    if transport is not None:
-        asyncio.get_running_loop().call_later(CLOSE_WAIT, transport.abort)
 
 
 def _refuse(ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, reason: str) -> None:
@@ -76,9 +68,10 @@ async def _serve(
             await ws.send_str(payload.decode())
 
     async def close(error: bytes | None) -> None:
-        _cut_off_later(transport)
+        cut_off_later(transport)
         if error is not None and not ws.closed:
-            await ws.send_str(error.decode())
+            with contextlib.suppress(ConnectionError):  # cut off meanwhile: whoever closes is not told so
+                await ws.send_str(error.decode())
         await ws.close()
 
     timeout = gateway.config.read_timeout

@@ -370,7 +370,7 @@ class GatewayStore(LogReader):
     def renew_gateway(self, gateway: str, incarnation: str, fanned_out: int) -> bool:
         """This gateway (the process `incarnation` of it) is alive, its delivery connections' claims
         with it, and has fanned out the feed up to seq `fanned_out`. False, and nothing changes, when
-        another process has taken the name over since."""
+        another process has taken the name over since (whether or not that one has left again)."""
 
     @abstractmethod
     def take_over_gateway(self, gateway: str, incarnation: str, fanned_out: int) -> None:

@@ -179,7 +179,7 @@ class _Connection:
 
 
 class PostgresStore(RelationalStore):
-    failures = (StoreUnavailable, psycopg.Error)
+    failures = (StoreUnavailable, psycopg.OperationalError)
     IN_IDS = "= ANY(?::bigint[])"
     NOT_IN_IDS = "<> ALL(?::bigint[])"
     IN_NAMES = "= ANY(?::text[])"

@@ -156,7 +156,7 @@ CREATE TABLE IF NOT EXISTS status (
 
 
 class SqliteStore(RelationalStore):
-    failures = (StoreUnavailable, sqlite3.Error)
+    failures = (StoreUnavailable, sqlite3.OperationalError)
     IN_IDS = "IN (SELECT value FROM json_each(?))"
     # numbers only grow (rows are never deleted), so the greatest plus one was never given
     NEW_NUMBER = "(SELECT MAX(no) + 1 FROM subscription_numbers)"

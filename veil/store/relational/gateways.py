@@ -13,12 +13,10 @@ from veil.store.relational.dialect import Dialect
 
 class GatewaySql(Dialect):
     def renew_gateway(self, gateway: str, incarnation: str, fanned_out: int) -> bool:
-        with self._tx() as db:
+        with self._tx() as db:  # no row: another process took the name over, and left since
             renewed = db.execute(
-                "INSERT INTO gateways(gateway, incarnation, fanned_out, seen) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (gateway) DO UPDATE SET fanned_out = excluded.fanned_out, seen = excluded.seen "
-                "WHERE gateways.incarnation = excluded.incarnation RETURNING gateway",
-                (gateway, incarnation, fanned_out, time.time()),
+                "UPDATE gateways SET fanned_out = ?, seen = ? WHERE gateway = ? AND incarnation = ? RETURNING gateway",
+                (fanned_out, time.time(), gateway, incarnation),
             ).fetchone()
         return renewed is not None
 
