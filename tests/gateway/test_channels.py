@@ -326,10 +326,7 @@ async def test_a_gateway_starting_under_a_running_ones_id_is_refused(gateway, mo
     the first keeps its row and claims."""
     store, name = gateway.threads.store, gateway.config.gateway_name
     monkeypatch.setattr(membership, "WATCH", 0.05)
-    store.put_subscription("running", "alice", encode_subscription([]))
-    number, now = store.subscription_number("running"), time.time()
-    store.take_over_gateway(name, "running", 0)
-    assert store.claim_subscriptions(["running"], [number], name, now, now - 10) is None
+    number, now = claimed_by_namesake(gateway, "running"), time.time()
     renewing = asyncio.create_task(renew_every(store, name, "running", 0.02))
     try:
         with pytest.raises(ValueError, match=f"--gateway-id {name}: a gateway of that name is running"):
@@ -347,11 +344,7 @@ async def test_a_gateway_restarted_after_a_crash_takes_its_id_once_the_crashed_o
     store, name = gateway.threads.store, gateway.config.gateway_name
     monkeypatch.setattr(membership, "WATCH", 0.05)
     monkeypatch.setattr(membership, "WATCH_FOR", 0.5)
-    store.put_subscription("crashed", "alice", encode_subscription([]))
-    number = store.subscription_number("crashed")
-    store.take_over_gateway(name, "crashed", 0)
-    now = time.time()
-    assert store.claim_subscriptions(["crashed"], [number], name, now, now - 10) is None
+    number = claimed_by_namesake(gateway, "crashed")
     started = time.monotonic()
     await membership.start(gateway)
     assert 0.4 < time.monotonic() - started < 3
@@ -365,19 +358,24 @@ async def test_a_gateway_whose_id_another_took_over_stops(gateway, monkeypatch):
     its leaving drops nothing of the other's."""
     store, name = gateway.threads.store, gateway.config.gateway_name
     monkeypatch.setattr(membership, "RENEW", 0.01)
-    store.put_subscription("other", "alice", encode_subscription([]))
-    number, now = store.subscription_number("other"), time.time()
-    store.take_over_gateway(name, "the other", 0)
-    assert store.claim_subscriptions(["other"], [number], name, now, now - 10) is None
+    number, now = claimed_by_namesake(gateway, "other"), time.time()
     async with asyncio.timeout(5):
         await membership.stay_alive(gateway)
     assert gateway.replaced.is_set() and gateway.stop.is_set()
     await membership.leave(gateway)
-    assert store.gateway_row(name)[1] == "the other"
+    assert store.gateway_row(name)[1] == "other"
     assert store.claim_subscriptions(["other"], [number], "elsewhere", now, now - 10) == ("other", name)
-    gateway.replaced.clear()
-    gateway.stop.clear()
-    store.take_over_gateway(name, gateway.incarnation, 0)
+
+
+def claimed_by_namesake(gateway, incarnation: str) -> int:
+    """Another process of this gateway's name holds it, and a claim of its subscription `incarnation`
+    (alice's); that subscription's number."""
+    store, name = gateway.threads.store, gateway.config.gateway_name
+    store.put_subscription(incarnation, "alice", encode_subscription([]))
+    number, now = store.subscription_number(incarnation), time.time()
+    store.take_over_gateway(name, incarnation, 0)
+    assert store.claim_subscriptions([incarnation], [number], name, now, now - 10) is None
+    return number
 
 
 async def renew_every(store, name: str, incarnation: str, seconds: float) -> None:
