@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import base64
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from veil.client.forwarding import ForwardedStream, split_publication
+from veil.client import forwarding
+from veil.client.forwarding import ForwardedStream, ForwardingPublisher, split_publication
 from veil.protocol.reserved import FORWARD
 from veil.security import shamir
 
@@ -30,9 +32,9 @@ def opened(stream: ForwardedStream) -> list:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(1, 5), st.integers(0, 3), st.data())
+@given(st.integers(2, 5), st.integers(0, 2), st.data())
 def test_any_k_honest_copies_open_it_and_wrong_shares_are_reported(k, extra, data):
-    n = k + extra
+    n = 2 * k - 1 + extra
     payload = data.draw(st.binary(max_size=64))
     documents = split_publication({"lat": 1.5, "id": "t-1"}, payload, k, n)
     misbehaving = data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n - k))
@@ -88,3 +90,46 @@ def test_a_lying_copy_that_comes_first_cannot_stand_in_for_the_honest_ones():
     assert publication.corrupted == (2,)
     stream.take(1, {**documents[1], FORWARD: {**documents[1][FORWARD], "k": -1}})  # parameters it cannot use
     assert opened(stream) == []
+
+
+@pytest.mark.parametrize(("k", "n"), [(1, 3), (0, 3), (2, 2), (3, 4), (2, 300)])
+def test_thresholds_that_defeat_forwarding_are_refused(k, n):
+    """k = 1: every broker holds the key; n < 2k - 1: k - 1 misbehaving brokers leave fewer than k."""
+    with pytest.raises(ValueError, match=r"k is at least 2|n >= 2k - 1"):
+        split_publication({"n": 1}, b"secret", k, n)
+    with pytest.raises(ValueError, match=r"k is at least 2|n >= 2k - 1"):
+        ForwardingPublisher([None] * n, k)  # type: ignore[list-item]  # refused before any broker is used
+
+
+def test_a_copy_made_for_another_k_is_reported():
+    documents = split_publication({"n": 1}, b"secret", 3, 5)
+    stream = ForwardedStream([], 2)
+    stream.take(4, documents[4])
+    assert stream.mismatched == [(documents[4][FORWARD]["id"], 4, 3)] and opened(stream) == []
+
+
+def test_a_broker_flooding_invented_ids_evicts_only_its_own_copies(monkeypatch):
+    """With (2, 3), broker 2 invents forwarding ids between the honest copies of every publication:
+    each publication still opens from brokers 0 and 1."""
+    monkeypatch.setattr(forwarding, "MAX_PENDING", 50)
+    stream = ForwardedStream([], 2)
+    publications = [split_publication({"n": i}, b"%d" % i, 2, 3) for i in range(20)]
+    for i, documents in enumerate(publications):
+        stream.take(0, documents[0])
+        for j in range(200):  # more than every budget: what broker 0 holds must stay
+            invented = split_publication({"n": -1}, b"junk", 2, 3)[2]
+            stream.take(2, {**invented, FORWARD: {**invented[FORWARD], "id": f"invented-{i}-{j}"}})
+        stream.take(1, documents[1])
+    assert [p.payload for p in opened(stream)] == [b"%d" % i for i in range(20)]
+    assert len(stream._pending[2].ids) <= 50 and len(stream._gatherings) <= 50 + 20
+
+
+def test_a_copy_that_comes_again_after_its_publication_opened_opens_nothing_more():
+    documents = split_publication({"n": 1}, b"secret", 2, 3)
+    stream = ForwardedStream([], 2)
+    for broker in (0, 1, 2):
+        stream.take(broker, documents[broker])
+    assert len(opened(stream)) == 1
+    for broker in (0, 1):  # sent again, after a reconnect or by a broker replaying
+        stream.take(broker, documents[broker])
+    assert opened(stream) == [] and stream._gatherings == {}

@@ -9,7 +9,13 @@ and opens the payload with the first k shares that reconstruct a key under which
 authenticates with its digests. The digests are then the publisher's, and a share that does not
 match its digest is reported as corrupted (Shamir alone could not tell: wrong shares can even
 combine to the right key). So up to n - k brokers may be down, drop publications or alter what they
-forward, and fewer than k colluding brokers learn nothing of the payload.
+forward, and fewer than k colluding brokers learn nothing of the payload: with f brokers that may
+misbehave, k = f + 1 and n >= 2f + 1 (k >= 2: with k = 1 every broker holds the key).
+
+A subscriber gathers at most MAX_PENDING unopened publications, and MAX_PENDING_BYTES of them, per
+broker: a broker that floods it with invented forwarding ids evicts only its own copies, never an
+honest broker's share of a publication still to open. Opened ids are remembered (the last MAX_DONE),
+so that a late or repeated copy neither opens a publication again nor starts a new gathering.
 
 Seed 002 forwards shares over several hops of virtual nodes, re-splitting each share at every hop
 (its Algorithm 2). Here the publisher reaches every broker directly and each broker delivers to the
@@ -41,7 +47,10 @@ from veil.protocol.reserved import FORWARD
 from veil.security import shamir
 
 NONCE = bytes(12)  # each payload key seals exactly one payload
-MAX_PENDING = 10_000  # forwarding ids gathered at once: a lying broker's inventions are dropped oldest first
+MAX_PENDING = 10_000  # unopened forwarding ids a broker has copies in: beyond, its own oldest go
+MAX_PENDING_BYTES = 64 << 20  # and their sealed payloads' bytes
+COPY_BYTES = 512  # what a copy holds besides its sealed payload, about
+MAX_DONE = 100_000  # opened forwarding ids remembered
 
 
 class Forwarded(NamedTuple):
@@ -58,6 +67,17 @@ def _associated(attributes: dict, forward_id: str, k: int, n: int, digests: Sequ
     return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
 
 
+def check_thresholds(k: int, n: int | None = None) -> None:
+    """ValueError unless k and n give what forwarding promises (see the module's docstring)."""
+    if k < 2:
+        raise ValueError(f"k is at least 2 (with k = {k} every broker holds the payload key); got k={k}")
+    if n is not None and not 2 * k - 1 <= n <= shamir.MAX_SHARES:
+        raise ValueError(
+            f"n >= 2k - 1 = {2 * k - 1} brokers (k - 1 may misbehave, and k honest ones must remain) and at most "
+            f"{shamir.MAX_SHARES}; got n={n}"
+        )
+
+
 def digest(share: shamir.Share) -> str:
     return base64.b64encode(hashlib.sha256(share.to_bytes()).digest()).decode()
 
@@ -66,6 +86,7 @@ def split_publication(attributes: dict, payload: bytes, k: int, n: int) -> list[
     """The n documents, one per broker."""
     if FORWARD in attributes:
         raise ValueError(f"{FORWARD} is where the forwarding fields go; the attributes cannot have it")
+    check_thresholds(k, n)
     forward_id = uuid.uuid4().hex
     key = os.urandom(32)
     shares = shamir.split(key, k, n)
@@ -85,8 +106,7 @@ class ForwardingPublisher:
     least k of them acknowledged it."""
 
     def __init__(self, brokers: Sequence[VeilClient], k: int) -> None:
-        if not 1 <= k <= len(brokers):
-            raise ValueError(f"need 1 <= k <= {len(brokers)} brokers; got k={k}")
+        check_thresholds(k, len(brokers))
         self.brokers = list(brokers)
         self.k = k
 
@@ -122,14 +142,38 @@ class _Gathering:
     opened: _Copy | None = None  # the copy that opened: its digests are the publisher's
 
 
+class _Pending:
+    """One broker's copies in unopened gatherings, oldest first, with their bytes."""
+
+    def __init__(self) -> None:
+        self.ids: OrderedDict[str, int] = OrderedDict()
+        self.bytes = 0
+
+    def add(self, forward_id: str, size: int) -> None:
+        self.ids[forward_id] = size
+        self.bytes += size
+
+    def discard(self, forward_id: str) -> None:
+        self.bytes -= self.ids.pop(forward_id, 0)
+
+    def over(self) -> bool:
+        return len(self.ids) > MAX_PENDING or self.bytes > MAX_PENDING_BYTES
+
+
 class ForwardedStream:
     """The forwarded publications of one subscription made on every broker, each once, opened."""
 
     def __init__(self, streams: Sequence[DeliveryStream | None], k: int) -> None:
+        check_thresholds(k)
         self.streams = streams  # per broker; None for one that could not be subscribed on
         self.k = k
         self.corrupted: list[tuple[str, int]] = []  # (forwarding id, broker) of every wrong share seen
-        self._gatherings: OrderedDict[str, _Gathering] = OrderedDict()
+        # (forwarding id, broker, its k) of every copy made for another k than this subscriber's: the
+        # publisher and the subscriber disagree, or the broker lies
+        self.mismatched: list[tuple[str, int, int]] = []
+        self._gatherings: dict[str, _Gathering] = {}
+        self._pending: dict[int, _Pending] = {}  # by broker
+        self._done: OrderedDict[str, None] = OrderedDict()  # opened ids, oldest first
         self._out: asyncio.Queue[Forwarded] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -181,24 +225,50 @@ class ForwardedStream:
             sealed = base64.b64decode(fields["sealed"])
         except (KeyError, TypeError, ValueError):
             return  # not a forwarded copy we can read: as if this broker had dropped it
-        if k != self.k or not k <= n <= shamir.MAX_SHARES:
+        if k != self.k:
+            self.mismatched.append((forward_id, broker, k))
+            return
+        if not k <= n <= shamir.MAX_SHARES:
             return  # not what this subscriber reconstructs with: as if dropped
-        copy = _Copy(attributes, n, digests, sealed, _associated(attributes, forward_id, k, n, digests))
         gathering = self._gatherings.get(forward_id)
         if gathering is None:
+            if forward_id in self._done:
+                return  # opened, and its gathering let go: a late or repeated copy
             gathering = self._gatherings[forward_id] = _Gathering()
-            while len(self._gatherings) > MAX_PENDING:
-                self._gatherings.popitem(last=False)
         if broker in gathering.shares:
             return
         gathering.shares[broker] = share
-        gathering.copies[broker] = copy
+        associated = _associated(attributes, forward_id, k, n, digests)
+        gathering.copies[broker] = _Copy(attributes, n, digests, sealed, associated)
         if gathering.opened is not None:
             self._check(forward_id, gathering, broker)
         else:
             self._try_open(forward_id, gathering)
-        if gathering.opened is not None and len(gathering.shares) == gathering.opened.n:
+        if gathering.opened is None:
+            self._hold(broker, forward_id, len(sealed) + COPY_BYTES)
+        elif len(gathering.shares) == gathering.opened.n:
             del self._gatherings[forward_id]
+
+    def _hold(self, broker: int, forward_id: str, size: int) -> None:
+        """Count an unopened copy against its broker's budget; past it, that broker's oldest go."""
+        pending = self._pending.setdefault(broker, _Pending())
+        pending.add(forward_id, size)
+        while pending.over():
+            oldest = next(iter(pending.ids))
+            pending.discard(oldest)
+            gathering = self._gatherings[oldest]
+            del gathering.shares[broker], gathering.copies[broker]
+            if not gathering.shares:
+                del self._gatherings[oldest]
+
+    def _opened(self, forward_id: str, gathering: _Gathering) -> None:
+        """Its copies no longer count against their brokers' budgets; its id is remembered."""
+        for broker in gathering.shares:
+            if broker in self._pending:
+                self._pending[broker].discard(forward_id)
+        self._done[forward_id] = None
+        while len(self._done) > MAX_DONE:
+            self._gatherings.pop(self._done.popitem(last=False)[0], None)
 
     def _check(self, forward_id: str, gathering: _Gathering, broker: int) -> bool:
         """Whether a broker's share is the one the publisher committed to (reported if not)."""
@@ -229,6 +299,7 @@ class ForwardedStream:
                 except InvalidTag:
                     continue
                 gathering.opened = copy
+                self._opened(forward_id, gathering)
                 honest = tuple(b for b in brokers if self._check(forward_id, gathering, b))
                 corrupted = tuple(b for b in brokers if b not in honest)
                 self._out.put_nowait(Forwarded(forward_id, copy.attributes, payload, honest, corrupted))
@@ -240,6 +311,7 @@ async def subscribe_forwarded(
 ) -> ForwardedStream:
     """Subscribe with the same filter on every broker (the same id on each) and gather what they
     forward. Brokers that cannot be reached now are skipped, up to n - k of them."""
+    check_thresholds(k, len(brokers))
     subscription_id = subscription_id or uuid.uuid4().hex
     results = await asyncio.gather(
         *(broker.subscribe(data, subscription_id) for broker in brokers), return_exceptions=True
