@@ -72,7 +72,7 @@ def test_a_copy_is_taken_once_per_broker_and_junk_is_ignored():
     stream.take(2, documents[2])
     [publication] = opened(stream)
     assert publication.payload == b"secret" and publication.brokers == (0, 2)
-    assert stream.corrupted == []  # an unreadable copy counts as dropped, not as a wrong share
+    assert not stream.corrupted  # an unreadable copy counts as dropped, not as a wrong share
 
 
 def test_a_lying_copy_that_comes_first_cannot_stand_in_for_the_honest_ones():
@@ -105,7 +105,7 @@ def test_a_copy_made_for_another_k_is_reported():
     documents = split_publication({"n": 1}, b"secret", 3, 5)
     stream = ForwardedStream([], 2)
     stream.take(4, documents[4])
-    assert stream.mismatched == [(documents[4][FORWARD]["id"], 4, 3)] and opened(stream) == []
+    assert list(stream.mismatched) == [(documents[4][FORWARD]["id"], 4, 3)] and opened(stream) == []
 
 
 def test_a_broker_flooding_invented_ids_evicts_only_its_own_copies(monkeypatch):
@@ -121,7 +121,35 @@ def test_a_broker_flooding_invented_ids_evicts_only_its_own_copies(monkeypatch):
             stream.take(2, {**invented, FORWARD: {**invented[FORWARD], "id": f"invented-{i}-{j}"}})
         stream.take(1, documents[1])
     assert [p.payload for p in opened(stream)] == [b"%d" % i for i in range(20)]
-    assert len(stream._pending[2].ids) <= 50 and len(stream._gatherings) <= 50 + 20
+    assert len(stream._pending[(2, None)].ids) <= 50 and len(stream._gatherings) <= 50 + 20
+
+
+def test_a_publisher_flooding_through_an_honest_broker_evicts_only_its_own_copies(monkeypatch):
+    """Junk forwarded under mallory's name fills mallory's budget at broker 0, not alice's."""
+    monkeypatch.setattr(forwarding, "MAX_PENDING_BYTES", 1 << 20)
+    stream = ForwardedStream([], 2)
+    documents = split_publication({"n": 1}, b"real", 2, 3)
+    stream.take(0, documents[0], "alice")
+    for _ in range(20):
+        junk = split_publication({"n": -1}, b"x" * 100_000, 2, 3)[0]
+        stream.take(0, junk, "mallory")
+    stream.take(1, documents[1], "mallory")  # a lying broker's copy under another name: not alice's
+    assert opened(stream) == []
+    stream.take(2, documents[2], "alice")
+    [publication] = opened(stream)
+    assert (publication.payload, publication.publisher) == (b"real", "alice")
+
+
+def test_an_opened_publication_keeps_only_its_shares():
+    """A broker that never forwards its copy must not make the subscriber keep the others'."""
+    stream = ForwardedStream([], 2)
+    for i in range(20):
+        documents = split_publication({"n": i}, b"x" * 100_000, 2, 3)
+        stream.take(0, documents[0])
+        stream.take(1, documents[1])
+    assert len(opened(stream)) == 20
+    kept = stream._gatherings.values()
+    assert all(not g.copies and len(g.opened.sealed) == 0 for g in kept) and len(kept) == 20
 
 
 def test_a_copy_that_comes_again_after_its_publication_opened_opens_nothing_more():

@@ -12,10 +12,14 @@ combine to the right key). So up to n - k brokers may be down, drop publications
 forward, and fewer than k colluding brokers learn nothing of the payload: with f brokers that may
 misbehave, k = f + 1 and n >= 2f + 1 (k >= 2: with k = 1 every broker holds the key).
 
-A subscriber gathers at most MAX_PENDING unopened publications, and MAX_PENDING_BYTES of them, per
-broker: a broker that floods it with invented forwarding ids evicts only its own copies, never an
-honest broker's share of a publication still to open. Opened ids are remembered (the last MAX_DONE),
-so that a late or repeated copy neither opens a publication again nor starts a new gathering.
+A subscriber gathers the copies of each (publisher, forwarding id): the brokers authenticate who
+published, so a copy under another publisher's name never mixes with the publisher's own. It holds
+at most MAX_PENDING unopened publications, and MAX_PENDING_BYTES of them, per broker and publisher:
+a broker that floods it with invented forwarding ids, or a publisher that floods it through honest
+brokers, evicts only its own copies, never another's share of a publication still to open. Once a
+publication opens, only its shares are kept (to check late ones); opened ids are remembered (the
+last MAX_DONE), so that a late or repeated copy neither opens a publication again nor starts a new
+gathering. (Replays older than that are the publisher's signature and time to catch, not this.)
 
 Seed 002 forwards shares over several hops of virtual nodes, re-splitting each share at every hop
 (its Algorithm 2). Here the publisher reaches every broker directly and each broker delivers to the
@@ -32,7 +36,7 @@ import hashlib
 import itertools
 import os
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -51,6 +55,7 @@ MAX_PENDING = 10_000  # unopened forwarding ids a broker has copies in: beyond, 
 MAX_PENDING_BYTES = 64 << 20  # and their sealed payloads' bytes
 COPY_BYTES = 512  # what a copy holds besides its sealed payload, about
 MAX_DONE = 100_000  # opened forwarding ids remembered
+MAX_REPORTS = 10_000  # corrupted and mismatched copies remembered, the newest
 
 
 class Forwarded(NamedTuple):
@@ -59,6 +64,7 @@ class Forwarded(NamedTuple):
     payload: bytes
     brokers: tuple[int, ...]  # the brokers whose shares were the publisher's, by the time it opened
     corrupted: tuple[int, ...]  # those whose shares were not (later ones go to ForwardedStream.corrupted)
+    publisher: str | None = None  # who published it, as the brokers authenticated it
 
 
 def _associated(attributes: dict, forward_id: str, k: int, n: int, digests: Sequence[str]) -> bytes:
@@ -167,13 +173,14 @@ class ForwardedStream:
         check_thresholds(k)
         self.streams = streams  # per broker; None for one that could not be subscribed on
         self.k = k
-        self.corrupted: list[tuple[str, int]] = []  # (forwarding id, broker) of every wrong share seen
-        # (forwarding id, broker, its k) of every copy made for another k than this subscriber's: the
-        # publisher and the subscriber disagree, or the broker lies
-        self.mismatched: list[tuple[str, int, int]] = []
-        self._gatherings: dict[str, _Gathering] = {}
-        self._pending: dict[int, _Pending] = {}  # by broker
-        self._done: OrderedDict[str, None] = OrderedDict()  # opened ids, oldest first
+        # (forwarding id, broker) of the wrong shares seen, the newest MAX_REPORTS
+        self.corrupted: deque[tuple[str, int]] = deque(maxlen=MAX_REPORTS)
+        # (forwarding id, broker, its k) of copies made for another k than this subscriber's (the
+        # publisher and the subscriber disagree, or the broker lies), the newest MAX_REPORTS
+        self.mismatched: deque[tuple[str, int, int]] = deque(maxlen=MAX_REPORTS)
+        self._gatherings: dict[tuple[str | None, str], _Gathering] = {}  # by (publisher, forwarding id)
+        self._pending: dict[tuple[int, str | None], _Pending] = {}  # by (broker, publisher)
+        self._done: OrderedDict[tuple[str | None, str], None] = OrderedDict()  # opened, oldest first
         self._out: asyncio.Queue[Forwarded] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -208,12 +215,12 @@ class ForwardedStream:
         """One broker's deliveries; a broker that fails for good is one of the n - k tolerated."""
         with contextlib.suppress(VeilError, OSError):
             async for delivery in stream:
-                self.take(broker, delivery.publication)
+                self.take(broker, delivery.publication, delivery.publisher)
 
-    def take(self, broker: int, publication: object) -> None:
-        """One broker's copy of a forwarded publication (anything else it delivers is ignored). Every
-        copy keeps its own attributes and parameters until one opens, so a lying broker whose copy
-        comes first cannot stand in for the others'."""
+    def take(self, broker: int, publication: object, publisher: str | None = None) -> None:
+        """One broker's copy of a forwarded publication by `publisher` (anything else it delivers is
+        ignored). Every copy keeps its own attributes and parameters until one opens, so a lying
+        broker whose copy comes first cannot stand in for the others'."""
         if not isinstance(publication, dict) or not isinstance(publication.get(FORWARD), dict):
             return
         fields = publication[FORWARD]
@@ -223,50 +230,57 @@ class ForwardedStream:
             attributes = {key: value for key, value in publication.items() if key != FORWARD}
             digests = tuple(str(d) for d in fields["digests"])
             sealed = base64.b64decode(fields["sealed"])
-        except (KeyError, TypeError, ValueError):
+            associated = _associated(attributes, forward_id, k, n, digests)
+        except (KeyError, TypeError, ValueError, RecursionError):
             return  # not a forwarded copy we can read: as if this broker had dropped it
+        key = (publisher, forward_id)
+        gathering = self._gatherings.get(key)
+        if gathering is None and key in self._done:
+            return  # opened, and its gathering let go: a late or repeated copy
         if k != self.k:
             self.mismatched.append((forward_id, broker, k))
             return
         if not k <= n <= shamir.MAX_SHARES:
             return  # not what this subscriber reconstructs with: as if dropped
-        gathering = self._gatherings.get(forward_id)
         if gathering is None:
-            if forward_id in self._done:
-                return  # opened, and its gathering let go: a late or repeated copy
-            gathering = self._gatherings[forward_id] = _Gathering()
+            gathering = self._gatherings[key] = _Gathering()
         if broker in gathering.shares:
             return
         gathering.shares[broker] = share
-        associated = _associated(attributes, forward_id, k, n, digests)
-        gathering.copies[broker] = _Copy(attributes, n, digests, sealed, associated)
         if gathering.opened is not None:
             self._check(forward_id, gathering, broker)
         else:
-            self._try_open(forward_id, gathering)
+            gathering.copies[broker] = _Copy(attributes, n, digests, sealed, associated)
+            self._try_open(key, gathering)
         if gathering.opened is None:
-            self._hold(broker, forward_id, len(sealed) + COPY_BYTES)
+            # what the copy holds: its sealed payload, and its attributes, id and digests (`associated`)
+            self._hold((broker, publisher), forward_id, len(sealed) + len(associated) + COPY_BYTES)
         elif len(gathering.shares) == gathering.opened.n:
-            del self._gatherings[forward_id]
+            del self._gatherings[key]
 
-    def _hold(self, broker: int, forward_id: str, size: int) -> None:
-        """Count an unopened copy against its broker's budget; past it, that broker's oldest go."""
-        pending = self._pending.setdefault(broker, _Pending())
+    def _hold(self, holder: tuple[int, str | None], forward_id: str, size: int) -> None:
+        """Count an unopened copy against its (broker, publisher)'s budget; past it, their oldest go."""
+        broker, publisher = holder
+        pending = self._pending.setdefault(holder, _Pending())
         pending.add(forward_id, size)
         while pending.over():
             oldest = next(iter(pending.ids))
             pending.discard(oldest)
-            gathering = self._gatherings[oldest]
+            gathering = self._gatherings[(publisher, oldest)]
             del gathering.shares[broker], gathering.copies[broker]
             if not gathering.shares:
-                del self._gatherings[oldest]
+                del self._gatherings[(publisher, oldest)]
 
-    def _opened(self, forward_id: str, gathering: _Gathering) -> None:
-        """Its copies no longer count against their brokers' budgets; its id is remembered."""
+    def _opened(self, key: tuple[str | None, str], gathering: _Gathering) -> None:
+        """Its copies no longer count against budgets, nor are kept (only the shares are, to check
+        late ones against the publisher's digests); its id is remembered."""
+        publisher, forward_id = key
         for broker in gathering.shares:
-            if broker in self._pending:
-                self._pending[broker].discard(forward_id)
-        self._done[forward_id] = None
+            pending = self._pending.get((broker, publisher))
+            if pending is not None:
+                pending.discard(forward_id)
+        gathering.copies.clear()
+        self._done[key] = None
         while len(self._done) > MAX_DONE:
             self._gatherings.pop(self._done.popitem(last=False)[0], None)
 
@@ -279,8 +293,9 @@ class ForwardedStream:
         self.corrupted.append((forward_id, broker))
         return False
 
-    def _try_open(self, forward_id: str, gathering: _Gathering) -> None:
+    def _try_open(self, which: tuple[str | None, str], gathering: _Gathering) -> None:
         """Every untried k-subset of the shares so far, until one opens one of the copies."""
+        publisher, forward_id = which
         brokers = sorted(gathering.shares)
         copies = list({(c.sealed, c.associated): c for c in gathering.copies.values()}.values())
         for subset in itertools.combinations(brokers, self.k):
@@ -288,21 +303,21 @@ class ForwardedStream:
                 continue
             gathering.tried.add(subset)
             try:
-                key = shamir.combine([gathering.shares[b] for b in subset])
+                secret = shamir.combine([gathering.shares[b] for b in subset])
             except ValueError:
                 continue
-            if len(key) != 32:
+            if len(secret) != 32:
                 continue
             for copy in copies:
                 try:
-                    payload = ChaCha20Poly1305(key).decrypt(NONCE, copy.sealed, copy.associated)
+                    payload = ChaCha20Poly1305(secret).decrypt(NONCE, copy.sealed, copy.associated)
                 except InvalidTag:
                     continue
-                gathering.opened = copy
-                self._opened(forward_id, gathering)
+                gathering.opened = copy._replace(attributes={}, sealed=b"", associated=b"")  # its digests
+                self._opened(which, gathering)
                 honest = tuple(b for b in brokers if self._check(forward_id, gathering, b))
                 corrupted = tuple(b for b in brokers if b not in honest)
-                self._out.put_nowait(Forwarded(forward_id, copy.attributes, payload, honest, corrupted))
+                self._out.put_nowait(Forwarded(forward_id, copy.attributes, payload, honest, corrupted, publisher))
                 return
 
 
