@@ -140,6 +140,18 @@ def test_a_publisher_flooding_through_an_honest_broker_evicts_only_its_own_copie
     assert (publication.payload, publication.publisher) == (b"real", "alice")
 
 
+def test_a_broker_inventing_publishers_holds_no_more_than_its_bound(monkeypatch):
+    """Each invented name would otherwise get a budget of its own: memory without end."""
+    monkeypatch.setattr(forwarding, "MAX_PENDING", 10)
+    stream = ForwardedStream([], 2)
+    invented = split_publication({"n": -1}, b"junk", 2, 3)[2]
+    for j in range(500):
+        stream.take(2, {**invented, FORWARD: {**invented[FORWARD], "id": f"i{j}"}}, f"nobody-{j}")
+    held = sum(len(g.copies) for g in stream._gatherings.values())
+    assert held == len(stream._by_broker[2].ids) == forwarding.BROKER_PUBLISHERS * 10
+    assert len(stream._pending) == forwarding.BROKER_PUBLISHERS * 10  # no empty budgets left behind
+
+
 def test_an_opened_publication_keeps_only_its_shares():
     """A broker that never forwards its copy must not make the subscriber keep the others'."""
     stream = ForwardedStream([], 2)

@@ -16,7 +16,10 @@ A subscriber gathers the copies of each (publisher, forwarding id): the brokers 
 published, so a copy under another publisher's name never mixes with the publisher's own. It holds
 at most MAX_PENDING unopened publications, and MAX_PENDING_BYTES of them, per broker and publisher:
 a broker that floods it with invented forwarding ids, or a publisher that floods it through honest
-brokers, evicts only its own copies, never another's share of a publication still to open. Once a
+brokers, evicts only its own copies, never another's share of a publication still to open. All of a
+broker's copies together are bounded by BROKER_PUBLISHERS such budgets (its oldest go past them),
+so that a broker inventing publishers' names holds no more; only that many publishers flooding at
+once through an honest broker could evict an honest copy there. Once a
 publication opens, only its shares are kept (to check late ones); opened ids are remembered (the
 last MAX_DONE), so that a late or repeated copy neither opens a publication again nor starts a new
 gathering. (Replays older than that are the publisher's signature and time to catch, not this.)
@@ -53,6 +56,7 @@ from veil.security import shamir
 NONCE = bytes(12)  # each payload key seals exactly one payload
 MAX_PENDING = 10_000  # unopened forwarding ids a broker has copies in: beyond, its own oldest go
 MAX_PENDING_BYTES = 64 << 20  # and their sealed payloads' bytes
+BROKER_PUBLISHERS = 4  # a broker's copies of all publishers together: this many publishers' budgets
 COPY_BYTES = 512  # what a copy holds besides its sealed payload, about
 MAX_DONE = 100_000  # opened forwarding ids remembered
 MAX_REPORTS = 10_000  # corrupted and mismatched copies remembered, the newest
@@ -149,21 +153,22 @@ class _Gathering:
 
 
 class _Pending:
-    """One broker's copies in unopened gatherings, oldest first, with their bytes."""
+    """Copies in unopened gatherings, oldest first, with their bytes, within `budgets` budgets."""
 
-    def __init__(self) -> None:
-        self.ids: OrderedDict[str, int] = OrderedDict()
+    def __init__(self, budgets: int = 1) -> None:
+        self.ids: OrderedDict[tuple[str | None, str], int] = OrderedDict()  # (publisher, id) -> bytes
         self.bytes = 0
+        self.budgets = budgets
 
-    def add(self, forward_id: str, size: int) -> None:
-        self.ids[forward_id] = size
+    def add(self, key: tuple[str | None, str], size: int) -> None:
+        self.ids[key] = size
         self.bytes += size
 
-    def discard(self, forward_id: str) -> None:
-        self.bytes -= self.ids.pop(forward_id, 0)
+    def discard(self, key: tuple[str | None, str]) -> None:
+        self.bytes -= self.ids.pop(key, 0)
 
     def over(self) -> bool:
-        return len(self.ids) > MAX_PENDING or self.bytes > MAX_PENDING_BYTES
+        return len(self.ids) > self.budgets * MAX_PENDING or self.bytes > self.budgets * MAX_PENDING_BYTES
 
 
 class ForwardedStream:
@@ -180,6 +185,7 @@ class ForwardedStream:
         self.mismatched: deque[tuple[str, int, int]] = deque(maxlen=MAX_REPORTS)
         self._gatherings: dict[tuple[str | None, str], _Gathering] = {}  # by (publisher, forwarding id)
         self._pending: dict[tuple[int, str | None], _Pending] = {}  # by (broker, publisher)
+        self._by_broker: dict[int, _Pending] = {}  # all publishers' together
         self._done: OrderedDict[tuple[str | None, str], None] = OrderedDict()  # opened, oldest first
         self._out: asyncio.Queue[Forwarded] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
@@ -259,26 +265,40 @@ class ForwardedStream:
             del self._gatherings[key]
 
     def _hold(self, holder: tuple[int, str | None], forward_id: str, size: int) -> None:
-        """Count an unopened copy against its (broker, publisher)'s budget; past it, their oldest go."""
+        """Count an unopened copy against its (broker, publisher)'s budget and its broker's; past
+        either, the oldest copies it bounds go."""
         broker, publisher = holder
-        pending = self._pending.setdefault(holder, _Pending())
-        pending.add(forward_id, size)
-        while pending.over():
-            oldest = next(iter(pending.ids))
-            pending.discard(oldest)
-            gathering = self._gatherings[(publisher, oldest)]
-            del gathering.shares[broker], gathering.copies[broker]
-            if not gathering.shares:
-                del self._gatherings[(publisher, oldest)]
+        own = self._pending.setdefault(holder, _Pending())
+        everyone = self._by_broker.setdefault(broker, _Pending(BROKER_PUBLISHERS))
+        own.add((publisher, forward_id), size)
+        everyone.add((publisher, forward_id), size)
+        for pending in (own, everyone):
+            while pending.over():
+                self._let_go(broker, next(iter(pending.ids)))
+
+    def _let_go(self, broker: int, key: tuple[str | None, str]) -> None:
+        """A broker's copy of an unopened publication is no longer held."""
+        self._unhold(broker, key)
+        gathering = self._gatherings[key]
+        del gathering.shares[broker], gathering.copies[broker]
+        if not gathering.shares:
+            del self._gatherings[key]
+
+    def _unhold(self, broker: int, key: tuple[str | None, str]) -> None:
+        own = self._pending.get((broker, key[0]))
+        if own is not None:
+            own.discard(key)
+            if not own.ids:
+                del self._pending[(broker, key[0])]
+        everyone = self._by_broker.get(broker)
+        if everyone is not None:
+            everyone.discard(key)
 
     def _opened(self, key: tuple[str | None, str], gathering: _Gathering) -> None:
         """Its copies no longer count against budgets, nor are kept (only the shares are, to check
         late ones against the publisher's digests); its id is remembered."""
-        publisher, forward_id = key
         for broker in gathering.shares:
-            pending = self._pending.get((broker, publisher))
-            if pending is not None:
-                pending.discard(forward_id)
+            self._unhold(broker, key)
         gathering.copies.clear()
         self._done[key] = None
         while len(self._done) > MAX_DONE:
