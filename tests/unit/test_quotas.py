@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -9,7 +12,7 @@ from hypothesis import strategies as st
 
 from tests.unit.test_delivery import running_hub
 from veil.gateway.delivery import Session
-from veil.gateway.quotas import Quotas, fitting
+from veil.gateway.quotas import STALLED_WRITE, Quotas, WriteWatch, fitting
 from veil.protocol import Handshake, ProtocolError
 
 
@@ -64,3 +67,19 @@ async def test_one_client_with_many_subscriptions_behind_is_one_client_behind(tm
         assert hub.behind() == 16 and hub.clients_behind() == (1, 8)
         await hub.attach(session(23, "reader-16", caught_up=False))  # one of its two behind: not most
         assert hub.clients_behind() == (1, 8)
+        silent = session(24, "silent", caught_up=False)
+        silent.watch.slow = True  # its last write waited for it: between writes it still does not count
+        await hub.attach(silent)
+        assert hub.clients_behind() == (1, 8)
+
+
+async def test_a_client_stays_not_reading_from_a_write_that_waited_until_one_goes_through_at_once():
+    watch = WriteWatch()
+    with watch.writing():
+        assert not watch.not_reading(time.monotonic())
+        await asyncio.sleep(STALLED_WRITE * 1.2)
+        assert watch.not_reading(time.monotonic())
+    assert watch.not_reading(time.monotonic())  # between writes too, e.g. while its backlog is read
+    with watch.writing():
+        pass
+    assert not watch.not_reading(time.monotonic())

@@ -35,7 +35,7 @@ import numpy as np
 import orjson
 
 from veil.gateway.channel import Close, Send
-from veil.gateway.quotas import Client, fitting, stalled
+from veil.gateway.quotas import Client, WriteWatch, fitting
 from veil.monitoring import trace
 from veil.protocol import Handshake
 from veil.protocol.envelope import wrap
@@ -130,7 +130,7 @@ class Bundle:
         self._send = send
         self._close = close
         self.closed = False
-        self.writing_since: float | None = None  # when the write under way began
+        self.watch = WriteWatch()
         self._wake = asyncio.Event()
 
     def place(self, sub_id: str) -> int:
@@ -148,7 +148,7 @@ class Bundle:
             return
         # a connection whose client does not read takes nothing more in memory: what it is owed waits
         # in the store, so that clients reading nothing hold no more than what they took before
-        room = 0 if stalled(self.writing_since, time.monotonic()) else self.hub.quotas.room(self.client)
+        room = 0 if self.watch.not_reading(time.monotonic()) else self.hub.quotas.room(self.client)
         # what cannot fit is not even made into lines: an entry may hold millions of deliveries
         lines = None
         if self.queued + len(places) <= self._limit and int(self._id_bytes[places].sum()) <= room:
@@ -261,11 +261,8 @@ class Bundle:
                 ids = b'"subscriptionIds":[' + b",".join(quoted[low:high]) + b"]"
                 frames.append(wrap(pub, body, members + b"," + ids if members else ids))
                 low = high
-        self.writing_since = time.monotonic()
-        try:
+        with self.watch.writing():
             await self._send(frames)
-        finally:
-            self.writing_since = None
         self.queued_bytes -= size
         self.hub.quotas.release(self.client, size)
         places = np.concatenate([item.places for item in batch])

@@ -27,7 +27,7 @@ import numpy as np
 
 from veil.gateway.bundle import END_LINE_WAIT, LINE_BYTES, REFILL_BYTES, SEND_BYTES, Bundle, Published
 from veil.gateway.channel import Close, Send
-from veil.gateway.quotas import UNLIMITED, Client, Quotas, fitting, stalled
+from veil.gateway.quotas import UNLIMITED, Client, Quotas, WriteWatch, fitting
 from veil.gateway.store_threads import StoreThreads
 from veil.monitoring import trace
 from veil.monitoring.histogram import LATENCY_BOUNDS, Histogram
@@ -88,15 +88,14 @@ class Session:
         self.queued_bytes = 0  # of the lines queued, and of those being written
         self.caught_up = False
         self.closed = False
-        self.writing_since: float | None = None  # when the write under way began
+        self.watch = WriteWatch()
         self._wake = asyncio.Event()
 
     def offer(self, chunk: Chunk) -> None:
         if not self.caught_up or self.closed:
             return
         # a connection whose client does not read takes nothing more in memory (it waits in the store)
-        not_reading = self.writing_since is not None and stalled(self.writing_since, time.monotonic())
-        free = 0 if not_reading else self.hub.quotas.room(self.client)
+        free = 0 if self.watch.not_reading(time.monotonic()) else self.hub.quotas.room(self.client)
         if chunk.pubs[0] > self.last_queued and len(chunk.pubs) <= QUEUE_LIMIT - self.queued and chunk.size <= free:
             self._queue(chunk)  # the common case: all of it is new and fits
         else:
@@ -173,11 +172,8 @@ class Session:
             if chunk.logged is not None:
                 logged.append(chunk.logged)
         last = pubs[-1]
-        self.writing_since = time.monotonic()
-        try:
+        with self.watch.writing():
             await self._send(list(map(wrap, pubs, bodies, envelopes)) if self.envelope else bodies)
-        finally:
-            self.writing_since = None
         self.queued_bytes -= size
         self.hub.quotas.release(self.client, size)
         self.hub.forwarded += len(pubs)
@@ -354,12 +350,12 @@ class DeliveryHub:
             *(
                 (session.client, int(not session.caught_up), 1)
                 for session in self._by_number.values()
-                if not stalled(session.writing_since, now)
+                if not session.watch.not_reading(now)
             ),
             *(
                 (bundle.client, bundle.behind(), int(bundle.open.sum()))
                 for bundle in self._bundles.values()
-                if not stalled(bundle.writing_since, now)
+                if not bundle.watch.not_reading(now)
             ),
         ):
             vote = votes.setdefault(holder.identity, [0, 0])

@@ -8,6 +8,9 @@ client that reads slowly or not at all costs its own quota and store space, and 
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,9 +23,30 @@ UNLIMITED = 1 << 62
 STALLED_WRITE = 0.25
 
 
-def stalled(writing_since: float | None, now: float) -> bool:
-    """Whether a connection's write has waited for its client longer than STALLED_WRITE."""
-    return writing_since is not None and now - writing_since > STALLED_WRITE
+class WriteWatch:
+    """Whether a connection's client reads what it is sent. A client is not reading while a write has
+    waited for it longer than STALLED_WRITE, and stays so once a write took that long, until a write
+    goes through in less: the kernel's buffers take a little now and then even from a client that
+    never reads, and between two such writes (while the next lines are read from the store) it would
+    otherwise count as a client that reads."""
+
+    __slots__ = ("since", "slow")
+
+    def __init__(self) -> None:
+        self.since: float | None = None  # when the write under way began
+        self.slow = False  # the last write waited longer than STALLED_WRITE
+
+    def not_reading(self, now: float) -> bool:
+        return self.slow or (self.since is not None and now - self.since > STALLED_WRITE)
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        self.since = time.monotonic()
+        try:
+            yield
+            self.slow = time.monotonic() - self.since > STALLED_WRITE
+        finally:
+            self.since = None
 
 
 @dataclass
