@@ -27,6 +27,7 @@ import tempfile
 import time
 
 import orjson
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from bench.loadgen import lat_lon
@@ -37,7 +38,7 @@ from veil.client.forwarding import ForwardingPublisher, subscribe_forwarded
 from veil.client.sealed import seal_publication
 from veil.harness import BrokerProcess
 from veil.protocol.reserved import SCOPE
-from veil.security.sealing import RAW, ScopeKey
+from veil.security.sealing import ScopeKey, recipient_public
 
 SUBSCRIPTIONS = 128
 PAYLOAD = 256
@@ -71,10 +72,12 @@ async def sealed_case(broker: BrokerProcess, make, seconds: float, label: str) -
 
 async def sealed_vs_clear(seconds: float, rounds: int) -> list[dict]:
     directory = tempfile.mkdtemp(prefix="veil-bench-privacy-")
-    member = X25519PrivateKey.generate()
+    member, manager = X25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    managers = {"customs": {"m1": base64.b64encode(manager.public_key().public_bytes_raw()).decode()}}
     registry = {
         "rules": {"*": [[]]},
-        "recipients": {"bench": base64.b64encode(member.public_key().public_bytes(*RAW)).decode()},
+        "keys": {"bench": managers["customs"]},
+        "recipients": {"bench": base64.b64encode(recipient_public(member)).decode()},
         "scopes": {"customs": {"users": ["bench"], "managers": ["bench"]}},
     }
     path = os.path.join(directory, "registry.json")
@@ -82,8 +85,8 @@ async def sealed_vs_clear(seconds: float, rounds: int) -> list[dict]:
         json.dump(registry, handle)
     broker = BrokerProcess(os.path.join(directory, "data"), "--registry", path).start()
     try:
-        async with VeilClient(broker.url, auth_hash="bench", recipient_key=member) as client:
-            await client.rotate_scope_key("customs")
+        async with VeilClient(broker.url, auth_hash="bench", recipient_key=member, scope_managers=managers) as client:
+            await client.rotate_scope_key("customs", ("m1", manager), {"bench": recipient_public(member)})
             key = await client.keyring.key("customs")
         seal_with = functools.partial(sealed, tuple(key))
         await sealed_case(broker, clear, 3, "warm-up")

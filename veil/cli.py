@@ -29,7 +29,13 @@ def _client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--recipient-key",
         default=os.environ.get("VEIL_RECIPIENT_KEY"),
-        help="your X25519 private key (PEM, from `veil keygen`): seals and opens scope payloads",
+        help="your recipient private key (PEM, from `veil keygen`): seals and opens scope payloads",
+    )
+    parser.add_argument(
+        "--scope-managers",
+        default=os.environ.get("VEIL_SCOPE_MANAGERS"),
+        help="JSON file: scope -> key id -> base64 Ed25519 public key of a manager whose signed key rosters "
+        "you believe (no scope key is used without one)",
     )
 
 
@@ -39,23 +45,56 @@ def _client(args: argparse.Namespace):
     return VeilClient(
         args.url, auth_hash=args.auth_hash, token=args.token, ca_file=args.ca, cert_file=args.cert, key_file=args.key,
         recipient_key=_recipient_key(args.recipient_key),
+        scope_managers=_json_file(args.scope_managers, "--scope-managers"),
     )  # fmt: skip
+
+
+def _pem_keys(path: str, option: str) -> list[Any]:
+    """The private keys of a PEM file, in order (a hybrid recipient key is two)."""
+    from cryptography.hazmat.primitives import serialization
+
+    end = b"-----END PRIVATE KEY-----"
+    try:
+        with open(path, "rb") as handle:
+            blocks = [block + end for block in handle.read().split(end) if block.strip()]
+        return [serialization.load_pem_private_key(block, None) for block in blocks]
+    except (OSError, ValueError, TypeError) as exc:
+        raise SystemExit(f"veil: {option} {path}: {exc}") from None
 
 
 def _recipient_key(path: str | None):
     if path is None:
         return None
-    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM768PrivateKey
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+    from veil.security.sealing import HybridKey
+
+    keys = _pem_keys(path, "--recipient-key")
+    if len(keys) == 1 and isinstance(keys[0], X25519PrivateKey):
+        return keys[0]
+    if len(keys) == 2 and isinstance(keys[0], MLKEM768PrivateKey) and isinstance(keys[1], X25519PrivateKey):
+        return HybridKey(keys[0], keys[1])
+    raise SystemExit(f"veil: --recipient-key {path}: neither an X25519 key nor an ML-KEM-768 and an X25519 key")
+
+
+def _signing_key(path: str, key_id: str):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    keys = _pem_keys(path, "--signing-key")
+    if len(keys) != 1 or not isinstance(keys[0], Ed25519PrivateKey):
+        raise SystemExit(f"veil: --signing-key {path}: not an Ed25519 private key")
+    return key_id, keys[0]
+
+
+def _json_file(path: str | None, option: str) -> Any:
+    if path is None:
+        return None
     try:
         with open(path, "rb") as handle:
-            key = serialization.load_pem_private_key(handle.read(), None)
-    except (OSError, ValueError, TypeError) as exc:
-        raise SystemExit(f"veil: --recipient-key {path}: {exc}") from None
-    if not isinstance(key, X25519PrivateKey):
-        raise SystemExit(f"veil: --recipient-key {path}: not an X25519 private key")
-    return key
+            return orjson.loads(handle.read())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise SystemExit(f"veil: {option} {path}: {exc}") from None
 
 
 def parse_constraint(text: str) -> dict[str, Any]:
@@ -92,7 +131,7 @@ async def _publish(args: argparse.Namespace) -> int:
     if args.seal is None and (args.payload is not None or args.payload_file is not None):
         raise SystemExit("veil publish: --payload and --payload-file go with --seal SCOPE")
     if args.seal is not None and args.recipient_key is None:
-        raise SystemExit("veil publish: --seal needs --recipient-key (your X25519 private key)")
+        raise SystemExit("veil publish: --seal needs --recipient-key (your recipient private key)")
     payload = args.payload.encode() if args.payload is not None else None
     if args.payload_file is not None:
         with open(args.payload_file, "rb") as handle:
@@ -168,28 +207,47 @@ def _printable(payload: bytes) -> str:
 
 
 async def _rotate(args: argparse.Namespace) -> int:
+    recipients = _json_file(args.recipients, "--recipients") or {}
+    if not isinstance(recipients, dict) or not all(isinstance(v, str) for v in recipients.values()):
+        raise SystemExit("veil scope rotate: --recipients is a JSON object: member -> base64 recipient public key")
+    try:
+        vouched = {member: base64.b64decode(key, validate=True) for member, key in recipients.items()}
+    except ValueError as exc:
+        raise SystemExit(f"veil scope rotate: --recipients: {exc}") from None
     async with _client(args) as client:
-        version, missing = await client.rotate_scope_key(args.scope)
-    print(f"scope {args.scope}: key version {version}")
-    if missing:
-        print(f"without a recipient key in the registry, so without the key: {', '.join(missing)}", file=sys.stderr)
+        rotation = await client.rotate_scope_key(args.scope, _signing_key(args.signing_key, args.key_id), vouched)
+    print(f"scope {args.scope}: key version {rotation.version} for {', '.join(rotation.members)}")
+    for member, why in sorted(rotation.left_out.items()):
+        print(f"left out {member}: {why}", file=sys.stderr)
     return 0
 
 
 def _keygen(args: argparse.Namespace) -> int:
     from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-    key = X25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    from veil.security.sealing import HybridKey, recipient_public
+
+    def pem(key: Any) -> bytes:
+        encoding, form = serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8
+        return key.private_bytes(encoding, form, serialization.NoEncryption())
+
+    if args.kind == "ed25519":
+        signing = Ed25519PrivateKey.generate()
+        text, public = pem(signing), signing.public_key().public_bytes_raw()
+        listed = "list this public key under the registry's keys (yours) and in members' --scope-managers:"
+    else:
+        key = X25519PrivateKey.generate() if args.kind == "x25519" else HybridKey.generate()
+        text = pem(key.mlkem) + pem(key.x25519) if isinstance(key, HybridKey) else pem(key)
+        public, listed = recipient_public(key), "list this public key under the registry's recipients:"
     try:
         fd = os.open(args.out, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except OSError as exc:
         raise SystemExit(f"veil keygen: --out {args.out}: {exc.strerror}") from None
     with os.fdopen(fd, "wb") as handle:
-        handle.write(pem)
-    public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    print(f"wrote {args.out}; list this public key under the registry's recipients:")
+        handle.write(text)
+    print(f"wrote {args.out}; {listed}")
     print(base64.b64encode(public).decode())
     return 0
 
@@ -299,13 +357,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     scope = commands.add_parser("scope", help="manage a scope's sealing key (its managers)")
     scope_commands = scope.add_subparsers(dest="scope_command", required=True)
-    rotate = scope_commands.add_parser("rotate", help="a new key version, wrapped for every current member")
+    rotate = scope_commands.add_parser(
+        "rotate", help="a new key version, signed, for every current member whose recipient key you vouch for"
+    )
     _client_arguments(rotate)
     rotate.add_argument("scope", help="the scope's name")
+    rotate.add_argument(
+        "--signing-key", required=True, help="your Ed25519 private key (PEM, `veil keygen --kind ed25519`)"
+    )
+    rotate.add_argument("--key-id", required=True, help="its id, as the registry's keys list it for you")
+    rotate.add_argument(
+        "--recipients",
+        help="JSON file: member -> base64 recipient public key you vouch for (new members, changed keys); "
+        "members on the last roster keep the keys it lists",
+    )
     rotate.set_defaults(run=lambda a: asyncio.run(_rotate(a)))
 
-    keygen = commands.add_parser("keygen", help="create your X25519 recipient key for sealed payloads")
+    keygen = commands.add_parser("keygen", help="create a recipient key for sealed payloads, or a signing key")
     keygen.add_argument("--out", default="recipient-key.pem", help="where the private key goes (not overwritten)")
+    keygen.add_argument(
+        "--kind", choices=("x25519", "hybrid", "ed25519"), default="x25519",
+        help="x25519 or hybrid (ML-KEM-768 with X25519) recipient key, or an ed25519 signing key (managers)",
+    )  # fmt: skip
     keygen.set_defaults(run=_keygen)
 
     unsubscribe = commands.add_parser("unsubscribe", help="remove a subscription")

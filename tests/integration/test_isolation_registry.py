@@ -20,13 +20,15 @@ from collections.abc import Iterator
 import aiohttp
 import orjson
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from tests.integration.helpers import LineConnection, run_id
 from veil.client import VeilClient, VeilError
 from veil.client.errors import Replaced
+from veil.client.scope_keys import next_version
 from veil.harness import BrokerProcess, postgres_database
-from veil.security.sealing import RAW, ScopeKey, wrap
+from veil.security.sealing import recipient_public
 
 pytestmark = pytest.mark.slow
 ROOT, FLEET, CAROL, DAVE, REVOKED, LEAKED = (
@@ -40,6 +42,8 @@ ROOT, FLEET, CAROL, DAVE, REVOKED, LEAKED = (
 PUBLISHING = "publishing-secret-1"
 MEMBERS = ("alice", "bob")
 PRIVATE = {user: X25519PrivateKey.generate() for user in MEMBERS}
+SIGNING = {user: Ed25519PrivateKey.generate() for user in ("carol", "dave")}  # the scope's managers
+PINNED = {f"{user}-1": key.public_key().public_bytes_raw() for user, key in SIGNING.items()}
 HASHES = {f"{user}-secret-1": user for user in MEMBERS}
 PUBLISHERS = {f"pub{i}-secret-1": f"pub{i}" for i in range(20)}
 ADMIN_POLICY = {"data": [{"key": "id", "val": "truck-bcd", "op": "eq"}], "group": "A"}
@@ -60,7 +64,8 @@ REGISTRY = {
     "users": {f"user-{i:05d}": {"groups": ["A"]} for i in range(10000)},
     "rules": {"*": [[]]},
     "policies": {"fleet": [ADMIN_POLICY]},
-    "recipients": {u: base64.b64encode(k.public_key().public_bytes(*RAW)).decode() for u, k in PRIVATE.items()},
+    "keys": {user: {key_id: base64.b64encode(PINNED[key_id]).decode()} for key_id, user in (("carol-1", "carol"), ("dave-1", "dave"))},
+    "recipients": {u: base64.b64encode(recipient_public(k)).decode() for u, k in PRIVATE.items()},
     "scopes": {"customs": {"users": [*MEMBERS, "extra"], "managers": ["carol", "dave"]}},
 }
 
@@ -142,24 +147,25 @@ async def test_an_admin_change_and_a_publisher_rule_save_through_two_gateways_bo
         await publisher.close()
 
 
-async def test_two_scope_key_saves_through_two_gateways_keep_both_envelopes_or_refuse_one(gateways):
+async def test_two_rotations_through_two_gateways_store_one_version_each_time(gateways):
+    """Both managers make the next version at once: one is stored, the other is refused (409), and
+    what was acknowledged is what members get."""
     a, b = gateways
+    vouched = {member: recipient_public(key) for member, key in PRIVATE.items()}
     async with client(a, CAROL) as carol, client(b, DAVE) as dave, client(a, ROOT) as root:
         for _ in range(5):
-            newest = (await carol.request("/scopes/customs", b"", method="GET"))["version"]
-            key = ScopeKey.new("customs", newest + 1)
+            described = await carol.request("/scopes/customs", b"", method="GET")
 
-            def save(manager: VeilClient, member: str, key: ScopeKey = key):
-                envelope = base64.b64encode(wrap(key, PRIVATE[member].public_key())).decode()
-                body = orjson.dumps({"envelopes": {member: envelope}})
-                return outcome(manager.request(f"/scopes/customs/keys/{key.version}", body, method="PUT"))
+            def save(manager: VeilClient, name: str, described: dict = described):
+                body, rotation = next_version("customs", described, (f"{name}-1", SIGNING[name]), vouched, PINNED)
+                path = f"/scopes/customs/keys/{rotation.version}"
+                return outcome(manager.request(path, orjson.dumps(body), method="PUT")), body
 
-            saved = dict(zip(MEMBERS, await asyncio.gather(save(carol, "alice"), save(dave, "bob")), strict=True))
-            held = (await root.registry())["scopes"]["customs"]["keys"][str(key.version)]
-            for member, acknowledged in saved.items():
-                if acknowledged:
-                    assert member in held, f"the envelope for {member} was acknowledged and lost"
-            assert any(saved.values())
+            (carol_saved, carol_body), (dave_saved, dave_body) = save(carol, "carol"), save(dave, "dave")
+            saved = await asyncio.gather(carol_saved, dave_saved)
+            assert sorted(saved) == [False, True], "exactly one of two rotations to the same version is stored"
+            stored = (await root.registry())["scopes"]["customs"]["keys"][str(described["version"] + 1)]
+            assert stored["signature"] == (carol_body if saved[0] else dave_body)["signature"]
 
 
 async def test_a_static_hash_revoked_through_one_gateway_is_refused_by_the_other_at_once(gateways):

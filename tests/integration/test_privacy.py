@@ -15,6 +15,7 @@ import sys
 
 import orjson
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
@@ -26,11 +27,18 @@ from veil.harness import BrokerProcess
 from veil.harness.broker import free_ports
 from veil.protocol.reserved import FORWARD, SEALED
 from veil.security import shamir
-from veil.security.sealing import RAW, SealError, open_sealed
+from veil.security.sealing import SealError, open_sealed, recipient_public
 
 pytestmark = pytest.mark.slow
 USERS = ("alice", "bob", "carol", "dave", "erin", "root")
 RECIPIENT = {user: X25519PrivateKey.generate() for user in USERS}
+MANAGER = Ed25519PrivateKey.generate()  # carol's: she signs the customs rosters, members pin it
+MANAGER_PUBLIC = base64.b64encode(MANAGER.public_key().public_bytes_raw()).decode()
+VOUCHED = {user: recipient_public(key) for user, key in RECIPIENT.items()}  # what carol knows of members' keys
+
+
+async def rotate(carol: VeilClient) -> int:
+    return (await carol.rotate_scope_key("customs", ("carol-1", MANAGER), VOUCHED)).version
 
 
 def secret(user: str) -> str:
@@ -42,7 +50,8 @@ def registry(customs: list[str]) -> dict:
         "admins": ["root"],
         "hashes": {secret(u): u for u in USERS},
         "rules": {"*": [[]]},
-        "recipients": {u: base64.b64encode(k.public_key().public_bytes(*RAW)).decode() for u, k in RECIPIENT.items()},
+        "keys": {"carol": {"carol-1": MANAGER_PUBLIC}},
+        "recipients": {u: base64.b64encode(recipient_public(k)).decode() for u, k in RECIPIENT.items()},
         "scopes": {
             "customs": {
                 "users": customs,
@@ -77,7 +86,7 @@ def brokers(tmp_path_factory):
 def client(broker: BrokerProcess, user: str, tcp_port: int | None = None) -> VeilClient:
     return VeilClient(
         broker.url, auth_hash=secret(user), tcp_port=tcp_port or broker.tcp_port, ws_port=broker.ws_port,
-        recipient_key=RECIPIENT[user],
+        recipient_key=RECIPIENT[user], scope_managers={"customs": {"carol-1": MANAGER_PUBLIC}},
     )  # fmt: skip
 
 
@@ -109,7 +118,7 @@ async def test_no_broker_holds_a_sealed_or_forwarded_canary(brokers):
     scope_keys = []
     for broker in brokers:
         async with client(broker, "carol") as carol:
-            await carol.rotate_scope_key("customs")
+            await rotate(carol)
     members = [client(b, "bob") for b in brokers]
     publishers = [client(b, "alice") for b in brokers]
     erin = [client(b, "erin") for b in brokers]
@@ -236,7 +245,7 @@ async def test_a_scope_keeps_its_publications_and_a_removed_member_loses_them(br
     mine = [{"key": "rid", "op": "eq", "val": rid}]
     alice, bob, carol, dave, root = (client(broker, u) for u in ("alice", "bob", "carol", "dave", "root"))
     try:
-        await carol.rotate_scope_key("customs")
+        await rotate(carol)
         await bob.subscribe(mine, f"bob-{rid}", scope="customs")
         await carol.subscribe(mine, f"carol-{rid}", scope="customs")
         await dave.subscribe(mine, f"dave-{rid}")  # the world
@@ -256,7 +265,7 @@ async def test_a_scope_keeps_its_publications_and_a_removed_member_loses_them(br
             document["scopes"]["customs"]["users"] = ["alice", "carol"]
             await root.registry(document)
             old_key = await bob.keyring.key("customs")
-            await carol.rotate_scope_key("customs")
+            await rotate(carol)
             await alice.publish({"rid": rid, "kind": "detail"}, seal="customs", payload=b"after bob left")
             [later] = await take(carol_stream, 1)
             assert later.payload == b"after bob left"
@@ -280,7 +289,12 @@ def pem(user: str, directory) -> str:
 
 async def test_the_command_line_rotates_seals_and_opens(brokers, tmp_path):
     broker, rid = brokers[0], run_id()
-    flags = ["--url", broker.url]
+    managers, recipients, signing = tmp_path / "managers.json", tmp_path / "recipients.json", tmp_path / "carol-signing.pem"
+    managers.write_bytes(orjson.dumps({"customs": {"carol-1": MANAGER_PUBLIC}}))
+    recipients.write_bytes(orjson.dumps({u: base64.b64encode(k).decode() for u, k in VOUCHED.items()}))
+    signing.write_bytes(MANAGER.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    flags = ["--url", broker.url, "--scope-managers", str(managers)]
+    rotation = ["--signing-key", str(signing), "--key-id", "carol-1", "--recipients", str(recipients)]
 
     async def veil(user: str, *args: str) -> str:
         process = await asyncio.create_subprocess_exec(
@@ -291,7 +305,7 @@ async def test_the_command_line_rotates_seals_and_opens(brokers, tmp_path):
         assert process.returncode == 0, err.decode()
         return out.decode()
 
-    assert "key version" in await veil("carol", "scope", "rotate", "customs")
+    assert "key version" in await veil("carol", "scope", "rotate", "customs", *rotation)
     async with client(broker, "carol") as carol:  # a member whichever tests ran before
         await carol.subscribe([{"key": "rid", "op": "eq", "val": rid}], f"cli-{rid}", scope="customs")
         async with carol.deliveries(f"cli-{rid}") as stream:

@@ -113,7 +113,8 @@ def test_membership_by_registry_or_by_attributes():
         ({"a": {"export": [[{"key": "k", "op": "gt", "val": "x", "type": "int"}]]}}, "scopes.a.export[0][0].val", ""),
         ({"a": {"members": []}}, "scopes.a.members", "unknown field"),
         ({"a": {"keys": {"one": {}}}}, "scopes.a.keys.one", "whole number"),
-        ({"a": {"keys": {"1": {"alice": "c2hvcnQ="}}}}, "scopes.a.keys.1.alice", "80 bytes"),
+        ({"a": {"keys": {"1": {"alice": "c2hvcnQ="}}}}, "scopes.a.keys.1.keyId", "signing key"),
+        ({"a": {"keys": {"1": {"keyId": "k", "signature": "c2hvcnQ="}}}}, "scopes.a.keys.1.signature", "64 bytes"),
         ({"": {}}, "scopes.", "non-empty"),
     ],
 )

@@ -18,7 +18,6 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 import orjson
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from veil.client.channels import Channel, TcpChannel, WebSocketChannel
 from veil.client.errors import (
@@ -27,15 +26,17 @@ from veil.client.errors import (
     NotFound,
     Replaced,
     TamperedPublication,
+    UntrustedKey,
     VeilError,
     error_from_body,
     error_from_document,
 )
+from veil.client.scope_keys import Rotation, next_version
 from veil.client.sealed import ScopeKeyring, seal_publication
 from veil.protocol.envelope import published_bytes
 from veil.protocol.limits import INT64_MAX
 from veil.security import signatures
-from veil.security.sealing import ScopeKey, SealError, wrap
+from veil.security.sealing import RecipientKey, SealError
 from veil.security.tls import client_context
 
 ERROR_KEYS = frozenset({"error", "field", "status"})
@@ -73,11 +74,15 @@ class VeilClient:
         key_file: str | None = None,
         tcp_port: int | None = None,
         ws_port: int | None = None,
-        recipient_key: X25519PrivateKey | None = None,
+        recipient_key: RecipientKey | None = None,
+        scope_managers: dict[str, dict[str, str]] | None = None,
         timeout: float = 30.0,
     ) -> None:
-        """`recipient_key` is the private half of the X25519 key the registry lists for this client
-        under `recipients`: scope keys are wrapped for it, so it seals and opens payloads."""
+        """`recipient_key` is the private half of the key the registry lists for this client under
+        `recipients` (X25519, or `HybridKey` for ML-KEM-768 with X25519): scope keys are wrapped for
+        it, so it seals and opens payloads. `scope_managers` pins, per scope, the Ed25519 public keys
+        (key id -> base64) of the managers whose signed rosters this client believes: a scope key is
+        used only as a roster one of them signed gives it."""
         parts = urlsplit(url)
         self.url = url.rstrip("/")
         self.host = parts.hostname or "127.0.0.1"
@@ -99,7 +104,13 @@ class VeilClient:
         self._http: aiohttp.ClientSession | None = None
         self.positions: dict[str, int] = {}  # last consumed sequence number per subscription
         self.registry_version: int | None = None  # of the registry this client last read or changed
-        self.keyring = ScopeKeyring(recipient_key, self._envelope) if recipient_key is not None else None
+        self.scope_managers = {
+            scope: {key_id: base64.b64decode(key) for key_id, key in keys.items()}
+            for scope, keys in (scope_managers or {}).items()
+        }
+        self.keyring = (
+            ScopeKeyring(recipient_key, self.scope_managers, self._envelope) if recipient_key is not None else None
+        )
 
     async def __aenter__(self) -> VeilClient:
         return self
@@ -183,7 +194,10 @@ class VeilClient:
         keyring = self.keyring
 
         async def sealed_and_published() -> str:
-            key = await keyring.key(scope)
+            try:
+                key = await keyring.key(scope)
+            except SealError as exc:
+                raise UntrustedKey("veil:sealed", str(exc), 0) from None
             if key is None:
                 raise VeilError("veil:sealed", f"the broker has no key of scope {scope!r} for this client", 0)
             body = orjson.dumps(seal_publication(attributes, payload, key))
@@ -197,38 +211,38 @@ class VeilClient:
             keyring.forget_newest(scope)
             return await sealed_and_published()
 
-    async def _envelope(self, scope: str, version: int | None) -> tuple[int, bytes] | None:
+    async def _envelope(self, scope: str, version: int | None) -> dict | None:
         query = "" if version is None else f"?version={version}"
         try:
             reply = await self.request(f"/scopes/{quote(scope, safe='')}/key{query}", b"", method="GET")
         except NotFound:
             return None
-        return reply["version"], base64.b64decode(reply["envelope"])
+        return reply if isinstance(reply, dict) else {}
 
-    async def rotate_scope_key(self, scope: str) -> tuple[int, list[str]]:
-        """As the scope's manager: a new key version, wrapped for every member the registry lists a
-        recipient key for. Returns the version and the members left without it (no recipient key).
-        When another rotation or registry change came first (409), rotates again from the newest."""
-        return await _redone(
-            lambda: self._rotate(scope),
-            lambda field: field in ("version", REGISTRY_VERSION) or field.startswith("envelopes."),
-        )
+    async def rotate_scope_key(
+        self,
+        scope: str,
+        signing_key: tuple[str, Ed25519PrivateKey],
+        recipients: dict[str, bytes] | None = None,
+    ) -> Rotation:
+        """As the scope's manager: a new key version for the members the registry lists whose
+        recipient keys you vouch for (`recipients`: member -> raw public key, or the last roster's),
+        in a roster signed with `signing_key` (key id, private key; its public half registered for you
+        and pinned by members in `scope_managers`). Members left out are reported with why. When
+        another rotation or registry change came first (409), rotates again from the newest."""
+        pinned = self.scope_managers.get(scope, {})
 
-    async def _rotate(self, scope: str) -> tuple[int, list[str]]:
-        path = f"/scopes/{quote(scope, safe='')}"
-        described = await self.request(path, b"", method="GET")
-        key = ScopeKey.new(scope, described["version"] + 1)
-        envelopes, missing = {}, []
-        for member, recipient in described["members"].items():
-            if recipient is None:
-                missing.append(member)
-                continue
-            public = X25519PublicKey.from_public_bytes(base64.b64decode(recipient))
-            envelopes[member] = base64.b64encode(wrap(key, public)).decode()
-        if not envelopes:
-            raise VeilError("members", f"no member of scope {scope!r} has a recipient key in the registry", 0)
-        await self.request(f"{path}/keys/{key.version}", orjson.dumps({"envelopes": envelopes}), method="PUT")
-        return key.version, missing
+        async def rotated() -> Rotation:
+            path = f"/scopes/{quote(scope, safe='')}"
+            described = await self.request(path, b"", method="GET")
+            try:
+                body, rotation = next_version(scope, described, signing_key, recipients or {}, pinned)
+            except SealError as exc:
+                raise UntrustedKey("roster", str(exc), 0) from None
+            await self.request(f"{path}/keys/{rotation.version}", orjson.dumps(body), method="PUT")
+            return rotation
+
+        return await _redone(rotated, lambda field: field in ("version", REGISTRY_VERSION))
 
     async def announce(self, data: list[dict], announcement_id: str | None = None) -> dict:
         """As an edge broker: announce what its publishers can produce (constraints, as `data` of a

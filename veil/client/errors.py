@@ -55,6 +55,11 @@ class TamperedPublication(VeilError):
     """A delivery whose publisher signature does not verify: it is not handed to the application."""
 
 
+class UntrustedKey(VeilError):
+    """The broker served a scope key or roster that no manager this client pins signed for it, or an
+    older version than one it has seen: nothing was sealed under it."""
+
+
 class BrokerFault(VeilError):
     """The broker sent what the protocol does not allow (a line that is no envelope, a sequence
     number out of range, subscriptions the connection does not carry). The stream reconnects, backing

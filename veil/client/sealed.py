@@ -2,29 +2,34 @@
 members on publish and opened on delivery, so that the brokers carry only ciphertext.
 
 The sealed payload rides in the publication as `veil:sealed` beside the routing attributes, which
-stay in clear for matching; the attributes (with `veil:scope`) are the associated data, in a
-canonical form (keys sorted), so a broker cannot graft a payload onto other attributes. A member
-holds a scope key version once it has fetched its envelope from the broker and unwrapped it with
-its recipient key (X25519); `ScopeKeyring` keeps the versions it has opened.
+stay in clear for matching; the attributes (with `veil:scope`) are the associated data, in their
+RFC 8785 canonical form, so a broker cannot graft a payload onto other attributes and a client in
+any language reproduces what was bound. A member holds a scope key version once it has fetched
+its envelope from the broker, verified the roster that comes with it against the scope's manager
+keys it pins, and unwrapped it with its recipient key; `ScopeKeyring` keeps the versions it has
+opened and the newest version it has seen of each scope, below which it believes no roster.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Awaitable, Callable
+import binascii
+from collections.abc import Awaitable, Callable, Mapping
 
-import orjson
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
+from veil.protocol import ProtocolError
+from veil.protocol.canonical import canonical
 from veil.protocol.reserved import SCOPE, SEALED
-from veil.security.sealing import ScopeKey, SealError, open_sealed, seal, sealed_version, unwrap
+from veil.security.rosters import parse_signed
+from veil.security.sealing import RecipientKey, ScopeKey, SealError, open_sealed, recipient_public, seal, sealed_version
+from veil.security.sealing import unwrap as unwrap_envelope
 
-Fetch = Callable[[str, int | None], Awaitable[tuple[int, bytes] | None]]  # (scope, version) -> (version, envelope)
+Fetch = Callable[[str, int | None], Awaitable[dict | None]]  # (scope, version) -> the broker's answer
+Managers = Mapping[str, Mapping[str, bytes]]  # scope -> key id -> raw Ed25519 public key of a manager
 
 
 def associated_data(publication: dict) -> bytes:
-    """What a sealed payload is bound to: the publication without it, keys sorted."""
-    return orjson.dumps({k: v for k, v in publication.items() if k != SEALED}, option=orjson.OPT_SORT_KEYS)
+    """What a sealed payload is bound to: the publication without it, in canonical JSON."""
+    return canonical({k: v for k, v in publication.items() if k != SEALED})
 
 
 def seal_publication(attributes: dict, payload: bytes, key: ScopeKey) -> dict:
@@ -36,28 +41,57 @@ def seal_publication(attributes: dict, payload: bytes, key: ScopeKey) -> dict:
 
 
 class ScopeKeyring:
-    """The scope key versions a member has opened, fetched when first needed."""
+    """The scope key versions a member has opened, fetched when first needed and believed only as a
+    manager it pins signed them."""
 
-    def __init__(self, recipient_key: X25519PrivateKey, fetch: Fetch) -> None:
+    def __init__(self, recipient_key: RecipientKey, managers: Managers, fetch: Fetch) -> None:
         self.recipient_key = recipient_key
+        self.public = recipient_public(recipient_key)
+        self.managers = managers
         self._fetch = fetch
         self._keys: dict[tuple[str, int], ScopeKey] = {}
-        self._newest: dict[str, int] = {}
+        self._newest: dict[str, int] = {}  # the newest version opened, which sealing uses
+        self.seen: dict[str, int] = {}  # the newest version any verified roster named: none older is current
 
     async def key(self, scope: str, version: int | None = None) -> ScopeKey | None:
-        """A version (the newest by default); None when the broker has no envelope of it for us."""
+        """A version (the newest by default); None when the broker has no envelope of it for us;
+        SealError when what it serves is not what a pinned manager signed for us, or when the newest
+        it serves is older than one seen before (a rollback)."""
         if version is None:
             version = self._newest.get(scope)
         if version is not None and (scope, version) in self._keys:
             return self._keys[(scope, version)]
-        fetched = await self._fetch(scope, version)
-        if fetched is None:
+        answer = await self._fetch(scope, version)
+        if answer is None:
             return None
-        version, envelope = fetched
-        key = unwrap(envelope, scope, version, self.recipient_key)
-        self._keys[(scope, version)] = key
-        self._newest[scope] = max(version, self._newest.get(scope, 0))
+        key = self._verified(scope, version, answer)
+        self._keys[(scope, key.version)] = key
+        self._newest[scope] = max(key.version, self._newest.get(scope, 0))
         return key
+
+    def _verified(self, scope: str, asked: int | None, answer: dict) -> ScopeKey:
+        pinned = self.managers.get(scope)
+        if not pinned:
+            raise SealError(f"no manager key of scope {scope!r} is pinned: its rosters cannot be verified")
+        try:
+            signed = parse_signed(answer, "roster")
+            envelope = base64.b64decode(answer.get("envelope", ""), validate=True)
+        except (ProtocolError, binascii.Error, ValueError, TypeError) as exc:
+            raise SealError(f"the broker's key of scope {scope!r} is malformed: {exc}") from None
+        roster = signed.roster
+        if not signed.verified_by(pinned):
+            raise SealError(f"the roster of scope {scope!r} v{roster.version} is not signed by a manager you pin")
+        if roster.scope != scope or (asked is not None and roster.version != asked):
+            raise SealError(f"asked for scope {scope!r} v{asked}, the broker served {roster.scope!r} v{roster.version}")
+        if asked is None and roster.version < self.seen.get(scope, 0):
+            raise SealError(
+                f"the broker served version {roster.version} of scope {scope!r} as the newest, "
+                f"but version {self.seen[scope]} exists: a rollback"
+            )
+        if not any(roster.holds(member, self.public, envelope) for member in roster.members):
+            raise SealError(f"the signed roster of scope {scope!r} v{roster.version} gives you no such envelope")
+        self.seen[scope] = max(roster.version, self.seen.get(scope, 0))
+        return unwrap_envelope(envelope, scope, roster.version, self.recipient_key)
 
     def forget_newest(self, scope: str) -> None:
         """After the broker refused the newest known version: a rotation happened since."""
@@ -66,7 +100,7 @@ class ScopeKeyring:
     async def open(self, publication: dict) -> bytes | None:
         """The publication's payload; None when it has none or we hold no key of its version (we are
         not a member of its scope, or were not when it was sealed); SealError when it was tampered
-        with."""
+        with, or its key cannot be believed."""
         sealed, scope = publication.get(SEALED), publication.get(SCOPE)
         if not isinstance(sealed, str) or not isinstance(scope, str):
             return None
@@ -77,4 +111,8 @@ class ScopeKeyring:
         key = await self.key(scope, sealed_version(raw))
         if key is None:
             return None
-        return open_sealed(raw, key, associated_data(publication))
+        try:
+            associated = associated_data(publication)
+        except ValueError as exc:
+            raise SealError(f"the publication's attributes cannot be what was sealed: {exc}") from None
+        return open_sealed(raw, key, associated)

@@ -11,9 +11,10 @@ from veil.gateway.context import GATEWAY, Gateway
 from veil.gateway.errors import json_response
 from veil.gateway.http import body_of, client_of, parsed, sized
 from veil.gateway.registry import VERSION_HEADER, base_version
+from veil.gateway.scope_keys import keep_scope_keys
 from veil.protocol import ProtocolError
 from veil.protocol.limits import load_json
-from veil.security.registry import parse_registry
+from veil.security.registry import Registry, parse_registry
 from veil.store import (
     KIND_CANCEL,
     KIND_PUBLICATION,
@@ -55,7 +56,13 @@ async def registry(request: web.Request) -> web.Response:
         if not replacement.admins:
             raise ProtocolError("admins", "the last administrator cannot be removed: name at least one", 409)
         base = base_version(request, required=True)
-        await current.replace(replacement, base)
+
+        def replaced(_: Registry, stored: dict) -> None:
+            keep_scope_keys(stored, document)
+            stored.clear()
+            stored.update(document)
+
+        await current.amend(replaced, base)
     headers = {VERSION_HEADER: str(current.version)}
     return web.Response(body=current.body, content_type="application/json", headers=headers)
 

@@ -179,15 +179,40 @@ SCHEMAS: dict[str, Schema] = {
         {
             "scope": STRING, "version": INTEGER,
             "members": {"type": "object", "additionalProperties": {"type": ["string", "null"]},
-                        "description": "each member's X25519 recipient key, base64 (null: none registered)"},
+                        "description": "each member's recipient key as the registry lists it, base64 (null: none)"},
+            "roster": {"anyOf": [_ref("SignedRoster"), {"type": "null"}],
+                       "description": "the newest version's roster, as its manager signed it (null: no version)"},
         },
-        ("scope", "version", "members"),
+        ("scope", "version", "members", "roster"),
+    ),
+    "Roster": _object(
+        {
+            "scope": STRING, "version": INTEGER,
+            "members": {"type": "object", "minProperties": 1, "additionalProperties": STRING,
+                        "description": "member -> its recipient public key, base64"},
+            "envelopes": {"type": "object", "minProperties": 1, "additionalProperties": STRING,
+                          "description": "member -> SHA-256 of its envelope, base64"},
+        },
+        ("scope", "version", "members", "envelopes"),
+    ),
+    "SignedRoster": _object(
+        {"roster": _ref("Roster"), "keyId": STRING, "signature": STRING}, ("roster", "keyId", "signature")
     ),
     "ScopeKeys": _object(
-        {"envelopes": {"type": "object", "minProperties": 1, "additionalProperties": STRING}}, ("envelopes",)
+        {
+            "roster": _ref("Roster"), "keyId": STRING,
+            "signature": {**STRING, "description": "Ed25519, base64, over veil-roster-1\\n and the canonical roster"},
+            "envelopes": {"type": "object", "minProperties": 1, "additionalProperties": STRING,
+                          "description": "member -> HPKE envelope of the scope key, base64, for every member"},
+        },
+        ("roster", "keyId", "signature", "envelopes"),
     ),
     "ScopeVersion": _object({"scope": STRING, "version": INTEGER}, ("scope", "version")),
-    "ScopeKey": _object({"scope": STRING, "version": INTEGER, "envelope": STRING}, ("scope", "version", "envelope")),
+    "ScopeKey": _object(
+        {"scope": STRING, "version": INTEGER, "envelope": STRING, "roster": _ref("Roster"), "keyId": STRING,
+         "signature": STRING},
+        ("scope", "version", "envelope", "roster", "keyId", "signature"),
+    ),
 }
 
 
@@ -350,18 +375,19 @@ PATHS: dict[str, Schema] = {
     },
     "/scopes/{scope}/keys/{version}": {
         "put": _operation(
-            "Store a key version wrapped for each member (its managers)",
-            {"200": _versioned(_ref("ScopeVersion")), **_errors(*BODY_ERRORS, 404, 409)},
+            "Store the next key version: a roster signed by the manager storing it, and an envelope for each "
+            "member on it (its managers)",
+            {"200": _versioned(_ref("ScopeVersion")), **_errors(*BODY_ERRORS, 403, 404, 409)},
             parameters=[
                 _auth_header(), _path("scope", STRING, "the scope's name"),
-                _path("version", STRING, "the next version, or the newest to add members"), _version_header(),
+                _path("version", STRING, "the next version"), _version_header(),
             ],
             requestBody=_body(_ref("ScopeKeys")),
         )
     },
     "/scopes/{scope}/key": {
         "get": _operation(
-            "The scope key wrapped for you (members)",
+            "The scope key wrapped for you, with the signed roster to verify it by (current members)",
             {"200": _json(_ref("ScopeKey")), **_errors(400, 401, 404)},
             parameters=[
                 _auth_header(), _path("scope", STRING, "the scope's name"),

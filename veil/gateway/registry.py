@@ -122,13 +122,6 @@ class CurrentRegistry:
             if version > self.version:  # no newer one adopted meanwhile
                 self.current, self.version, self.body = registry, version, body or b"{}"
 
-    async def replace(self, registry: Registry, base: int) -> int:
-        """Store `registry` as the version after `base` (StaleRegistry if that is no longer the newest)."""
-        body = await self._off_loop(registry.to_json)
-        self._check_size(len(body))
-        async with self._changing:
-            return await self._store(registry, body, base=base)
-
     async def amend(self, change: Callable[[Registry, dict], None], base: int | None = None) -> tuple[Registry, int]:
         """A new version from the newest stored one's document as `change` edits it (in place, on a
         copy, after checking it against that version). With `base`, only if that is still the newest

@@ -6,8 +6,9 @@ the attributes of the client's credentials. A subscription must also stay inside
 for: covered by one of the filters the client's attributes allow, if they state any, and by one of
 the scope's `subscribe` filters, if it has them; otherwise it is refused before it exists, so a
 curious client cannot even ask. A sealed publication must use the scope's newest key version, and
-that version must not have been wrapped for anyone who has left the scope since: after a member
-leaves, nothing is accepted until the key is rotated.
+that version must not have been wrapped for anyone who has left the scope since, nor for a
+recipient key the registry no longer lists: after a member leaves or changes its key, nothing is
+accepted until the key is rotated.
 
 Announcing for an edge broker is a privilege too, since the broker answers an announcement with the
 filters of the subscriptions it could serve: the registry's `announce` section must cover it.
@@ -47,12 +48,21 @@ def check_key_version(registry: Registry, scope: str, version: int) -> None:
     if version != newest:
         problem = f"sealed under version {version} of scope {scope!r}'s key; the current one is {newest}"
         raise ProtocolError(SEALED, problem, 409)
-    gone = sorted(set(keys[newest]) - registry.scopes.members(scope, registry.members))
+    holders = keys[newest].roster.members
+    gone = sorted(set(holders) - registry.scopes.members(scope, registry.members))
     if gone:
         raise ProtocolError(
             SEALED,
             f"version {newest} of scope {scope!r}'s key is held by {len(gone)} former member(s), "
             f"{', '.join(gone[:3])}: its manager rotates the key first",
+            409,
+        )
+    changed = sorted(m for m, public in holders.items() if registry.recipients.get(m) != public)
+    if changed:
+        raise ProtocolError(
+            SEALED,
+            f"version {newest} of scope {scope!r}'s key was wrapped for a recipient key that "
+            f"{', '.join(changed[:3])} no longer has: its manager rotates the key first",
             409,
         )
 

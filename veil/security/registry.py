@@ -19,7 +19,7 @@ offending field, whether the document came from a file at start or from the admi
     publishers:                             # what publishers set themselves (/publisher/rules): policies
       truckco: {policies: [...], cropping: [...]}   # that hold beside the admins', which they cannot lift
     keys: {truckco: {k1: <base64 Ed25519 public key>}}
-    recipients: {alice: <base64 X25519 public key>}   # what scope keys are wrapped for (sealing)
+    recipients: {alice: <base64 public key>}   # what scope keys are wrapped for: X25519 or hybrid (sealing)
     scopes: {customs: {users: [alice], ...}}          # see security.scopes
     announce:                               # user or "*" -> what its edge brokers may announce; an
       sensors: [[{key: type, val: air, op: eq}]]   # announcement must be covered by one ([] = anything)
@@ -39,6 +39,7 @@ from veil.matching import Predicate
 from veil.protocol import ProtocolError
 from veil.protocol.subscriptions import parse_predicate
 from veil.security.scopes import Scopes, parse_scopes
+from veil.security.sealing import PUBLIC_BYTES, kem_of
 
 ANYONE = "*"
 ANONYMOUS = ""  # the identity of a client without credentials, where the operator allows them
@@ -77,7 +78,7 @@ class Registry:
     cropping: dict[str, tuple[Crop, ...]] = field(default_factory=dict)  # the admins' and the publishers'
     keys: dict[str, dict[str, bytes]] = field(default_factory=dict)  # publisher -> key id -> raw key
     hashes: dict[str, str] = field(default_factory=dict)  # static hash (a secret) -> the user it proves
-    recipients: dict[str, bytes] = field(default_factory=dict)  # user -> raw X25519 public key
+    recipients: dict[str, bytes] = field(default_factory=dict)  # user -> raw recipient public key (X25519 or hybrid)
     scopes: Scopes = field(default_factory=Scopes)
     announce: dict[str, tuple[tuple[Predicate, ...], ...]] = field(default_factory=dict)  # user -> filters
     document: dict[str, Any] = field(default_factory=dict)  # as given, for persistence and the admin API
@@ -158,7 +159,7 @@ def parse_registry(doc: object) -> Registry:
         for secret, user in _mapping(doc.get("hashes", {}), "hashes").items()
     }
     recipients = {
-        _id(user, f"recipients.{user}"): _public_key(raw, f"recipients.{user}", "X25519")
+        _id(user, f"recipients.{user}"): _recipient(raw, f"recipients.{user}")
         for user, raw in _mapping(doc.get("recipients", {}), "recipients").items()
     }
     scopes = parse_scopes(doc.get("scopes", {}), parse_filter)
@@ -257,6 +258,17 @@ def _public_key(raw: object, where: str, kind: str) -> bytes:
         key = b""
     if len(key) != 32:
         raise ProtocolError(where, f"a base64 {kind} public key (32 bytes)")
+    return key
+
+
+def _recipient(raw: object, where: str) -> bytes:
+    try:
+        key = base64.b64decode(raw, validate=True) if isinstance(raw, str) else b""
+    except (binascii.Error, ValueError):
+        key = b""
+    if kem_of(key) is None:
+        sizes = " or ".join(f"{kem} ({size} bytes)" for kem, size in PUBLIC_BYTES.items())
+        raise ProtocolError(where, f"a base64 recipient public key: {sizes}")
     return key
 
 

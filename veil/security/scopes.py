@@ -13,8 +13,9 @@ nothing in from outside.
 
 Membership is the registry's (users, groups) or a client's attribute certificate or token claim
 (`attributes`): the pipeline knows only the former, so a subscription admitted by attributes is
-marked so when it is made. `keys` holds each version of the scope's sealing key wrapped for the
-members that hold it (`sealing`): the broker keeps envelopes it cannot open.
+marked so when it is made. `keys` holds each version of the scope's sealing key: the roster its
+manager signed (`rosters`) and the envelopes of the members who may still fetch them (`sealing`);
+the broker keeps envelopes it cannot open, stored only through the scope key endpoints.
 
     scopes:
       customs:
@@ -25,7 +26,7 @@ members that hold it (`sealing`): the broker keeps envelopes it cannot open.
         import: [[]]                                     # what enters it ([] = everything)
         subscribe: [[{key: country, val: FR, op: eq}]]   # filters its subscriptions must stay in
         managers: [carol]                                # who may store its key versions
-        keys: {"1": {alice: <base64 envelope>}}
+        keys: {"1": {roster: {...}, keyId: carol-1, signature: ..., envelopes: {alice: <base64>}}}
 """
 
 from __future__ import annotations
@@ -34,13 +35,30 @@ import base64
 import binascii
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from veil.matching import Predicate, matches
 from veil.protocol import ProtocolError
+from veil.security.rosters import Roster, SignedRoster, envelope_digest, parse_signed
+from veil.security.sealing import ENVELOPE_BYTES
 
 WORLD = ""  # the scope of publications and subscriptions made in none
-ENVELOPE_BYTES = 80  # a wrapped scope key (security.sealing.wrap)
 Filters = tuple[tuple[Predicate, ...], ...]
+
+
+class KeyVersion(NamedTuple):
+    """One version of a scope's key: its signed roster, and the envelopes still served."""
+
+    signed: SignedRoster
+    envelopes: Mapping[str, bytes]  # member -> envelope (those of departed members are pruned)
+
+    @property
+    def roster(self) -> Roster:
+        return self.signed.roster
+
+    def document(self) -> dict:
+        envelopes = {m: base64.b64encode(e).decode() for m, e in self.envelopes.items()}
+        return {**self.signed.document(), "envelopes": envelopes}
 
 
 @dataclass(frozen=True)
@@ -53,7 +71,7 @@ class Scope:
     imports: Filters = ()
     subscribe: Filters | None = None  # None: the scope does not restrict subscriptions
     managers: frozenset[str] = frozenset()
-    keys: Mapping[int, Mapping[str, bytes]] = field(default_factory=dict)  # version -> member -> envelope
+    keys: Mapping[int, KeyVersion] = field(default_factory=dict)
 
     def exports(self, attributes: Mapping[str, object]) -> bool:
         return any(matches(list(f), attributes) for f in self.export)
@@ -158,32 +176,49 @@ def _scope(name: str, entry: object, where: str, constraints: Callable[[object, 
         imports=filters("import"),
         subscribe=filters("subscribe") if "subscribe" in entry else None,
         managers=frozenset(names("managers")),
-        keys=_keys(entry.get("keys", {}), f"{where}.keys"),
+        keys=_keys(name, entry.get("keys", {}), f"{where}.keys"),
     )
 
 
-def _keys(doc: object, where: str) -> dict[int, dict[str, bytes]]:
+def _keys(scope: str, doc: object, where: str) -> dict[int, KeyVersion]:
     if not isinstance(doc, dict):
-        raise ProtocolError(where, 'an object: key version ("1", "2", ...) -> member -> base64 envelope')
+        raise ProtocolError(where, 'an object: key version ("1", "2", ...) -> {roster, keyId, signature, envelopes}')
     keys = {}
-    for version, envelopes in doc.items():
+    for version, stored in doc.items():
         if not (isinstance(version, str) and version.isascii() and version.isdigit() and 0 < int(version) < 2**31):
             raise ProtocolError(f"{where}.{version}", "a key version is a whole number from 1")
-        if not isinstance(envelopes, dict):
-            raise ProtocolError(f"{where}.{version}", "an object: member -> base64 envelope")
-        keys[int(version)] = {
-            member: envelope_bytes(raw, f"{where}.{version}.{member}") for member, raw in envelopes.items()
-        }
+        keys[int(version)] = key_version(scope, int(version), stored, f"{where}.{version}")
     return keys
 
 
-def envelope_bytes(raw: object, where: str) -> bytes:
+def key_version(scope: str, version: int, doc: object, where: str) -> KeyVersion:
+    """A stored version: its roster must be of this scope and version, and every envelope the one
+    its roster names for that member."""
+    signed = parse_signed(doc, where)
+    roster = signed.roster
+    if (roster.scope, roster.version) != (scope, version):
+        raise ProtocolError(f"{where}.roster", f"the roster of version {roster.version} of {roster.scope!r}")
+    raw = doc.get("envelopes", {}) if isinstance(doc, dict) else None
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{where}.envelopes", "an object: member -> base64 envelope")
+    envelopes = {}
+    for member, text in raw.items():
+        if member not in roster.members:
+            raise ProtocolError(f"{where}.envelopes.{member}", "not on the roster")
+        envelope = envelope_bytes(text, f"{where}.envelopes.{member}", ENVELOPE_BYTES[roster.kem(member)])
+        if roster.envelopes.get(member) != envelope_digest(envelope):
+            raise ProtocolError(f"{where}.envelopes.{member}", "not the envelope the roster names for this member")
+        envelopes[member] = envelope
+    return KeyVersion(signed, envelopes)
+
+
+def envelope_bytes(raw: object, where: str, size: int) -> bytes:
     try:
         envelope = base64.b64decode(raw, validate=True) if isinstance(raw, str) else b""
     except (binascii.Error, ValueError):
         envelope = b""
-    if len(envelope) != ENVELOPE_BYTES:
-        raise ProtocolError(where, f"a base64 key envelope ({ENVELOPE_BYTES} bytes)")
+    if len(envelope) != size:
+        raise ProtocolError(where, f"a base64 key envelope ({size} bytes)")
     return envelope
 
 

@@ -1,0 +1,80 @@
+"""A scope manager's side of scope keys: the next version's roster, made only from what the manager
+can vouch for, since the broker's list of members and recipient keys is the broker's word.
+
+A member gets the new key when the registry lists it in the scope with a recipient key, and that
+key is one the manager vouches for: given by the manager (`recipients`, from wherever it learns
+keys it believes) or on the previous roster, which must verify against a manager key it pins. A
+member the broker added, or whose recipient key the broker swapped, is left out and reported, so
+that a hostile broker gets no envelope it can open.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from veil.protocol import ProtocolError
+from veil.security.rosters import Roster, envelope_digest, parse_signed, sign_roster
+from veil.security.sealing import ScopeKey, SealError, wrap
+
+
+class Rotation(NamedTuple):
+    version: int
+    members: tuple[str, ...]  # who got the new key
+    left_out: dict[str, str]  # member the registry lists -> why it did not get the key
+
+
+def next_version(
+    scope: str,
+    described: dict,
+    signing_key: tuple[str, Ed25519PrivateKey],
+    recipients: Mapping[str, bytes],
+    pinned: Mapping[str, bytes],
+) -> tuple[dict, Rotation]:
+    """The body of `PUT /scopes/{scope}/keys/{version}` after `described` (`GET /scopes/{scope}`),
+    and what it does; SealError when the current roster is not one a pinned manager signed."""
+    version = described.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise SealError(f"the broker described scope {scope!r} without a key version")
+    vouched: dict[str, bytes] = {}
+    if described.get("roster") is not None:
+        try:
+            signed = parse_signed(described["roster"], "roster")
+        except ProtocolError as exc:
+            raise SealError(f"the broker's roster of scope {scope!r} is malformed: {exc}") from None
+        if not signed.verified_by(pinned):
+            raise SealError(f"the roster of scope {scope!r} v{version} is not signed by a manager you pin")
+        if (signed.roster.scope, signed.roster.version) != (scope, version):
+            raise SealError(f"the broker served the roster of {signed.roster.scope!r} v{signed.roster.version}")
+        vouched.update(signed.roster.members)
+    elif version:
+        raise SealError(f"the broker has version {version} of scope {scope!r} but no roster of it")
+    vouched.update(recipients)
+    key = ScopeKey.new(scope, version + 1)
+    members: dict[str, bytes] = {}
+    left_out: dict[str, str] = {}
+    listed = described.get("members")
+    for member, text in (listed if isinstance(listed, dict) else {}).items():
+        try:
+            public = base64.b64decode(text, validate=True) if isinstance(text, str) else None
+        except (binascii.Error, ValueError):
+            public = None
+        if public is None:
+            left_out[member] = "the registry lists no recipient key for it"
+        elif member not in vouched:
+            left_out[member] = "its recipient key is vouched for neither by you nor by the last roster"
+        elif vouched[member] != public:
+            left_out[member] = "the registry lists another recipient key than the one vouched for"
+        else:
+            members[member] = public
+    if not members:
+        raise SealError(f"no member of scope {scope!r} has a recipient key you vouch for: {left_out}")
+    envelopes = {member: wrap(key, public) for member, public in members.items()}
+    roster = Roster(scope, key.version, members, {m: envelope_digest(e) for m, e in envelopes.items()})
+    body = sign_roster(roster, *signing_key).document()
+    body["envelopes"] = {m: base64.b64encode(e).decode() for m, e in envelopes.items()}
+    return body, Rotation(key.version, tuple(sorted(members)), left_out)
