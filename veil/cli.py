@@ -193,6 +193,8 @@ async def _subscribe(args: argparse.Namespace) -> int:
                 out = delivery.publication if args.plain else delivery._asdict()
                 if not args.plain and delivery.payload is not None:
                     out["payload"] = _printable(delivery.payload)
+                if not args.plain and delivery.origin is not None:
+                    out["origin"] = delivery.origin._asdict()
                 sys.stdout.write(orjson.dumps(out).decode() + "\n")
                 sys.stdout.flush()
     return 0

@@ -79,6 +79,12 @@ async def test_only_members_publish_into_a_scope(http):
     assert (status, reply["field"]) == (400, "veil:scope")
     status, reply = await post(http, "/publish", {"n": 1, "veil:scope": "customs", "veil:sealed": "not base64!"})
     assert (status, reply["field"]) == (400, "veil:sealed")
+    theirs = {"publisher": "bob", "id": "x1", "time": 1}
+    status, reply = await post(http, "/publish", {"n": 1, "veil:scope": "customs", "veil:origin": theirs})
+    assert (status, reply["field"]) == (403, "veil:origin") and "you are 'alice'" in reply["error"]
+    status, reply = await post(http, "/publish", {"n": 1, "veil:origin": {"publisher": "alice"}})
+    assert (status, reply["field"]) == (400, "veil:origin")
+    assert (await post(http, "/publish", {"n": 1, "veil:origin": {**theirs, "publisher": "alice"}}))[0] == 200
     escaped = b'{"n": 1, "veil\\u003ascope": "customs"}'  # the same member, spelled with an escape
     response = await http.post("/publish", data=escaped, headers={"X-Auth-Hash": BOB})
     assert response.status == 403

@@ -13,6 +13,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from veil.client import VeilClient
 from veil.client.client import DeliveryStream
+from veil.client.sealed import ReplayWindow, ScopeKeyring, origin_of, seal_publication
+from veil.security.sealing import ScopeKey
 
 Script = Callable[[asyncio.StreamWriter], Awaitable[None]]
 RECIPIENT = X25519PrivateKey.generate()
@@ -195,3 +197,38 @@ async def test_a_sealed_payload_that_does_not_open_is_reported_on_its_delivery_a
     assert [(d.seq, d.payload) for d in got] == [(1, None), (2, None), (3, None)]
     assert "not base64" in got[0].payload_error and "too short" in got[1].payload_error
     assert got[2].payload_error is None
+
+
+async def test_a_replayed_or_misattributed_sealed_publication_is_reported_and_the_stream_goes_on():
+    """A hostile broker delivers one sealed publication twice under new sequence numbers, and one
+    under another publisher's name: the first copy opens, the others say why they are not authentic."""
+    key = ScopeKey.new("customs")
+    sealed = seal_publication({"n": 1}, b"manifest", key, "alice")
+
+    def delivery(seq: int, publisher: str, *ids: str) -> bytes:
+        doc = {"seq": seq, "id": "7", "publisher": publisher, "publication": sealed}
+        return orjson.dumps(doc | ({"subscriptionIds": list(ids)} if ids else {})) + b"\n"
+
+    script = lines(delivery(1, "alice"), delivery(2, "alice"), delivery(3, "mallory"), stay=True)
+    async with ScriptedBroker(script) as broker:
+        client = VeilClient("http://127.0.0.1:1", auth_hash="h", tcp_port=broker.port)
+        client.keyring = OpenedKeyring(key)
+        async with client.deliveries("s") as stream, asyncio.timeout(20):
+            got = [await anext(stream) for _ in range(3)]
+        await client.close()
+    assert got[0].payload == b"manifest" and got[0].origin.publisher == "alice" and got[0].payload_error is None
+    assert got[1].payload is None and "a replay" in got[1].payload_error
+    assert got[2].payload is None and "published by 'mallory'" in got[2].payload_error
+    # the same publication to two subscriptions of one stream is no replay; to one of them again, it is
+    window = ReplayWindow()
+    origin = origin_of(sealed)
+    assert not window.replayed(origin, ("a",)) and not window.replayed(origin, ("b",))
+    assert window.replayed(origin, ("a", "c"))
+
+
+class OpenedKeyring(ScopeKeyring):
+    """A keyring holding one key already (its roster checks are test_rosters' business)."""
+
+    def __init__(self, key: ScopeKey) -> None:
+        super().__init__(RECIPIENT, {}, lambda *_: None)
+        self._keys[(key.scope, key.version)] = key

@@ -173,3 +173,18 @@ def test_a_copy_that_comes_again_after_its_publication_opened_opens_nothing_more
     for broker in (0, 1):  # sent again, after a reconnect or by a broker replaying
         stream.take(broker, documents[broker])
     assert opened(stream) == [] and stream._gatherings == {}
+
+
+def test_an_opened_publication_tells_its_time_and_whether_its_copy_was_signed_by_a_trusted_key():
+    documents = split_publication({"n": 1}, b"secret", 2, 3)
+    stream = ForwardedStream([], 2)
+    stream.take(0, documents[0], "alice", verified=True)
+    stream.take(1, documents[1], "alice", verified=True)
+    [publication] = opened(stream)
+    assert publication.verified and publication.publisher == "alice"
+    assert publication.time == documents[0][FORWARD]["time"] > 0
+    replayed = {**documents[2], FORWARD: {**documents[2][FORWARD], "time": 1}}  # an old copy passed off as new
+    stream = ForwardedStream([], 2)
+    stream.take(0, replayed, "alice")
+    stream.take(1, {**documents[1], FORWARD: {**documents[1][FORWARD], "time": 1}}, "alice")
+    assert opened(stream) == []  # the time is sealed in: no copy with another time opens

@@ -113,13 +113,16 @@ def test_a_rotation_wraps_only_for_recipient_keys_the_manager_vouches_for():
 
 async def test_a_sealed_payload_is_bound_to_its_canonical_attributes():
     key = ScopeKey.new("customs")
-    sealed = seal_publication({"b": 1.0, "a": "ü"}, b"manifest", key)
-    reordered = {"veil:sealed": sealed["veil:sealed"], "veil:scope": "customs", "a": "ü", "b": 1}
+    sealed = seal_publication({"b": 1.0, "a": "ü"}, b"manifest", key, "alice")
+    origin = sealed["veil:origin"]
+    assert origin["publisher"] == "alice" and len(base64.b64decode(origin["id"])) == 16
+    reordered = {"veil:sealed": sealed["veil:sealed"], "veil:scope": "customs", "a": "ü", "b": 1, "veil:origin": origin}
     raw = base64.b64decode(sealed["veil:sealed"])
-    assert associated_data(reordered) == b'{"a":"\xc3\xbc","b":1,"veil:scope":"customs"}'
+    expected = '{"a":"ü","b":1,"veil:origin":{"id":"%s","publisher":"alice","time":%d},"veil:scope":"customs"}'
+    assert associated_data(reordered) == (expected % (origin["id"], origin["time"])).encode()
     assert open_sealed(raw, key, associated_data(reordered)) == b"manifest"
     with pytest.raises(ValueError, match="canonical"):
-        seal_publication({"n": 2**60}, b"x", key)
+        seal_publication({"n": 2**60}, b"x", key, "alice")
 
 
 @settings(max_examples=200, deadline=None)

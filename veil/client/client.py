@@ -32,7 +32,7 @@ from veil.client.errors import (
     error_from_document,
 )
 from veil.client.scope_keys import Rotation, next_version
-from veil.client.sealed import ScopeKeyring, seal_publication
+from veil.client.sealed import Origin, ReplayWindow, ScopeKeyring, origin_of, seal_publication
 from veil.protocol.envelope import published_bytes
 from veil.protocol.limits import INT64_MAX
 from veil.security import signatures
@@ -59,6 +59,7 @@ class Delivery(NamedTuple):
     # that no one (a member sealing garbage, a broker) can stop a scope's subscribers with one publication
     payload_error: str | None = None
     subscription_ids: tuple[str, ...] = ()  # on a multiplexed stream: the subscriptions it is delivered to
+    origin: Origin | None = None  # who sealed it, when, under which id, once its payload opened
 
 
 class VeilClient:
@@ -200,7 +201,7 @@ class VeilClient:
                 raise UntrustedKey("veil:sealed", str(exc), 0) from None
             if key is None:
                 raise VeilError("veil:sealed", f"the broker has no key of scope {scope!r} for this client", 0)
-            body = orjson.dumps(seal_publication(attributes, payload, key))
+            body = orjson.dumps(seal_publication(attributes, payload, key, keyring.names[(scope, key.version)]))
             return await self.publish(body, signing_key=signing_key, valid_for=valid_for)
 
         try:
@@ -380,6 +381,7 @@ class DeliveryStream:
             raise ValueError("transport is 'tcp' or 'ws'")
         self.client = client
         self.subscription_id = subscription_id
+        self._replays = ReplayWindow()
         self.transport = transport
         self.envelope = envelope
         self.last_seq: int | None = client.positions.get(subscription_id)  # the last one consumed
@@ -428,11 +430,30 @@ class DeliveryStream:
             self._ackable = delivery.seq
             self._unacked += 1
         if self.client.keyring is not None and isinstance(delivery.publication, dict):
-            try:
-                delivery = delivery._replace(payload=await self.client.keyring.open(delivery.publication))
-            except SealError as exc:
-                delivery = delivery._replace(payload_error=str(exc))
+            delivery = await self._opened(self.client.keyring, delivery)
         return delivery
+
+    async def _opened(self, keyring: ScopeKeyring, delivery: Delivery) -> Delivery:
+        """The delivery with its sealed payload opened, or with why it is not authentic: it does not
+        open, it names no origin or another publisher than the one who published it, or one of its
+        subscriptions got it before (a replay)."""
+        try:
+            payload = await keyring.open(delivery.publication)
+        except SealError as exc:
+            return delivery._replace(payload_error=str(exc))
+        if payload is None:
+            return delivery
+        origin = origin_of(delivery.publication)
+        if origin is None:
+            return delivery._replace(payload_error="sealed without an origin (publisher, id, time)")
+        delivery = delivery._replace(origin=origin)
+        if delivery.publisher is not None and origin.publisher != delivery.publisher:
+            problem = f"sealed by {origin.publisher!r} but published by {delivery.publisher!r}"
+            return delivery._replace(payload_error=problem)
+        if self._replays.replayed(origin, delivery.subscription_ids or (self.subscription_id,)):
+            problem = f"a replay: {origin.publisher!r}'s publication {origin.id} was delivered before"
+            return delivery._replace(payload_error=problem)
+        return delivery._replace(payload=payload)
 
     def _consumed(self, seq: int, subscription_ids: tuple[str, ...]) -> None:
         self.last_seq = self.client.positions[self.subscription_id] = seq

@@ -3,14 +3,17 @@
 The publisher seals the payload under a fresh key used for this one publication, splits the key
 into n Shamir shares (any k reconstruct it, any k - 1 say nothing about it) and publishes to broker
 i the routing attributes, the sealed payload, share i and the SHA-256 digests of all n shares (its
-commitments to them), all under one forwarding id; the digests are part of what the seal
-authenticates. A subscriber subscribes on every broker, gathers the copies of each forwarding id,
-and opens the payload with the first k shares that reconstruct a key under which a sealed copy
-authenticates with its digests. The digests are then the publisher's, and a share that does not
-match its digest is reported as corrupted (Shamir alone could not tell: wrong shares can even
-combine to the right key). So up to n - k brokers may be down, drop publications or alter what they
-forward, and fewer than k colluding brokers learn nothing of the payload: with f brokers that may
-misbehave, k = f + 1 and n >= 2f + 1 (k >= 2: with k = 1 every broker holds the key).
+commitments to them), all under one forwarding id and the time; the digests, id and time are part
+of what the seal authenticates (in RFC 8785 canonical JSON). With a signing key, the publisher signs
+each copy, so that a subscriber who trusts its key (`trusted_keys`) knows every copy it takes is
+the publisher's (`Forwarded.verified`) and a broker that alters one ends its own stream. A
+subscriber subscribes on every broker, gathers the copies of each forwarding id, and opens the
+payload with k shares that match a copy's digests, once the key they reconstruct authenticates that
+copy. The digests are then the publisher's, and a share that does not match its digest is reported
+as corrupted (Shamir alone could not tell: wrong shares can even combine to the right key). So up
+to n - k brokers may be down, drop publications or alter what they forward, and fewer than k
+colluding brokers learn nothing of the payload: with f brokers that may misbehave, k = f + 1 and
+n >= 2f + 1 (k >= 2: with k = 1 every broker holds the key).
 
 A subscriber gathers the copies of each (publisher, forwarding id): the brokers authenticate who
 published, so a copy under another publisher's name never mixes with the publisher's own. It holds
@@ -36,20 +39,21 @@ import asyncio
 import base64
 import contextlib
 import hashlib
-import itertools
 import os
+import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import orjson
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from veil.client.client import DeliveryStream, VeilClient
 from veil.client.errors import VeilError
+from veil.protocol.canonical import canonical
 from veil.protocol.reserved import FORWARD
 from veil.security import shamir
 
@@ -69,12 +73,14 @@ class Forwarded(NamedTuple):
     brokers: tuple[int, ...]  # the brokers whose shares were the publisher's, by the time it opened
     corrupted: tuple[int, ...]  # those whose shares were not (later ones go to ForwardedStream.corrupted)
     publisher: str | None = None  # who published it, as the brokers authenticated it
+    time: int = 0  # when, in milliseconds since the epoch, by the publisher's clock
+    verified: bool = False  # the copy that opened carried the publisher's signature, verified by a trusted key
 
 
-def _associated(attributes: dict, forward_id: str, k: int, n: int, digests: Sequence[str]) -> bytes:
+def _associated(attributes: dict, forward_id: str, k: int, n: int, digests: Sequence[str], at: int) -> bytes:
     """What the sealed payload is bound to: what every broker's copy has in common."""
-    doc = {"attributes": attributes, "id": forward_id, "k": k, "n": n, "digests": list(digests)}
-    return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+    doc = {"attributes": attributes, "id": forward_id, "k": k, "n": n, "digests": list(digests), "time": at}
+    return canonical(doc)
 
 
 def check_thresholds(k: int, n: int | None = None) -> None:
@@ -98,33 +104,42 @@ def split_publication(attributes: dict, payload: bytes, k: int, n: int) -> list[
         raise ValueError(f"{FORWARD} is where the forwarding fields go; the attributes cannot have it")
     check_thresholds(k, n)
     forward_id = uuid.uuid4().hex
+    at = time.time_ns() // 1_000_000
     key = os.urandom(32)
     shares = shamir.split(key, k, n)
     digests = [digest(share) for share in shares]
-    sealed = ChaCha20Poly1305(key).encrypt(NONCE, payload, _associated(attributes, forward_id, k, n, digests))
+    sealed = ChaCha20Poly1305(key).encrypt(NONCE, payload, _associated(attributes, forward_id, k, n, digests, at))
     sealed_text = base64.b64encode(sealed).decode()
     documents = []
     for share in shares:
         shared = base64.b64encode(share.to_bytes()).decode()
         fields = {"id": forward_id, "k": k, "n": n, "share": shared, "digests": digests, "sealed": sealed_text}
+        fields["time"] = at
         documents.append({**attributes, FORWARD: fields})
     return documents
 
 
 class ForwardingPublisher:
     """Publishes through n brokers (the clients, in broker order); a publication is accepted when at
-    least k of them acknowledged it."""
+    least k of them acknowledged it. With `signing_key` (key id, private key), every copy is signed."""
 
-    def __init__(self, brokers: Sequence[VeilClient], k: int) -> None:
+    def __init__(
+        self, brokers: Sequence[VeilClient], k: int, signing_key: tuple[str, Ed25519PrivateKey] | None = None
+    ) -> None:
         check_thresholds(k, len(brokers))
         self.brokers = list(brokers)
         self.k = k
+        self.signing_key = signing_key
 
     async def publish(self, attributes: dict, payload: bytes) -> tuple[str, list[BaseException | None]]:
         """The forwarding id, and per broker None or why it did not take its share."""
         documents = split_publication(attributes, payload, self.k, len(self.brokers))
         results = await asyncio.gather(
-            *(broker.publish(doc) for broker, doc in zip(self.brokers, documents, strict=True)), return_exceptions=True
+            *(
+                broker.publish(doc, signing_key=self.signing_key)
+                for broker, doc in zip(self.brokers, documents, strict=True)
+            ),
+            return_exceptions=True,
         )
         failures = [r if isinstance(r, BaseException) else None for r in results]
         taken = sum(f is None for f in failures)
@@ -142,13 +157,15 @@ class _Copy(NamedTuple):
     digests: tuple[str, ...]
     sealed: bytes
     associated: bytes  # what the seal must authenticate, were this copy the publisher's
+    time: int
+    verified: bool  # it carried the publisher's signature, verified by a key the subscriber trusts
 
 
 @dataclass
 class _Gathering:
     shares: dict[int, shamir.Share] = field(default_factory=dict)  # broker -> its share
     copies: dict[int, _Copy] = field(default_factory=dict)  # broker -> the rest of its copy
-    tried: set[tuple[int, ...]] = field(default_factory=set)
+    tried: set[tuple[bytes, tuple[int, ...]]] = field(default_factory=set)  # (copy's seal, brokers' shares)
     opened: _Copy | None = None  # the copy that opened: its digests are the publisher's
 
 
@@ -221,9 +238,9 @@ class ForwardedStream:
         """One broker's deliveries; a broker that fails for good is one of the n - k tolerated."""
         with contextlib.suppress(VeilError, OSError):
             async for delivery in stream:
-                self.take(broker, delivery.publication, delivery.publisher)
+                self.take(broker, delivery.publication, delivery.publisher, delivery.verified)
 
-    def take(self, broker: int, publication: object, publisher: str | None = None) -> None:
+    def take(self, broker: int, publication: object, publisher: str | None = None, verified: bool = False) -> None:
         """One broker's copy of a forwarded publication by `publisher` (anything else it delivers is
         ignored). Every copy keeps its own attributes and parameters until one opens, so a lying
         broker whose copy comes first cannot stand in for the others'."""
@@ -236,7 +253,8 @@ class ForwardedStream:
             attributes = {key: value for key, value in publication.items() if key != FORWARD}
             digests = tuple(str(d) for d in fields["digests"])
             sealed = base64.b64decode(fields["sealed"])
-            associated = _associated(attributes, forward_id, k, n, digests)
+            at = int(fields["time"])
+            associated = _associated(attributes, forward_id, k, n, digests, at)
         except (KeyError, TypeError, ValueError, RecursionError):
             return  # not a forwarded copy we can read: as if this broker had dropped it
         key = (publisher, forward_id)
@@ -256,7 +274,7 @@ class ForwardedStream:
         if gathering.opened is not None:
             self._check(forward_id, gathering, broker)
         else:
-            gathering.copies[broker] = _Copy(attributes, n, digests, sealed, associated)
+            gathering.copies[broker] = _Copy(attributes, n, digests, sealed, associated, at, verified)
             self._try_open(key, gathering)
         if gathering.opened is None:
             # what the copy holds: its sealed payload, and its attributes, id and digests (`associated`)
@@ -314,31 +332,34 @@ class ForwardedStream:
         return False
 
     def _try_open(self, which: tuple[str | None, str], gathering: _Gathering) -> None:
-        """Every untried k-subset of the shares so far, until one opens one of the copies."""
+        """For each distinct copy, k shares (of distinct indexes) that match its digests, until the key
+        they make opens it: a wrong share is never combined, so one try per copy and set of shares."""
         publisher, forward_id = which
         brokers = sorted(gathering.shares)
         copies = list({(c.sealed, c.associated): c for c in gathering.copies.values()}.values())
-        for subset in itertools.combinations(brokers, self.k):
-            if subset in gathering.tried:
+        for copy in copies:
+            chosen: dict[int, int] = {}  # share index -> broker
+            for broker in brokers:
+                share = gathering.shares[broker]
+                if 1 <= share.index <= len(copy.digests) and digest(share) == copy.digests[share.index - 1]:
+                    chosen.setdefault(share.index, broker)
+            subset = tuple(sorted(chosen.values())[: self.k])
+            if len(subset) < self.k or (copy.sealed, subset) in gathering.tried:
                 continue
-            gathering.tried.add(subset)
+            gathering.tried.add((copy.sealed, subset))
             try:
                 secret = shamir.combine([gathering.shares[b] for b in subset])
-            except ValueError:
+                payload = ChaCha20Poly1305(secret).decrypt(NONCE, copy.sealed, copy.associated)
+            except (ValueError, InvalidTag):
                 continue
-            if len(secret) != 32:
-                continue
-            for copy in copies:
-                try:
-                    payload = ChaCha20Poly1305(secret).decrypt(NONCE, copy.sealed, copy.associated)
-                except InvalidTag:
-                    continue
-                gathering.opened = copy._replace(attributes={}, sealed=b"", associated=b"")  # its digests
-                self._opened(which, gathering)
-                honest = tuple(b for b in brokers if self._check(forward_id, gathering, b))
-                corrupted = tuple(b for b in brokers if b not in honest)
-                self._out.put_nowait(Forwarded(forward_id, copy.attributes, payload, honest, corrupted, publisher))
-                return
+            gathering.opened = copy._replace(attributes={}, sealed=b"", associated=b"")  # its digests
+            self._opened(which, gathering)
+            honest = tuple(b for b in brokers if self._check(forward_id, gathering, b))
+            corrupted = tuple(b for b in brokers if b not in honest)
+            self._out.put_nowait(
+                Forwarded(forward_id, copy.attributes, payload, honest, corrupted, publisher, copy.time, copy.verified)
+            )
+            return
 
 
 async def subscribe_forwarded(

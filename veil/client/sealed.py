@@ -2,9 +2,12 @@
 members on publish and opened on delivery, so that the brokers carry only ciphertext.
 
 The sealed payload rides in the publication as `veil:sealed` beside the routing attributes, which
-stay in clear for matching; the attributes (with `veil:scope`) are the associated data, in their
-RFC 8785 canonical form, so a broker cannot graft a payload onto other attributes and a client in
-any language reproduces what was bound. A member holds a scope key version once it has fetched
+stay in clear for matching; the attributes (with `veil:scope` and `veil:origin`: the publisher's
+name as its scope's roster gives it, a random id and the time) are the associated data, in their
+RFC 8785 canonical form, so a broker cannot graft a payload onto other attributes or pass an old
+one off as new, and a client in any language reproduces what was bound. (Any member holds the scope
+key, so only the gateway's check that a publisher names itself, or a publisher's signature, keeps
+one member from sealing in another's name.) A member holds a scope key version once it has fetched
 its envelope from the broker, verified the roster that comes with it against the scope's manager
 keys it pins, and unwrapped it with its recipient key; `ScopeKeyring` keeps the versions it has
 opened and the newest version it has seen of each scope, below which it believes no roster.
@@ -14,17 +17,63 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
+from typing import NamedTuple
 
 from veil.protocol import ProtocolError
 from veil.protocol.canonical import canonical
-from veil.protocol.reserved import SCOPE, SEALED
+from veil.protocol.reserved import MAX_ORIGIN_ID, ORIGIN, SCOPE, SEALED
 from veil.security.rosters import parse_signed
 from veil.security.sealing import RecipientKey, ScopeKey, SealError, open_sealed, recipient_public, seal, sealed_version
 from veil.security.sealing import unwrap as unwrap_envelope
 
 Fetch = Callable[[str, int | None], Awaitable[dict | None]]  # (scope, version) -> the broker's answer
 Managers = Mapping[str, Mapping[str, bytes]]  # scope -> key id -> raw Ed25519 public key of a manager
+REMEMBERED = 100_000  # origins a stream remembers to tell replays by: about 10 MB
+
+
+class Origin(NamedTuple):
+    publisher: str
+    id: str
+    time: int  # milliseconds since the epoch, by the publisher's clock
+
+
+def origin_of(publication: dict) -> Origin | None:
+    found = publication.get(ORIGIN)
+    if not isinstance(found, dict):
+        return None
+    publisher, origin_id, at = found.get("publisher"), found.get("id"), found.get("time")
+    if not isinstance(publisher, str) or not isinstance(origin_id, str) or len(origin_id) > MAX_ORIGIN_ID:
+        return None
+    if not isinstance(at, int) or isinstance(at, bool):
+        return None
+    return Origin(publisher, origin_id, at)
+
+
+class ReplayWindow:
+    """The origins a stream's subscriptions got in their last REMEMBERED sealed deliveries: a broker
+    that delivers one of them again to the same subscription, under a new sequence number, is
+    delivering a replay. (A publication matching two subscriptions of one stream comes once to each.)"""
+
+    def __init__(self, size: int = REMEMBERED) -> None:
+        self._seen: set[tuple[str, str, str]] = set()
+        self._order: deque[tuple[str, str, str]] = deque()
+        self._size = size
+
+    def replayed(self, origin: Origin, subscriptions: tuple[str, ...]) -> bool:
+        """Whether one of these subscriptions got this origin; it is remembered for them from now on."""
+        keys = [(origin.publisher, origin.id, sub) for sub in subscriptions]
+        if any(key in self._seen for key in keys):
+            return True
+        for key in keys:
+            self._seen.add(key)
+            self._order.append(key)
+        while len(self._order) > self._size:
+            self._seen.discard(self._order.popleft())
+        return False
 
 
 def associated_data(publication: dict) -> bytes:
@@ -32,10 +81,12 @@ def associated_data(publication: dict) -> bytes:
     return canonical({k: v for k, v in publication.items() if k != SEALED})
 
 
-def seal_publication(attributes: dict, payload: bytes, key: ScopeKey) -> dict:
-    if SEALED in attributes:
-        raise ValueError(f"{SEALED} is where the sealed payload goes; the attributes cannot have it")
-    routed = {**attributes, SCOPE: key.scope}
+def seal_publication(attributes: dict, payload: bytes, key: ScopeKey, publisher: str) -> dict:
+    if SEALED in attributes or ORIGIN in attributes:
+        raise ValueError(f"{SEALED} and {ORIGIN} are where the seal goes; the attributes cannot have them")
+    origin_id = base64.b64encode(os.urandom(16)).decode()
+    origin = {"publisher": publisher, "id": origin_id, "time": time.time_ns() // 1_000_000}
+    routed = {**attributes, SCOPE: key.scope, ORIGIN: origin}
     sealed = seal(payload, key, associated_data(routed))
     return {**routed, SEALED: base64.b64encode(sealed).decode()}
 
@@ -50,6 +101,7 @@ class ScopeKeyring:
         self.managers = managers
         self._fetch = fetch
         self._keys: dict[tuple[str, int], ScopeKey] = {}
+        self.names: dict[tuple[str, int], str] = {}  # the name a version's roster gives us
         self._newest: dict[str, int] = {}  # the newest version opened, which sealing uses
         self.seen: dict[str, int] = {}  # the newest version any verified roster named: none older is current
 
@@ -64,12 +116,13 @@ class ScopeKeyring:
         answer = await self._fetch(scope, version)
         if answer is None:
             return None
-        key = self._verified(scope, version, answer)
+        key, name = self._verified(scope, version, answer)
         self._keys[(scope, key.version)] = key
+        self.names[(scope, key.version)] = name
         self._newest[scope] = max(key.version, self._newest.get(scope, 0))
         return key
 
-    def _verified(self, scope: str, asked: int | None, answer: dict) -> ScopeKey:
+    def _verified(self, scope: str, asked: int | None, answer: dict) -> tuple[ScopeKey, str]:
         pinned = self.managers.get(scope)
         if not pinned:
             raise SealError(f"no manager key of scope {scope!r} is pinned: its rosters cannot be verified")
@@ -88,10 +141,11 @@ class ScopeKeyring:
                 f"the broker served version {roster.version} of scope {scope!r} as the newest, "
                 f"but version {self.seen[scope]} exists: a rollback"
             )
-        if not any(roster.holds(member, self.public, envelope) for member in roster.members):
+        name = next((member for member in roster.members if roster.holds(member, self.public, envelope)), None)
+        if name is None:
             raise SealError(f"the signed roster of scope {scope!r} v{roster.version} gives you no such envelope")
         self.seen[scope] = max(roster.version, self.seen.get(scope, 0))
-        return unwrap_envelope(envelope, scope, roster.version, self.recipient_key)
+        return unwrap_envelope(envelope, scope, roster.version, self.recipient_key), name
 
     def forget_newest(self, scope: str) -> None:
         """After the broker refused the newest known version: a rotation happened since."""

@@ -1,6 +1,8 @@
 """The publication members Veil reserves: `veil:scope`, the scope a publication is published into,
-`veil:sealed`, a payload sealed for that scope's members (base64; see security.sealing), and
-`veil:forward`, what one broker carries of a secret-forwarded publication.
+`veil:sealed`, a payload sealed for that scope's members (base64; see security.sealing),
+`veil:origin`, who sealed it, when, under which random id (`{"publisher", "id", "time"}`, time in
+milliseconds since the epoch: the seal binds it, so subscribers tell a replay from a new
+publication), and `veil:forward`, what one broker carries of a secret-forwarded publication.
 
 They travel inside the publication, so a publisher's signature covers them and the broker cannot
 move a publication to another scope unnoticed; the gateway reads them from the parse that validates
@@ -20,22 +22,26 @@ from veil.protocol.errors import ProtocolError
 
 SCOPE = "veil:scope"
 SEALED = "veil:sealed"
+ORIGIN = "veil:origin"
 FORWARD = "veil:forward"  # a secret-forwarded copy's share and sealed payload (client.forwarding): opaque here
 SEALED_HEADER = 4 + 16 + 16  # key version, salt, tag: the least a sealed payload is
 MAX_SCOPE_NAME = 256
+MAX_ORIGIN_ID = 64
 
 
 class Reserved(NamedTuple):
-    scope: str
+    scope: str  # "" for the world
     sealed_version: int | None  # the scope key version a sealed payload needs
+    origin: str | None = None  # the publisher its origin names
 
 
 def reserved_of(publication: Mapping[str, object], prefix: str = "") -> Reserved | None:
     """The reserved members of a publication as parsed (an escaped spelling of a key is the key),
     None without any; errors name the member after `prefix` (a batch's line)."""
     scope, sealed = publication.get(SCOPE), publication.get(SEALED)
+    origin = _origin(publication[ORIGIN], f"{prefix}{ORIGIN}") if ORIGIN in publication else None
     if scope is None and sealed is None:
-        return None
+        return None if origin is None else Reserved("", None, origin)
     if not isinstance(scope, str) or not 0 < len(scope) <= MAX_SCOPE_NAME:
         problem = "a sealed payload is sealed for a scope: name it" if scope is None else "a scope's name"
         raise ProtocolError(f"{prefix}{SCOPE}", problem)
@@ -49,7 +55,18 @@ def reserved_of(publication: Mapping[str, object], prefix: str = "") -> Reserved
             problem = "base64 of a sealed payload (key version, salt, ciphertext and tag)"
             raise ProtocolError(f"{prefix}{SEALED}", problem)
         version = struct.unpack(">I", raw[:4])[0]
-    return Reserved(scope, version)
+    return Reserved(scope, version, origin)
+
+
+def _origin(origin: object, field: str) -> str:
+    if not isinstance(origin, dict) or set(origin) != {"publisher", "id", "time"}:
+        raise ProtocolError(field, 'an object: {"publisher", "id", "time"}')
+    publisher, origin_id, time = origin["publisher"], origin["id"], origin["time"]
+    if not isinstance(publisher, str) or not isinstance(origin_id, str) or not 0 < len(origin_id) <= MAX_ORIGIN_ID:
+        raise ProtocolError(field, f"the publisher's name and an id of 1 to {MAX_ORIGIN_ID} characters")
+    if not isinstance(time, int) or isinstance(time, bool) or not 0 <= time < 2**53:
+        raise ProtocolError(f"{field}.time", "milliseconds since the epoch")
+    return publisher
 
 
 def scope_of(attributes: Mapping[str, object]) -> object:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from veil.matching import Predicate
 from veil.matching.covering import covered_by_any
 from veil.protocol import ProtocolError
-from veil.protocol.reserved import SCOPE, SEALED, Reserved
+from veil.protocol.reserved import ORIGIN, SCOPE, SEALED, Reserved
 from veil.security.identity import Principal
 from veil.security.registry import Registry
 from veil.security.scopes import WORLD
@@ -33,6 +33,9 @@ def is_member(registry: Registry, principal: Principal, scope: str) -> bool:
 
 
 def admit_publication(registry: Registry, principal: Principal, reserved: Reserved) -> None:
+    if reserved.origin is not None and reserved.origin != principal.identity:
+        problem = f"names publisher {reserved.origin!r}; you are {principal.identity!r}"
+        raise ProtocolError(ORIGIN, problem, 403)
     scope = reserved.scope
     if not is_member(registry, principal, scope):
         raise ProtocolError(SCOPE, f"you are not a member of scope {scope!r} (or there is no such scope)", 403)
