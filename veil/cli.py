@@ -133,9 +133,16 @@ async def _publish(args: argparse.Namespace) -> int:
     if args.seal is not None and args.recipient_key is None:
         raise SystemExit("veil publish: --seal needs --recipient-key (your recipient private key)")
     payload = args.payload.encode() if args.payload is not None else None
-    if args.payload_file is not None:
-        with open(args.payload_file, "rb") as handle:
-            payload = handle.read()
+    if args.payload_file == "-":
+        if not args.publication:
+            raise SystemExit("veil publish: --payload-file - reads the payload from stdin: give the publication too")
+        payload = sys.stdin.buffer.read()
+    elif args.payload_file is not None:
+        try:
+            with open(args.payload_file, "rb") as handle:
+                payload = handle.read()
+        except OSError as exc:
+            raise SystemExit(f"veil publish: --payload-file {args.payload_file}: {exc.strerror}") from None
     async with _client(args) as client:
         documents = args.publication or [line for line in sys.stdin if line.strip()]
         for document in documents:
@@ -324,8 +331,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--valid-for", type=int, help="milliseconds it stays valid: subscriptions made meanwhile receive it too"
     )
     publish.add_argument("--seal", metavar="SCOPE", help="seal a payload for SCOPE's members (and publish into it)")
-    publish.add_argument("--payload", help="the payload to seal (text)")
-    publish.add_argument("--payload-file", help="the payload to seal (a file's bytes)")
+    publish.add_argument(
+        "--payload", help="the payload to seal (text; a command line is visible to others on this machine: "
+        "prefer --payload-file)",
+    )  # fmt: skip
+    publish.add_argument("--payload-file", help="the payload to seal (a file's bytes; - for stdin)")
     publish.set_defaults(run=lambda a: asyncio.run(_publish(a)))
 
     unpublish = commands.add_parser("unpublish", help="withdraw a publication of yours that is still valid")

@@ -28,6 +28,7 @@ from veil.client import VeilClient, VeilError
 from veil.client.errors import Replaced
 from veil.client.scope_keys import next_version
 from veil.harness import BrokerProcess, postgres_database
+from veil.security.registry import secret_digest
 from veil.security.sealing import recipient_public
 
 pytestmark = pytest.mark.slow
@@ -173,7 +174,7 @@ async def test_a_static_hash_revoked_through_one_gateway_is_refused_by_the_other
     async with client(a, ROOT) as root, client(b, REVOKED) as revoked:
         assert (await revoked.request("/publisher/rules", b"", method="GET"))["policies"] == []
         document = await root.registry()
-        del document["hashes"][REVOKED]
+        del document["hashes"][secret_digest(REVOKED)]
         await root.registry(document)
         with pytest.raises(VeilError) as refused:
             await revoked.request("/publisher/rules", b"", method="GET")
@@ -182,7 +183,7 @@ async def test_a_static_hash_revoked_through_one_gateway_is_refused_by_the_other
     async with client(a, ROOT) as root, client(b, PUBLISHING) as publishing:
         await publishing.publish({"before": True})
         document = await root.registry()
-        del document["hashes"][PUBLISHING]
+        del document["hashes"][secret_digest(PUBLISHING)]
         await root.registry(document)
         with pytest.raises(VeilError) as refused:
             await publishing.publish({"after": True})
@@ -203,7 +204,7 @@ async def test_a_connection_opened_with_a_hash_revoked_through_the_other_gateway
         assert await leaked.silent(1.0) and await kept.silent(0.5)  # both admitted, waiting for deliveries
         async with client(a, ROOT) as root:
             document = await root.registry()
-            del document["hashes"][LEAKED]
+            del document["hashes"][secret_digest(LEAKED)]
             await root.registry(document)
         revoked_at = time.monotonic()
         ended = await leaked.line(timeout=15)

@@ -3,7 +3,12 @@ payloads for a scope's members and secret-forwarded ones (n = 3, k = 2) reach th
 while no broker's store, checkpoint or log holds the plaintext, a key that opens it, or another
 broker's share; forwarded publications survive a broker that alters every share it forwards and a
 broker that is down; scopes keep publications inside except through their interface, and a member
-removed from a scope neither receives nor can open what is sealed after its removal."""
+removed from a scope neither receives nor can open what is sealed after its removal. An operator who
+acts (a gateway and delivery port of its own in front of a real broker, and the broker's admin API)
+gets no scope key it can use and no plaintext: substituted envelopes, rosters it signed, rolled-back
+versions, members it added and recipient keys it swapped are refused or reported by the clients,
+replayed sealed publications are reported, and forwarded publications open although one broker
+floods invented forwarding ids and replays copies."""
 
 from __future__ import annotations
 
@@ -20,14 +25,17 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from tests.integration.helpers import nothing_more, run_id, take
+from tests.integration.hostile_operator import HostileGateway, Relay
 from veil.client import VeilClient
+from veil.client.errors import UntrustedKey
 from veil.client.forwarding import ForwardingPublisher, split_publication, subscribe_forwarded
 from veil.client.sealed import associated_data
 from veil.harness import BrokerProcess
 from veil.harness.broker import free_ports
 from veil.protocol.reserved import FORWARD, SEALED
 from veil.security import shamir
-from veil.security.sealing import SealError, open_sealed, recipient_public
+from veil.security.rosters import Roster, envelope_digest, sign_roster
+from veil.security.sealing import ScopeKey, SealError, open_sealed, recipient_public, unwrap, wrap
 
 pytestmark = pytest.mark.slow
 USERS = ("alice", "bob", "carol", "dave", "erin", "root")
@@ -83,9 +91,9 @@ def brokers(tmp_path_factory):
         process.close()
 
 
-def client(broker: BrokerProcess, user: str, tcp_port: int | None = None) -> VeilClient:
+def client(broker: BrokerProcess, user: str, tcp_port: int | None = None, url: str | None = None) -> VeilClient:
     return VeilClient(
-        broker.url, auth_hash=secret(user), tcp_port=tcp_port or broker.tcp_port, ws_port=broker.ws_port,
+        url or broker.url, auth_hash=secret(user), tcp_port=tcp_port or broker.tcp_port, ws_port=broker.ws_port,
         recipient_key=RECIPIENT[user], scope_managers={"customs": {"carol-1": MANAGER_PUBLIC}},
     )  # fmt: skip
 
@@ -314,6 +322,142 @@ async def test_the_command_line_rotates_seals_and_opens(brokers, tmp_path):
             [delivery] = await take(stream, 1)
     assert delivery.payload == b"from the shell"
     assert delivery.publication["veil:scope"] == "customs" and "from the shell" not in str(delivery.publication)
+
+
+def b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+async def test_a_hostile_gateway_gets_no_scope_key_it_can_use(brokers):
+    broker = brokers[0]
+    canary = f"canary hostile {run_id()} {os.urandom(8).hex()}".encode()
+    operator = X25519PrivateKey.generate()  # the recipient key the operator gives members it adds or swaps
+    operator_signing = Ed25519PrivateKey.generate()
+    alice_public = recipient_public(RECIPIENT["alice"])
+    async with HostileGateway(broker.url) as gateway:
+        alice, carol, root = client(broker, "alice", url=gateway.url), client(broker, "carol"), client(broker, "root")
+        try:
+            await rotate(carol)
+            chosen = ScopeKey.new("customs", 1000)
+
+            def forged(_, answer: dict) -> dict:  # a key the operator chose, under a roster it signed
+                envelope = wrap(chosen, alice_public)
+                roster = Roster("customs", chosen.version, {"alice": alice_public}, {"alice": envelope_digest(envelope)})
+                signed = sign_roster(roster, "carol-1", operator_signing).document()
+                return {"scope": "customs", "version": chosen.version, "envelope": b64(envelope), **signed}
+
+            def swapped(_, answer: dict) -> dict:  # carol's roster, with an envelope of the operator's key
+                return answer | {"envelope": b64(wrap(chosen._replace(version=answer["version"]), alice_public))}
+
+            for rewrite, problem in ((forged, "not signed by a manager you pin"), (swapped, "no such envelope")):
+                gateway.rewrites["/scopes/customs/key"] = rewrite
+                with pytest.raises(UntrustedKey, match=problem):
+                    await alice.publish({"kind": "detail"}, seal="customs", payload=canary)
+            assert not any(SEALED in p for p in gateway.published), "nothing was sealed under a key it chose"
+
+            del gateway.rewrites["/scopes/customs/key"]
+            await alice.publish({"kind": "detail"}, seal="customs", payload=canary)  # the current version
+            await rotate(carol)
+            await alice.publish({"kind": "detail"}, seal="customs", payload=canary)  # 409, then the newest
+            seen = alice.keyring.seen["customs"]
+            await rotate(carol)
+
+            stale = await gateway.upstream_json(f"/scopes/customs/key?version={seen - 1}", secret("alice"))
+            gateway.rewrites["/scopes/customs/key"] = lambda *_: stale  # "the newest is seen - 1"
+            with pytest.raises(UntrustedKey, match="rollback"):
+                await alice.publish({"kind": "detail"}, seal="customs", payload=canary)
+            del gateway.rewrites["/scopes/customs/key"]
+
+            # the operator adds a member and swaps bob's recipient key, then carol rotates
+            before = await root.registry()
+            changed = orjson.loads(orjson.dumps(before))
+            changed["hashes"][secret("mallory")] = "mallory"
+            changed["scopes"]["customs"]["users"] = [*before["scopes"]["customs"]["users"], "mallory", "bob"]
+            changed["recipients"] |= {"mallory": b64(recipient_public(operator)), "bob": b64(recipient_public(operator))}
+            await root.registry(changed)
+            rotation = await carol.rotate_scope_key("customs", ("carol-1", MANAGER), VOUCHED)
+            assert set(rotation.left_out) == {"mallory", "bob"} and "alice" in rotation.members
+            for version, stored in (await root.registry())["scopes"]["customs"]["keys"].items():
+                for envelope in stored["envelopes"].values():
+                    with pytest.raises(SealError):
+                        unwrap(base64.b64decode(envelope), "customs", int(version), operator)
+            restored = await root.registry()  # as before, with the keys stored since
+            restored |= {"hashes": before["hashes"], "recipients": before["recipients"]}
+            restored["scopes"]["customs"]["users"] = before["scopes"]["customs"]["users"]
+            await root.registry(restored)
+            await rotate(carol)
+            assert not any(e in gateway.carried for e in encodings(canary))
+        finally:
+            for c in (alice, carol, root):
+                await c.close()
+
+
+async def test_a_replayed_sealed_publication_is_reported_to_its_subscriber(brokers):
+    broker, rid = brokers[0], run_id()
+    async with Relay(broker.tcp_port) as relay:
+        alice, carol = client(broker, "alice"), client(broker, "carol", tcp_port=relay.port)
+        try:
+            await rotate(carol)
+            await carol.subscribe([{"key": "rid", "op": "eq", "val": rid}], f"replay-{rid}", scope="customs")
+            carol.tcp_port = relay.port  # the subscribe reply named the broker's own port
+            async with carol.deliveries(f"replay-{rid}") as stream:
+                await stream.connected.wait()
+                for n in range(2):
+                    await alice.publish({"rid": rid, "n": n}, seal="customs", payload=b"order %d" % n)
+                assert [d.payload for d in await take(stream, 2)] == [b"order 0", b"order 1"]
+                await relay.again(0)
+                [replayed] = await take(stream, 1)
+                assert replayed.payload is None and "a replay" in replayed.payload_error
+                assert replayed.origin.publisher == "alice"
+        finally:
+            await alice.close()
+            await carol.close()
+
+
+def invented(doc: dict, count: int) -> list[dict]:
+    """What a flooding broker sends before each line: copies of publications nobody made."""
+    publication = {key: value for key, value in doc["publication"].items() if key != FORWARD}
+    copies = []
+    for _ in range(count):
+        share = shamir.Share(1 + os.urandom(1)[0] % 3, 2, int.from_bytes(os.urandom(16)))
+        fields = {"id": os.urandom(16).hex(), "k": 2, "n": 3, "share": b64(share.to_bytes()), "time": 1,
+                  "digests": [b64(os.urandom(32)) for _ in range(3)], "sealed": b64(os.urandom(48))}  # fmt: skip
+        copies.append({**doc, "id": "0", "publication": {**publication, FORWARD: fields}})
+    return copies
+
+
+async def test_forwarded_publications_open_although_one_broker_floods_and_replays(brokers):
+    rid, count, flood = run_id(), 12, 1000
+    async with (
+        Relay(brokers[2].tcp_port, before=lambda doc: invented(doc, flood)) as flooding,
+        Relay(brokers[0].tcp_port) as replaying,
+    ):
+        readers = [client(brokers[0], "erin", replaying.port), client(brokers[1], "erin"), client(brokers[2], "erin", flooding.port)]
+        publishers = [client(b, "dave") for b in brokers]
+        try:
+            forwarded = await subscribe_forwarded(readers, [{"key": "rid", "op": "eq", "val": rid}], 2)
+            readers[0].tcp_port, readers[2].tcp_port = replaying.port, flooding.port
+            async with forwarded:
+                sent = {}
+                for n in range(count):
+                    forward_id, _ = await ForwardingPublisher(publishers, 2).publish({"rid": rid, "n": n}, b"%d" % n)
+                    sent[forward_id] = b"%d" % n
+                got = {}
+                async with asyncio.timeout(120):
+                    while len(got) < count:
+                        opened = await forwarded.__anext__()
+                        assert opened.id not in got
+                        got[opened.id] = opened.payload
+                assert got == sent
+                assert len(flooding.passed) >= count  # every honest copy came, each after a thousand invented
+                for index in range(len(replaying.passed)):
+                    await replaying.again(index)
+                with pytest.raises(TimeoutError):  # a replayed copy opens nothing again
+                    async with asyncio.timeout(2):
+                        await forwarded.__anext__()
+        finally:
+            for c in [*readers, *publishers]:
+                await c.close()
 
 
 async def test_forwarded_publications_open_with_one_broker_down(brokers):

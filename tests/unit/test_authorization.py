@@ -19,7 +19,7 @@ from veil.pipeline.worker_state import State
 from veil.protocol import ProtocolError, flatten
 from veil.protocol.reserved import SCOPE
 from veil.security.authorization import crop, decide
-from veil.security.registry import ANONYMOUS, parse_registry
+from veil.security.registry import ANONYMOUS, parse_registry, secret_digest
 from veil.security.scopes import WORLD
 
 USERS = ["u0", "u1", "u2", "u3", ANONYMOUS]
@@ -238,3 +238,16 @@ def test_a_late_rule_of_many_still_allows():
     run.match(state, out)
     rows = pa.Table.from_batches(out.take()).to_pydict()
     assert sorted(zip(rows["offset"], rows["sub_no"], strict=True)) == [(1, 0), (1, 1), (2, 0), (3, 0)]
+
+
+def test_static_hashes_are_kept_as_digests_only():
+    """A registry given clear secrets keeps (and so stores, logs and serves) only their SHA-256."""
+    registry = parse_registry({"hashes": {"fleet-secret-1": "fleet", secret_digest("dev-secret-9"): "dev"}})
+    assert registry.user_of_hash("fleet-secret-1") == "fleet" and registry.user_of_hash("dev-secret-9") == "dev"
+    assert registry.user_of_hash(secret_digest("fleet-secret-1")) is None  # the digest proves nothing
+    stored = registry.to_json()
+    assert b"fleet-secret-1" not in stored and secret_digest("fleet-secret-1").encode() in stored
+    assert parse_registry(orjson.loads(stored)).user_of_hash("fleet-secret-1") == "fleet"
+    with pytest.raises(ProtocolError) as refused:
+        parse_registry({"hashes": {"short": "x"}})
+    assert refused.value.field == "hashes.shor..." and "sha256:" in refused.value.problem

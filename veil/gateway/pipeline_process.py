@@ -35,11 +35,15 @@ class PipelineProcess:
         settings = orjson.dumps(dataclasses.asdict(self.config))
         while not self._stopping:
             # A new session: Ctrl-C in a terminal reaches the gateway only, which then stops the
-            # pipeline in order instead of having the JVM killed under it.
+            # pipeline in order instead of having the JVM killed under it. The settings go on stdin:
+            # a command line is anyone's to read, and they hold the store URL, password and all.
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "veil.pipeline", settings, start_new_session=True,
-                stderr=asyncio.subprocess.PIPE,
+                sys.executable, "-m", "veil.pipeline", start_new_session=True,
+                stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             )  # fmt: skip
+            assert self.process.stdin is not None
+            self.process.stdin.write(settings)
+            self.process.stdin.close()
             self.exited = None
             relay = asyncio.create_task(self._relay(self.process.stderr))  # type: ignore[arg-type]
             code = await self.process.wait()

@@ -39,6 +39,7 @@ from veil.security.identity import Authenticator, TokenVerifier
 from veil.security.revocation import RevocationList
 from veil.security.tls import server_context
 from veil.store import open_store
+from veil.store.credentials import redacted
 
 log = logging.getLogger("veil.gateway")
 KEEPALIVE = 75.0  # seconds an HTTP connection may idle between requests (or sit on half a request)
@@ -130,7 +131,7 @@ class Broker:
         scheme = "https" if config.tls else "http"
         log.info(
             "veil listening: REST %s://%s:%d, TCP %d, WebSocket %d; store %s",
-            scheme, config.bind, config.port, config.tcp, config.ws, config.store_url,
+            scheme, config.bind, config.port, config.tcp, config.ws, redacted(config.store_url),
         )  # fmt: skip
 
     async def stop(self) -> None:

@@ -1,4 +1,5 @@
-"""Entry point of the pipeline process started by the gateway: `python -m veil.pipeline SETTINGS`."""
+"""Entry point of the pipeline process started by the gateway: `python -m veil.pipeline`, with its
+settings (the gateway's Config as JSON) on stdin."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from veil.pipeline.job import run
 
 
 def main() -> int:
-    config = Config(**orjson.loads(sys.argv[1]))
+    config = Config(**orjson.loads(sys.stdin.buffer.read()))
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     return run(config)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from veil.config import Config
 from veil.store import PipelineStore, StoreUnavailable
+from veil.store.credentials import PASSWORD_ENV, without_password
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -67,6 +68,10 @@ def build_session(config: Config):
         # Spark's scratch space (block manager, broadcasts) beside the broker's data rather than in
         # /tmp: one place for an operator to secure, and where the privacy tests look
         builder = builder.config("spark.local.dir", os.path.join(os.path.abspath(config.data_dir), "spark-local"))
+    _, password = without_password(config.store_url)
+    if password is not None:  # for libpq, here and in every executor; Spark redacts it from its UI and logs
+        os.environ[PASSWORD_ENV] = password
+        builder = builder.config(f"spark.executorEnv.{PASSWORD_ENV}", password)
     for key, value in config.spark_settings.items():  # the operator's --spark-conf go last: they win
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -82,7 +87,7 @@ def start_query(spark, config: Config):
     spark.dataSource.register(EventLogSource)
     epochs = (
         spark.readStream.format(EventLogSource.name())
-        .option("store", config.store_url)
+        .option("store", without_password(config.store_url)[0])  # options show in plans: no password
         .option("partitions", str(config.partitions))
         .option("partitionMode", config.partition_mode)
         .option("epochSeconds", str(config.epoch_seconds))

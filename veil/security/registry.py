@@ -7,7 +7,8 @@ authentication and signature checks. Every mistake in a document is a ProtocolEr
 offending field, whether the document came from a file at start or from the admin API.
 
     admins: [root]                          # who may change the registry at runtime
-    hashes: {s3cret-of-dev: dev}            # static hashes: a secret, and the user it proves (development)
+    hashes: {s3cret-of-dev: dev}            # static hashes: a secret (or sha256:<its SHA-256 in hex>) and
+                                            # the user it proves; kept as the digest only
     users: {alice: {groups: [A]}}           # user ids: certificate fingerprints, token subjects
     groups: {A: [bob]}                      # members may also be listed per group
     rules:                                  # user or "*" (anyone) -> rules; a rule is a conjunction,
@@ -29,8 +30,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -50,6 +53,7 @@ SECTIONS = (
 PUBLISHER_SECTIONS = ("policies", "cropping")  # what a publisher sets of its own
 MAX_ID = 256
 MIN_SECRET = 8  # characters of a static hash: a secret a client proves itself with, not a name
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 T = TypeVar("T")
 
 
@@ -77,7 +81,7 @@ class Registry:
     publisher_policies: dict[str, tuple[Policy, ...]] = field(default_factory=dict)  # the publishers' own
     cropping: dict[str, tuple[Crop, ...]] = field(default_factory=dict)  # the admins' and the publishers'
     keys: dict[str, dict[str, bytes]] = field(default_factory=dict)  # publisher -> key id -> raw key
-    hashes: dict[str, str] = field(default_factory=dict)  # static hash (a secret) -> the user it proves
+    hashes: dict[str, str] = field(default_factory=dict)  # a static hash's digest -> the user it proves
     recipients: dict[str, bytes] = field(default_factory=dict)  # user -> raw recipient public key (X25519 or hybrid)
     scopes: Scopes = field(default_factory=Scopes)
     announce: dict[str, tuple[tuple[Predicate, ...], ...]] = field(default_factory=dict)  # user -> filters
@@ -96,7 +100,7 @@ class Registry:
     def user_of_hash(self, secret: str) -> str | None:
         """The user a static hash proves (SPEC §3): only secrets the registry declares. A user id is a
         name, and names (fingerprints, token subjects) are no proof of anything."""
-        return self.hashes.get(secret)
+        return self.hashes.get(secret_digest(secret))
 
     def to_json(self) -> bytes:
         return json.dumps(self.document, sort_keys=True, separators=(",", ":")).encode()
@@ -155,9 +159,11 @@ def parse_registry(doc: object) -> Registry:
         for publisher, listed in _mapping(doc.get("keys", {}), "keys").items()
     }
     hashes = {  # a field names a secret by its first characters only
-        _secret(secret, f"hashes.{str(secret)[:4]}..."): _id(user, f"hashes.{str(secret)[:4]}...")
+        _digest_of(secret, f"hashes.{str(secret)[:4]}..."): _id(user, f"hashes.{str(secret)[:4]}...")
         for secret, user in _mapping(doc.get("hashes", {}), "hashes").items()
     }
+    if "hashes" in doc:  # what is stored, logged and served holds no secret, only its digest
+        doc = {**doc, "hashes": {digest: user for digest, user in hashes.items()}}
     recipients = {
         _id(user, f"recipients.{user}"): _recipient(raw, f"recipients.{user}")
         for user, raw in _mapping(doc.get("recipients", {}), "recipients").items()
@@ -245,10 +251,19 @@ def parse_filter(doc: object, where: str) -> tuple[Predicate, ...]:
     return tuple(Predicate(*parse_predicate(item, f"{where}[{i}]")) for i, item in enumerate(doc))
 
 
-def _secret(value: object, where: str) -> str:
+def secret_digest(secret: str) -> str:
+    """How the registry keeps a static hash: SHA-256, unsalted, since the secrets are meant to be
+    random (a salt would make each lookup a scan of all of them)."""
+    return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _digest_of(value: object, where: str) -> str:
+    if isinstance(value, str) and DIGEST.fullmatch(value):
+        return value
     if not isinstance(value, str) or not MIN_SECRET <= len(value) <= MAX_ID or not value.isprintable():
-        raise ProtocolError(where, f"a static hash is a secret of {MIN_SECRET} to {MAX_ID} printable characters")
-    return value
+        problem = f"a static hash is a secret of {MIN_SECRET} to {MAX_ID} printable characters"
+        raise ProtocolError(where, problem + ", or sha256:<64 hex digits>")
+    return secret_digest(value)
 
 
 def _public_key(raw: object, where: str, kind: str) -> bytes:

@@ -29,6 +29,7 @@ from veil.store.base import (
     UnknownPublication,
     UnknownSubscription,
 )
+from veil.store.credentials import redacted
 
 
 def _sqlite(url: str, create: bool) -> EventStore:
@@ -53,7 +54,8 @@ def open_store(url: str, create: bool = True) -> EventStore:
     scheme = url.partition("://")[0] if "://" in url else "sqlite"
     opener = STORES.get(scheme)
     if opener is None:
-        raise ValueError(f"unsupported store URL {url!r}: use {' or '.join(f'{s}:///...' for s in STORES)}")
+        shown = redacted(url)
+        raise ValueError(f"unsupported store URL {shown!r}: use {' or '.join(f'{s}:///...' for s in STORES)}")
     return opener(url, create)
 
 
