@@ -69,9 +69,11 @@ def build_session(config: Config):
         # /tmp: one place for an operator to secure, and where the privacy tests look
         builder = builder.config("spark.local.dir", os.path.join(os.path.abspath(config.data_dir), "spark-local"))
     _, password = without_password(config.store_url)
-    if password is not None:  # for libpq, here and in every executor; Spark redacts it from its UI and logs
+    if password is not None:
+        # for libpq, here and in the local executors and Python workers, which inherit it; not as
+        # spark.executorEnv, which PySpark would put on the JVM's command line: executors of other
+        # machines take it from their own environment or ~/.pgpass
         os.environ[PASSWORD_ENV] = password
-        builder = builder.config(f"spark.executorEnv.{PASSWORD_ENV}", password)
     for key, value in config.spark_settings.items():  # the operator's --spark-conf go last: they win
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -1,7 +1,7 @@
 """A store URL's password, kept out of what others on the machine or the cluster can read: process
 command lines (world-readable), log lines, and the options of Spark's source (shown in its plans and
-UI). The password goes to libpq through PGPASSWORD instead, which only the process itself, its
-children and, on a cluster, Spark's redacted executor environment hold. (A password in ~/.pgpass or
+UI). The password goes to libpq through PGPASSWORD instead, which only the process itself and its
+children (the local executors) hold; executors elsewhere take it from their own environment. (A password in ~/.pgpass or
 PGPASSWORD, and none in the URL, is better still: then Veil never holds it in a string.)"""
 
 from __future__ import annotations
