@@ -51,7 +51,7 @@ def clear(rng: random.Random, run: str) -> dict:
 
 
 def sealed(key: tuple[str, int, bytes], rng: random.Random, run: str) -> dict:
-    return seal_publication(lat_lon(rng, run), rng.randbytes(PAYLOAD), ScopeKey(*key))
+    return seal_publication(lat_lon(rng, run), rng.randbytes(PAYLOAD), ScopeKey(*key), "bench")
 
 
 async def sealed_case(broker: BrokerProcess, make, seconds: float, label: str) -> dict:

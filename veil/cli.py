@@ -380,8 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     rotate.add_argument("--key-id", required=True, help="its id, as the registry's keys list it for you")
     rotate.add_argument(
         "--recipients",
-        help="JSON file: member -> base64 recipient public key you vouch for (new members, changed keys); "
-        "members on the last roster keep the keys it lists",
+        help="JSON file: member -> base64 recipient public key: exactly these members get the key (if the "
+        "registry lists them with these keys); without it, the last roster's members the registry still lists",
     )
     rotate.set_defaults(run=lambda a: asyncio.run(_rotate(a)))
 

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from veil.client import VeilClient
+from veil.client import Overloaded, VeilClient
 from veil.client.client import DeliveryStream
 from veil.client.sealed import ReplayWindow, ScopeKeyring, origin_of, seal_publication
 from veil.security.sealing import ScopeKey
@@ -232,3 +232,25 @@ class OpenedKeyring(ScopeKeyring):
     def __init__(self, key: ScopeKey) -> None:
         super().__init__(RECIPIENT, {}, lambda *_: None)
         self._keys[(key.scope, key.version)] = key
+
+
+async def test_a_key_that_cannot_be_fetched_is_reported_on_its_delivery_and_the_stream_goes_on():
+    """The broker answers the key request with junk or 503: the delivery, consumed already, says so."""
+    key = ScopeKey.new("customs")
+    sealed = seal_publication({"n": 1}, b"manifest", key, "alice")
+    doc = orjson.dumps({"seq": 1, "id": "1", "publisher": "alice", "publication": sealed}) + b"\n"
+
+    class Failing(ScopeKeyring):
+        def __init__(self) -> None:
+            async def fetch(scope, version):
+                raise Overloaded("", "delivery is behind", 503)
+
+            super().__init__(RECIPIENT, {}, fetch)
+
+    async with ScriptedBroker(lines(doc, line(2), stay=True)) as broker:
+        client = VeilClient("http://127.0.0.1:1", auth_hash="h", tcp_port=broker.port)
+        client.keyring = Failing()
+        async with client.deliveries("s") as stream, asyncio.timeout(20):
+            got = [await anext(stream) for _ in range(2)]
+        await client.close()
+    assert got[0].payload is None and "could not be fetched" in got[0].payload_error and got[1].seq == 2

@@ -188,3 +188,16 @@ def test_an_opened_publication_tells_its_time_and_whether_its_copy_was_signed_by
     stream.take(0, replayed, "alice")
     stream.take(1, {**documents[1], FORWARD: {**documents[1][FORWARD], "time": 1}}, "alice")
     assert opened(stream) == []  # the time is sealed in: no copy with another time opens
+
+
+@pytest.mark.parametrize("liar", [0, 2])
+def test_a_copy_altered_beside_a_true_share_does_not_stop_the_publication(liar):
+    """The liar forwards its true share and the true seal but another time: the shares that fail
+    against its copy must still be tried against the publisher's."""
+    documents = split_publication({"kind": "x"}, b"secret", 2, 3)
+    altered_copy = {**documents[liar], FORWARD: {**documents[liar][FORWARD], "time": documents[liar][FORWARD]["time"] + 1}}
+    stream = ForwardedStream([], 2)
+    for broker in (liar, *(b for b in range(3) if b != liar)):
+        stream.take(broker, altered_copy if broker == liar else documents[broker], "pub")
+    [publication] = opened(stream)
+    assert publication.payload == b"secret"

@@ -33,12 +33,14 @@ def described(version: int = 0, roster: dict | None = None, **keys: X25519Privat
     return {"scope": "customs", "version": version, "members": members, "roster": roster}
 
 
-def rotation(previous: dict | None = None, signer=CAROL, vouched=None, **keys):
+ALL = object()  # the manager vouches for every member's true key
+
+
+def rotation(previous: dict | None = None, signer=CAROL, vouched=ALL, seen: int = 0, **keys):
     version = 0 if previous is None else previous["roster"]["version"]
-    vouched = {n: recipient_public(k) for n, k in MEMBERS.items()} if vouched is None else vouched
-    return next_version(
-        "customs", described(version, previous, **keys), ("carol-1", signer), vouched, PINNED["customs"]
-    )
+    vouched = {n: recipient_public(k) for n, k in MEMBERS.items()} if vouched is ALL else vouched
+    doc = described(version, previous, **keys)
+    return next_version("customs", doc, ("carol-1", signer), vouched, PINNED["customs"], seen)
 
 
 def answer(body: dict, member: str) -> dict:
@@ -102,13 +104,19 @@ def test_a_rotation_wraps_only_for_recipient_keys_the_manager_vouches_for():
     first, _ = rotation(vouched={n: recipient_public(MEMBERS[n]) for n in ("alice", "bob")})
     assert set(first["envelopes"]) == {"alice", "bob"}  # dave: the registry lists him, nobody vouched
     swapped = X25519PrivateKey.generate()  # the broker swaps bob's key and adds mallory
-    body, done = rotation(first, vouched={}, alice=MEMBERS["alice"], bob=swapped, mallory=swapped)
+    body, done = rotation(first, vouched=None, alice=MEMBERS["alice"], bob=swapped, mallory=swapped)
     assert done.members == ("alice",)
-    assert "another recipient key" in done.left_out["bob"] and "vouched for neither" in done.left_out["mallory"]
+    assert "another recipient key" in done.left_out["bob"] and "not on the last roster" in done.left_out["mallory"]
     assert set(body["envelopes"]) == {"alice"}
+    # bob left, but the broker keeps listing him: the manager's own list of recipients decides
+    vouched = {"alice": recipient_public(MEMBERS["alice"])}
+    body, done = rotation(first, vouched=vouched, alice=MEMBERS["alice"], bob=MEMBERS["bob"])
+    assert done.members == ("alice",) and "not among the recipients you gave" in done.left_out["bob"]
     forged, _ = rotation(signer=MALLORY)
     with pytest.raises(SealError, match="not signed by a manager you pin"):
         rotation(forged)
+    with pytest.raises(SealError, match="version 5 exists"):  # an old roster served to re-issue its successor
+        rotation(first, seen=5)
 
 
 async def test_a_sealed_payload_is_bound_to_its_canonical_attributes():
@@ -137,3 +145,15 @@ def test_whatever_a_broker_serves_as_a_roster_is_a_roster_or_a_protocol_error(do
     for candidate in (doc, {"roster": doc, "keyId": "k", "signature": b64(bytes(64))}):
         with contextlib.suppress(ProtocolError):
             parse_signed(candidate, "roster")
+
+
+async def test_a_version_the_broker_has_no_key_of_for_us_is_not_asked_for_on_every_delivery():
+    asked = []
+
+    def serve(scope, version):
+        asked.append(version)
+        return None
+
+    ring = keyring("alice", serve)
+    assert [await ring.key("customs", 3) for _ in range(5)] == [None] * 5 and asked == [3]
+    assert await ring.key("customs") is None and asked == [3, None]  # the newest is always asked for

@@ -109,8 +109,11 @@ class VeilClient:
             scope: {key_id: base64.b64decode(key) for key_id, key in keys.items()}
             for scope, keys in (scope_managers or {}).items()
         }
+        self.scope_versions: dict[str, int] = {}  # the newest key version of each scope seen in a verified roster
         self.keyring = (
-            ScopeKeyring(recipient_key, self.scope_managers, self._envelope) if recipient_key is not None else None
+            ScopeKeyring(recipient_key, self.scope_managers, self._envelope, self.scope_versions)
+            if recipient_key is not None
+            else None
         )
 
     async def __aenter__(self) -> VeilClient:
@@ -226,21 +229,24 @@ class VeilClient:
         signing_key: tuple[str, Ed25519PrivateKey],
         recipients: dict[str, bytes] | None = None,
     ) -> Rotation:
-        """As the scope's manager: a new key version for the members the registry lists whose
-        recipient keys you vouch for (`recipients`: member -> raw public key, or the last roster's),
-        in a roster signed with `signing_key` (key id, private key; its public half registered for you
-        and pinned by members in `scope_managers`). Members left out are reported with why. When
+        """As the scope's manager: a new key version in a roster signed with `signing_key` (key id,
+        private key; its public half registered for you and pinned by members in `scope_managers`),
+        for exactly the members in `recipients` (member -> raw public key) that the registry lists in
+        the scope with those keys, or without `recipients`, for the last roster's members the registry
+        still lists (see veil.client.scope_keys). Members left out are reported with why. When
         another rotation or registry change came first (409), rotates again from the newest."""
         pinned = self.scope_managers.get(scope, {})
 
         async def rotated() -> Rotation:
             path = f"/scopes/{quote(scope, safe='')}"
             described = await self.request(path, b"", method="GET")
+            seen = self.scope_versions.get(scope, 0)
             try:
-                body, rotation = next_version(scope, described, signing_key, recipients or {}, pinned)
+                body, rotation = next_version(scope, described, signing_key, recipients, pinned, seen)
             except SealError as exc:
                 raise UntrustedKey("roster", str(exc), 0) from None
             await self.request(f"{path}/keys/{rotation.version}", orjson.dumps(body), method="PUT")
+            self.scope_versions[scope] = max(rotation.version, self.scope_versions.get(scope, 0))
             return rotation
 
         return await _redone(rotated, lambda field: field in ("version", REGISTRY_VERSION))
@@ -441,6 +447,10 @@ class DeliveryStream:
             payload = await keyring.open(delivery.publication)
         except SealError as exc:
             return delivery._replace(payload_error=str(exc))
+        except (VeilError, aiohttp.ClientError, TimeoutError, ValueError, RecursionError) as exc:
+            # its key could not be fetched or read (the broker failed, or sent junk): the delivery is
+            # consumed already, so it comes with why; keyring.open(delivery.publication) tries again
+            return delivery._replace(payload_error=f"its key could not be fetched: {exc}")
         if payload is None:
             return delivery
         origin = origin_of(delivery.publication)
@@ -481,11 +491,16 @@ class DeliveryStream:
             return Delivery(None, None, doc)
         seq = doc["seq"]
         publisher = doc.get("publisher")
+        if not isinstance(publisher, str):
+            publisher = None  # none named, or not a name: nothing is attributed to anyone
         verified = False
         keys = self.client.trusted_keys.get(publisher) if publisher is not None else None
         if keys is not None and "signature" in doc:
-            key = keys.get(doc.get("keyId"))
-            if key is None or not signatures.verifies(key, published_bytes(line), doc["signature"]):
+            key_id, signature = doc.get("keyId"), doc["signature"]
+            key = keys.get(key_id) if isinstance(key_id, str) else None
+            authentic = key is not None and isinstance(signature, str)
+            authentic = authentic and signatures.verifies(key, published_bytes(line), signature)
+            if not authentic:
                 self._consumed(seq, tuple(doc.get("subscriptionIds", ())))
                 raise TamperedPublication(
                     "signature", f"publication {doc.get('id')} from {publisher!r} does not verify", 0

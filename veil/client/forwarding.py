@@ -165,7 +165,7 @@ class _Copy(NamedTuple):
 class _Gathering:
     shares: dict[int, shamir.Share] = field(default_factory=dict)  # broker -> its share
     copies: dict[int, _Copy] = field(default_factory=dict)  # broker -> the rest of its copy
-    tried: set[tuple[bytes, tuple[int, ...]]] = field(default_factory=set)  # (copy's seal, brokers' shares)
+    tried: set[tuple[bytes, bytes, tuple[int, ...]]] = field(default_factory=set)  # (a copy, brokers' shares)
     opened: _Copy | None = None  # the copy that opened: its digests are the publisher's
 
 
@@ -336,17 +336,22 @@ class ForwardedStream:
         they make opens it: a wrong share is never combined, so one try per copy and set of shares."""
         publisher, forward_id = which
         brokers = sorted(gathering.shares)
-        copies = list({(c.sealed, c.associated): c for c in gathering.copies.values()}.values())
-        for copy in copies:
+        distinct: dict[tuple[bytes, bytes], _Copy] = {}
+        for copy in gathering.copies.values():  # of identical copies, a signed one (an unsigned one proves less)
+            seen = distinct.setdefault((copy.sealed, copy.associated), copy)
+            if copy.verified and not seen.verified:
+                distinct[(copy.sealed, copy.associated)] = copy
+        for copy in distinct.values():
             chosen: dict[int, int] = {}  # share index -> broker
             for broker in brokers:
                 share = gathering.shares[broker]
                 if 1 <= share.index <= len(copy.digests) and digest(share) == copy.digests[share.index - 1]:
                     chosen.setdefault(share.index, broker)
             subset = tuple(sorted(chosen.values())[: self.k])
-            if len(subset) < self.k or (copy.sealed, subset) in gathering.tried:
+            tried = (copy.sealed, copy.associated, subset)  # a liar's copy differs from the publisher's somewhere
+            if len(subset) < self.k or tried in gathering.tried:
                 continue
-            gathering.tried.add((copy.sealed, subset))
+            gathering.tried.add(tried)
             try:
                 secret = shamir.combine([gathering.shares[b] for b in subset])
                 payload = ChaCha20Poly1305(secret).decrypt(NONCE, copy.sealed, copy.associated)

@@ -1,11 +1,13 @@
 """A scope manager's side of scope keys: the next version's roster, made only from what the manager
 can vouch for, since the broker's list of members and recipient keys is the broker's word.
 
-A member gets the new key when the registry lists it in the scope with a recipient key, and that
-key is one the manager vouches for: given by the manager (`recipients`, from wherever it learns
-keys it believes) or on the previous roster, which must verify against a manager key it pins. A
-member the broker added, or whose recipient key the broker swapped, is left out and reported, so
-that a hostile broker gets no envelope it can open.
+Given `recipients` (member -> recipient public key, from wherever the manager learns keys and
+membership it believes), exactly those members get the new key, each if the registry lists it in
+the scope with that very key: so a member the broker keeps listing after it left, one it added and
+one whose key it swapped are all left out, and reported. Without `recipients`, the members on the
+previous roster (which must verify against a manager key the manager pins) keep the keys it lists,
+as long as the broker still lists them: removals are then the broker's word. A manager never builds
+on a version older than one it has seen, so a broker cannot have it re-issue an old version.
 """
 
 from __future__ import annotations
@@ -32,14 +34,18 @@ def next_version(
     scope: str,
     described: dict,
     signing_key: tuple[str, Ed25519PrivateKey],
-    recipients: Mapping[str, bytes],
+    recipients: Mapping[str, bytes] | None,
     pinned: Mapping[str, bytes],
+    seen: int = 0,
 ) -> tuple[dict, Rotation]:
     """The body of `PUT /scopes/{scope}/keys/{version}` after `described` (`GET /scopes/{scope}`),
-    and what it does; SealError when the current roster is not one a pinned manager signed."""
-    version = described.get("version")
+    and what it does; SealError when the current roster is not one a pinned manager signed, or is
+    older than version `seen`."""
+    version = described.get("version") if isinstance(described, dict) else None
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise SealError(f"the broker described scope {scope!r} without a key version")
+    if version < seen:
+        raise SealError(f"the broker says scope {scope!r} is at version {version}, but version {seen} exists")
     vouched: dict[str, bytes] = {}
     if described.get("roster") is not None:
         try:
@@ -53,7 +59,8 @@ def next_version(
         vouched.update(signed.roster.members)
     elif version:
         raise SealError(f"the broker has version {version} of scope {scope!r} but no roster of it")
-    vouched.update(recipients)
+    if recipients is not None:
+        vouched = dict(recipients)
     key = ScopeKey.new(scope, version + 1)
     members: dict[str, bytes] = {}
     left_out: dict[str, str] = {}
@@ -66,11 +73,15 @@ def next_version(
         if public is None:
             left_out[member] = "the registry lists no recipient key for it"
         elif member not in vouched:
-            left_out[member] = "its recipient key is vouched for neither by you nor by the last roster"
+            left_out[member] = (
+                "not among the recipients you gave" if recipients is not None else "not on the last roster"
+            )
         elif vouched[member] != public:
             left_out[member] = "the registry lists another recipient key than the one vouched for"
         else:
             members[member] = public
+    for member in vouched.keys() - members.keys() - left_out.keys():
+        left_out[member] = "the registry does not list it in the scope"
     if not members:
         raise SealError(f"no member of scope {scope!r} has a recipient key you vouch for: {left_out}")
     envelopes = {member: wrap(key, public) for member, public in members.items()}

@@ -19,7 +19,7 @@ import base64
 import binascii
 import os
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import NamedTuple
 
@@ -33,6 +33,8 @@ from veil.security.sealing import unwrap as unwrap_envelope
 Fetch = Callable[[str, int | None], Awaitable[dict | None]]  # (scope, version) -> the broker's answer
 Managers = Mapping[str, Mapping[str, bytes]]  # scope -> key id -> raw Ed25519 public key of a manager
 REMEMBERED = 100_000  # origins a stream remembers to tell replays by: about 10 MB
+MISS_SECONDS = 60.0  # a version the broker has no key of for us is not asked for again this long
+MAX_MISSES = 10_000
 
 
 class Origin(NamedTuple):
@@ -95,7 +97,9 @@ class ScopeKeyring:
     """The scope key versions a member has opened, fetched when first needed and believed only as a
     manager it pins signed them."""
 
-    def __init__(self, recipient_key: RecipientKey, managers: Managers, fetch: Fetch) -> None:
+    def __init__(
+        self, recipient_key: RecipientKey, managers: Managers, fetch: Fetch, seen: dict[str, int] | None = None
+    ) -> None:
         self.recipient_key = recipient_key
         self.public = recipient_public(recipient_key)
         self.managers = managers
@@ -103,7 +107,10 @@ class ScopeKeyring:
         self._keys: dict[tuple[str, int], ScopeKey] = {}
         self.names: dict[tuple[str, int], str] = {}  # the name a version's roster gives us
         self._newest: dict[str, int] = {}  # the newest version opened, which sealing uses
-        self.seen: dict[str, int] = {}  # the newest version any verified roster named: none older is current
+        self._misses: OrderedDict[tuple[str, int], tuple[float, str | None]] = OrderedDict()  # until, why
+        # the newest version of each scope any verified roster named: none older is current (an
+        # application that keeps it across restarts keeps that guarantee across them)
+        self.seen: dict[str, int] = {} if seen is None else seen
 
     async def key(self, scope: str, version: int | None = None) -> ScopeKey | None:
         """A version (the newest by default); None when the broker has no envelope of it for us;
@@ -113,14 +120,35 @@ class ScopeKeyring:
             version = self._newest.get(scope)
         if version is not None and (scope, version) in self._keys:
             return self._keys[(scope, version)]
-        answer = await self._fetch(scope, version)
-        if answer is None:
-            return None
-        key, name = self._verified(scope, version, answer)
+        missed = self._misses.get((scope, version)) if version is not None else None
+        if missed is not None and missed[0] > time.monotonic():
+            if missed[1] is None:
+                return None
+            raise SealError(missed[1])
+        try:
+            answer = await self._fetch(scope, version)
+            if answer is None:
+                self._missed(scope, version, None)
+                return None
+            key, name = self._verified(scope, version, answer)
+        except SealError as exc:
+            self._missed(scope, version, str(exc))
+            raise
         self._keys[(scope, key.version)] = key
         self.names[(scope, key.version)] = name
         self._newest[scope] = max(key.version, self._newest.get(scope, 0))
         return key
+
+    def _missed(self, scope: str, version: int | None, error: str | None) -> None:
+        """A version we hold no key of is not asked for again for MISS_SECONDS (a scope's sealed
+        publications reach subscribers outside it through its interface: one fetch each would be a
+        request per delivery); the newest is always asked for."""
+        if version is None:
+            return
+        self._misses[(scope, version)] = (time.monotonic() + MISS_SECONDS, error)
+        self._misses.move_to_end((scope, version))
+        while len(self._misses) > MAX_MISSES:
+            self._misses.popitem(last=False)
 
     def _verified(self, scope: str, asked: int | None, answer: dict) -> tuple[ScopeKey, str]:
         pinned = self.managers.get(scope)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,6 +24,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from veil.store.base import Publication, StoreMissing, StoreUnavailable
+from veil.store.credentials import redacted
 from veil.store.relational import LAST_FEED_SEQ, Cursor, Db, RelationalStore, Transaction
 
 WRITE_LOCK = 0x7665696C  # the advisory lock every write transaction takes ("veil")
@@ -202,7 +202,7 @@ class PostgresStore(RelationalStore):
             self._migrate(create)
         except FAILURES as exc:
             self._pool.close()
-            raise StoreUnavailable(f"cannot reach the store at {_redacted(url)}: {exc}") from exc
+            raise StoreUnavailable(f"cannot reach the store at {redacted(url)}: {exc}") from exc
         except StoreMissing:
             self._pool.close()
             raise
@@ -310,19 +310,19 @@ class PostgresStore(RelationalStore):
                 version = db.execute("SELECT version FROM schema_version").fetchone()[0] if found[0] else 0
                 if version > len(MIGRATIONS):
                     raise StoreMissing(
-                        f"the store at {_redacted(self.url)} has schema version {version}, newer than this "
+                        f"the store at {redacted(self.url)} has schema version {version}, newer than this "
                         f"release's {len(MIGRATIONS)}: upgrade Veil"
                     )
                 if version == len(MIGRATIONS):
                     return
                 if not create:
                     raise StoreMissing(
-                        f"no Veil store (schema version {len(MIGRATIONS)}) in the database {_redacted(self.url)}: "
+                        f"no Veil store (schema version {len(MIGRATIONS)}) in the database {redacted(self.url)}: "
                         "a gateway creates it or brings it up to date when it starts"
                     )
                 if found[1] and not found[0]:
                     raise StoreMissing(
-                        f"the database {_redacted(self.url)} holds other tables: give Veil one of its own"
+                        f"the database {redacted(self.url)} holds other tables: give Veil one of its own"
                     )
                 if not found[0]:
                     db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
@@ -336,8 +336,3 @@ class PostgresStore(RelationalStore):
             if connection is not None:
                 connection.close()
         self._pool.close()
-
-
-def _redacted(url: str) -> str:
-    """The URL without its password, for messages."""
-    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
