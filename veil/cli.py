@@ -216,11 +216,17 @@ def _printable(payload: bytes) -> str:
 
 
 async def _rotate(args: argparse.Namespace) -> int:
-    recipients = _json_file(args.recipients, "--recipients") or {}
-    if not isinstance(recipients, dict) or not all(isinstance(v, str) for v in recipients.values()):
+    recipients = _json_file(args.recipients, "--recipients")
+    if recipients is not None and (
+        not isinstance(recipients, dict) or not all(isinstance(v, str) for v in recipients.values())
+    ):
         raise SystemExit("veil scope rotate: --recipients is a JSON object: member -> base64 recipient public key")
     try:
-        vouched = {member: base64.b64decode(key, validate=True) for member, key in recipients.items()}
+        vouched = (
+            None
+            if recipients is None
+            else {member: base64.b64decode(key, validate=True) for member, key in recipients.items()}
+        )
     except ValueError as exc:
         raise SystemExit(f"veil scope rotate: --recipients: {exc}") from None
     async with _client(args) as client:

@@ -77,13 +77,16 @@ class VeilClient:
         ws_port: int | None = None,
         recipient_key: RecipientKey | None = None,
         scope_managers: dict[str, dict[str, str]] | None = None,
+        scope_versions: dict[str, int] | None = None,
         timeout: float = 30.0,
     ) -> None:
         """`recipient_key` is the private half of the key the registry lists for this client under
         `recipients` (X25519, or `HybridKey` for ML-KEM-768 with X25519): scope keys are wrapped for
         it, so it seals and opens payloads. `scope_managers` pins, per scope, the Ed25519 public keys
         (key id -> base64) of the managers whose signed rosters this client believes: a scope key is
-        used only as a roster one of them signed gives it."""
+        used only as a roster one of them signed gives it. `scope_versions` (scope -> the newest key
+        version seen) is kept up to date in place: an application that saves it and passes it again
+        after a restart is not rolled back below what it saw before."""
         parts = urlsplit(url)
         self.url = url.rstrip("/")
         self.host = parts.hostname or "127.0.0.1"
@@ -109,7 +112,7 @@ class VeilClient:
             scope: {key_id: base64.b64decode(key) for key_id, key in keys.items()}
             for scope, keys in (scope_managers or {}).items()
         }
-        self.scope_versions: dict[str, int] = {}  # the newest key version of each scope seen in a verified roster
+        self.scope_versions = {} if scope_versions is None else scope_versions
         self.keyring = (
             ScopeKeyring(recipient_key, self.scope_managers, self._envelope, self.scope_versions)
             if recipient_key is not None

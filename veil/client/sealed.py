@@ -34,6 +34,7 @@ Fetch = Callable[[str, int | None], Awaitable[dict | None]]  # (scope, version) 
 Managers = Mapping[str, Mapping[str, bytes]]  # scope -> key id -> raw Ed25519 public key of a manager
 REMEMBERED = 100_000  # origins a stream remembers to tell replays by: about 10 MB
 MISS_SECONDS = 60.0  # a version the broker has no key of for us is not asked for again this long
+NEW_MISS_SECONDS = 5.0  # nor one newer than any this client saw
 MAX_MISSES = 10_000
 
 
@@ -140,12 +141,15 @@ class ScopeKeyring:
         return key
 
     def _missed(self, scope: str, version: int | None, error: str | None) -> None:
-        """A version we hold no key of is not asked for again for MISS_SECONDS (a scope's sealed
+        """A version we hold no key of is not asked for again for a while (a scope's sealed
         publications reach subscribers outside it through its interface: one fetch each would be a
         request per delivery); the newest is always asked for."""
         if version is None:
             return
-        self._misses[(scope, version)] = (time.monotonic() + MISS_SECONDS, error)
+        # a version newer than any seen may be one a rotation just made, which this gateway has not
+        # adopted yet (gateways follow each other's changes within seconds): asked again sooner
+        wait = MISS_SECONDS if version <= self.seen.get(scope, 0) else NEW_MISS_SECONDS
+        self._misses[(scope, version)] = (time.monotonic() + wait, error)
         self._misses.move_to_end((scope, version))
         while len(self._misses) > MAX_MISSES:
             self._misses.popitem(last=False)

@@ -51,23 +51,28 @@ def check_key_version(registry: Registry, scope: str, version: int) -> None:
     if version != newest:
         problem = f"sealed under version {version} of scope {scope!r}'s key; the current one is {newest}"
         raise ProtocolError(SEALED, problem, 409)
-    holders = keys[newest].roster.members
+    if scope not in registry.key_checks:  # once per registry version: a scope may have many members
+        registry.key_checks[scope] = _holders_problem(registry, scope, newest)
+    problem = registry.key_checks[scope]
+    if problem is not None:
+        raise ProtocolError(SEALED, problem, 409)
+
+
+def _holders_problem(registry: Registry, scope: str, newest: int) -> str | None:
+    holders = registry.scopes.by_name[scope].keys[newest].roster.members
     gone = sorted(set(holders) - registry.scopes.members(scope, registry.members))
     if gone:
-        raise ProtocolError(
-            SEALED,
+        return (
             f"version {newest} of scope {scope!r}'s key is held by {len(gone)} former member(s), "
-            f"{', '.join(gone[:3])}: its manager rotates the key first",
-            409,
+            f"{', '.join(gone[:3])}: its manager rotates the key first"
         )
     changed = sorted(m for m, public in holders.items() if registry.recipients.get(m) != public)
     if changed:
-        raise ProtocolError(
-            SEALED,
+        return (
             f"version {newest} of scope {scope!r}'s key was wrapped for a recipient key that "
-            f"{', '.join(changed[:3])} no longer has: its manager rotates the key first",
-            409,
+            f"{', '.join(changed[:3])} no longer has: its manager rotates the key first"
         )
+    return None
 
 
 def admit_subscription(

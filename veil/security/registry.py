@@ -86,6 +86,9 @@ class Registry:
     scopes: Scopes = field(default_factory=Scopes)
     announce: dict[str, tuple[tuple[Predicate, ...], ...]] = field(default_factory=dict)  # user -> filters
     document: dict[str, Any] = field(default_factory=dict)  # as given, for persistence and the admin API
+    # scope -> why a sealed publication under its newest key is refused (None: it is not), filled as
+    # publications ask: the answer depends on this version of the registry only
+    key_checks: dict[str, str | None] = field(default_factory=dict, compare=False, repr=False)
 
     def groups_of(self, user: str) -> frozenset[str]:
         return frozenset(group for group, members in self.members.items() if user in members)
