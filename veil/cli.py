@@ -229,12 +229,18 @@ async def _rotate(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise SystemExit(f"veil scope rotate: --recipients: {exc}") from None
+    if args.every is not None and args.every < 1:
+        raise SystemExit("veil scope rotate: --every is a number of seconds, at least 1")
+    signing_key = _signing_key(args.signing_key, args.key_id)
     async with _client(args) as client:
-        rotation = await client.rotate_scope_key(args.scope, _signing_key(args.signing_key, args.key_id), vouched)
-    print(f"scope {args.scope}: key version {rotation.version} for {', '.join(rotation.members)}")
-    for member, why in sorted(rotation.left_out.items()):
-        print(f"left out {member}: {why}", file=sys.stderr)
-    return 0
+        while True:  # a rotation now, then every --every seconds: what leaks of one key ages out
+            rotation = await client.rotate_scope_key(args.scope, signing_key, vouched)
+            print(f"scope {args.scope}: key version {rotation.version} for {', '.join(rotation.members)}", flush=True)
+            for member, why in sorted(rotation.left_out.items()):
+                print(f"left out {member}: {why}", file=sys.stderr, flush=True)
+            if args.every is None:
+                return 0
+            await asyncio.sleep(args.every)
 
 
 def _keygen(args: argparse.Namespace) -> int:
@@ -389,6 +395,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSON file: member -> base64 recipient public key: exactly these members get the key (if the "
         "registry lists them with these keys); without it, the last roster's members the registry still lists",
     )
+    rotate.add_argument(
+        "--every", type=float, metavar="SECONDS",
+        help="keep running and rotate again every SECONDS (the versions seen are remembered between them)",
+    )  # fmt: skip
     rotate.set_defaults(run=lambda a: asyncio.run(_rotate(a)))
 
     keygen = commands.add_parser("keygen", help="create a recipient key for sealed payloads, or a signing key")

@@ -315,6 +315,16 @@ async def test_the_command_line_rotates_seals_and_opens(brokers, tmp_path):
 
     assert "key version" in await veil("carol", "scope", "rotate", "customs", *rotation)
     assert "key version" in await veil("carol", "scope", "rotate", "customs", *rotation[:4])  # the last roster's
+    periodic = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "veil.cli", "scope", "rotate", "customs", *rotation, "--every", "1", *flags,
+        "--auth-hash", secret("carol"), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    assert periodic.stdout is not None
+    async with asyncio.timeout(30):
+        versions = [int((await periodic.stdout.readline()).split()[4]) for _ in range(2)]
+    periodic.terminate()
+    await periodic.wait()
+    assert versions[1] == versions[0] + 1  # rotated again a second later
     async with client(broker, "carol") as carol:  # a member whichever tests ran before
         await carol.subscribe([{"key": "rid", "op": "eq", "val": rid}], f"cli-{rid}", scope="customs")
         async with carol.deliveries(f"cli-{rid}") as stream:

@@ -18,14 +18,12 @@ def threads(tmp_path):
 
 
 async def test_most_clients_behind_refuses_publishes(threads):
-    ingest = Ingest(threads, max_pending=100, max_lag=100)
-    ingest.behind = (5, 8)
+    ingest = Ingest(threads, max_pending=100, max_lag=100, clients_behind=lambda: (5, 8))
     with pytest.raises(Overloaded, match="5 of 8 connected clients"):
         await ingest.append(published(b"{}"))
 
 
 async def test_a_few_slow_subscribers_do_not(threads):
-    ingest = Ingest(threads, max_pending=100, max_lag=100)
     for behind in ((4, 8), (3, 3)):  # half of them, or too few connected to judge
-        ingest.behind = behind
+        ingest = Ingest(threads, max_pending=100, max_lag=100, clients_behind=lambda behind=behind: behind)
         assert len(await ingest.append(published(b"{}"))) == 1

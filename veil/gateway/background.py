@@ -65,7 +65,6 @@ class Background:
                 # so that /health and --max-lag see the pipeline's whole backlog, not this gateway's part
                 head = await gateway.threads.read(gateway.threads.store.head_offset)
                 gateway.ingest.head = max(gateway.ingest.head, head)
-                gateway.ingest.behind = gateway.hub.clients_behind()
                 problems = await self._pipeline_problems()
                 if time.monotonic() - self._quarantine_checked >= QUARANTINE_INTERVAL:
                     await self._follow_quarantine()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from veil.gateway.store_threads import StoreThreads
 from veil.monitoring import trace
@@ -26,7 +27,13 @@ class Overloaded(Exception):
 
 
 class Ingest:
-    def __init__(self, threads: StoreThreads, max_pending: int, max_lag: int) -> None:
+    def __init__(
+        self,
+        threads: StoreThreads,
+        max_pending: int,
+        max_lag: int,
+        clients_behind: Callable[[], tuple[int, int]] = lambda: (0, 0),
+    ) -> None:
         self._threads = threads
         self._max_pending = max_pending
         self._max_lag = max_lag
@@ -36,7 +43,10 @@ class Ingest:
         self._flusher: asyncio.Task[None] | None = None
         self.head = 0
         self.processed = 0
-        self.behind: tuple[int, int] = (0, 0)  # (clients reading their backlogs, clients connected)
+        # (clients reading their backlogs, clients connected) as the hub judges them when a publish asks
+        # (DeliveryHub.judged_clients_behind): a view kept by a loop that also waits for the store could be
+        # seconds old
+        self.clients_behind = clients_behind
 
     @property
     def lag(self) -> int:
@@ -49,7 +59,7 @@ class Ingest:
             raise Overloaded(f"{self._pending} publications are waiting for the log")
         if self.lag > self._max_lag:
             raise Overloaded(f"the matching pipeline is {self.lag} log entries behind", retry_after=2)
-        behind, connected = self.behind
+        behind, connected = self.clients_behind()
         # A slow client only grows its own backlog in the store, however many subscriptions it has, and
         # clients that read nothing are not counted (DeliveryHub.clients_behind); most of the clients
         # that read being behind means delivery as a whole cannot keep up (or the gateway's memory for

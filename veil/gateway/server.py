@@ -47,10 +47,10 @@ KEEPALIVE = 75.0  # seconds an HTTP connection may idle between requests (or sit
 
 def build_gateway(config: Config) -> Gateway:
     threads = StoreThreads(open_store(config.store_url))
-    ingest = Ingest(threads, config.max_pending, config.max_lag)
     hub = DeliveryHub(
         threads, quotas=Quotas(config.max_client_connections, config.max_client_queued, config.max_queued)
     )
+    ingest = Ingest(threads, config.max_pending, config.max_lag, hub.judged_clients_behind)
     parsing = ThreadPoolExecutor(1, thread_name_prefix="parse")
     registry = CurrentRegistry(threads, parsing, config.max_registry)
     tokens = TokenVerifier(config.jwks, config.token_issuer, config.token_audience) if config.jwks else None

@@ -68,7 +68,7 @@ class _Figures(Collector):
             "veil_sessions_behind", "connected subscriptions reading their backlog from the store",
             value=float(hub.behind()),
         )  # fmt: skip
-        behind, connected = hub.clients_behind()
+        behind, connected = hub.judged_clients_behind()  # as publishes see it
         yield GaugeMetricFamily(
             "veil_clients_behind", "connected clients most of whose subscriptions read their backlog from the store",
             value=float(behind),
