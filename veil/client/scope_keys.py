@@ -19,8 +19,7 @@ from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from veil.protocol import ProtocolError
-from veil.security.rosters import Roster, envelope_digest, parse_signed, sign_roster
+from veil.security.rosters import Roster, believed, envelope_digest, sign_roster
 from veil.security.sealing import ScopeKey, SealError, wrap
 
 
@@ -48,15 +47,7 @@ def next_version(
         raise SealError(f"the broker says scope {scope!r} is at version {version}, but version {seen} exists")
     vouched: dict[str, bytes] = {}
     if described.get("roster") is not None:
-        try:
-            signed = parse_signed(described["roster"], "roster")
-        except ProtocolError as exc:
-            raise SealError(f"the broker's roster of scope {scope!r} is malformed: {exc}") from None
-        if not signed.verified_by(pinned):
-            raise SealError(f"the roster of scope {scope!r} v{version} is not signed by a manager you pin")
-        if (signed.roster.scope, signed.roster.version) != (scope, version):
-            raise SealError(f"the broker served the roster of {signed.roster.scope!r} v{signed.roster.version}")
-        vouched.update(signed.roster.members)
+        vouched.update(believed(described["roster"], scope, pinned, version).members)
     elif version:
         raise SealError(f"the broker has version {version} of scope {scope!r} but no roster of it")
     if recipients is not None:

@@ -23,10 +23,9 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import NamedTuple
 
-from veil.protocol import ProtocolError
 from veil.protocol.canonical import canonical
 from veil.protocol.reserved import MAX_ORIGIN_ID, ORIGIN, SCOPE, SEALED
-from veil.security.rosters import parse_signed
+from veil.security.rosters import believed
 from veil.security.sealing import RecipientKey, ScopeKey, SealError, open_sealed, recipient_public, seal, sealed_version
 from veil.security.sealing import unwrap as unwrap_envelope
 
@@ -155,19 +154,11 @@ class ScopeKeyring:
             self._misses.popitem(last=False)
 
     def _verified(self, scope: str, asked: int | None, answer: dict) -> tuple[ScopeKey, str]:
-        pinned = self.managers.get(scope)
-        if not pinned:
-            raise SealError(f"no manager key of scope {scope!r} is pinned: its rosters cannot be verified")
+        roster = believed(answer, scope, self.managers.get(scope, {}), asked)
         try:
-            signed = parse_signed(answer, "roster")
             envelope = base64.b64decode(answer.get("envelope", ""), validate=True)
-        except (ProtocolError, binascii.Error, ValueError, TypeError) as exc:
-            raise SealError(f"the broker's key of scope {scope!r} is malformed: {exc}") from None
-        roster = signed.roster
-        if not signed.verified_by(pinned):
-            raise SealError(f"the roster of scope {scope!r} v{roster.version} is not signed by a manager you pin")
-        if roster.scope != scope or (asked is not None and roster.version != asked):
-            raise SealError(f"asked for scope {scope!r} v{asked}, the broker served {roster.scope!r} v{roster.version}")
+        except (binascii.Error, ValueError, TypeError) as exc:
+            raise SealError(f"the broker's envelope of scope {scope!r} is malformed: {exc}") from None
         if asked is None and roster.version < self.seen.get(scope, 0):
             raise SealError(
                 f"the broker served version {roster.version} of scope {scope!r} as the newest, "

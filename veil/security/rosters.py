@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from veil.protocol import ProtocolError
 from veil.protocol.canonical import canonical
 from veil.security import signatures
-from veil.security.sealing import kem_of
+from veil.security.sealing import SealError, kem_of
 
 LABEL = b"veil-roster-1\n"  # signed before the canonical roster: a roster's signature signs nothing else
 MAX_MEMBERS = 100_000
@@ -89,6 +89,23 @@ class SignedRoster:
 
 def sign_roster(roster: Roster, key_id: str, private: Ed25519PrivateKey) -> SignedRoster:
     return SignedRoster(roster, key_id, signatures.sign(private, roster.signed_bytes()))
+
+
+def believed(doc: object, scope: str, pinned: Mapping[str, bytes], version: int | None = None) -> Roster:
+    """A roster the broker served, once it is one of `pinned`'s keys signed, of `scope` (and of
+    `version`, if given); SealError naming why otherwise. The one check members and managers make."""
+    if not pinned:
+        raise SealError(f"no manager key of scope {scope!r} is pinned: its rosters cannot be verified")
+    try:
+        signed = parse_signed(doc, "roster")
+    except ProtocolError as exc:
+        raise SealError(f"the broker's roster of scope {scope!r} is malformed: {exc}") from None
+    roster = signed.roster
+    if not signed.verified_by(pinned):
+        raise SealError(f"the roster of scope {scope!r} v{roster.version} is not signed by a manager you pin")
+    if roster.scope != scope or (version is not None and roster.version != version):
+        raise SealError(f"asked for scope {scope!r} v{version}, the broker served {roster.scope!r} v{roster.version}")
+    return roster
 
 
 def parse_signed(doc: object, where: str) -> SignedRoster:
