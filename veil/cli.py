@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import logging
 import os
 import re
+import signal
 import sys
 from typing import Any
 
@@ -19,33 +21,42 @@ EXPRESSION = re.compile(r"^\s*([^<>=!~]+?)\s*(>=|<=|!=|==|=|>|<|~)\s*(.*?)\s*$")
 EXPRESSION_OPS = {">=": "ge", "<=": "le", "!=": "ne", "==": "eq", "=": "eq", ">": "gt", "<": "lt", "~": "contains"}
 
 
+DEFAULT_URL = "http://127.0.0.1:20000"
+
+
 def _client_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=os.environ.get("VEIL_URL", "http://127.0.0.1:20000"), help="REST base URL")
-    parser.add_argument("--auth-hash", default=os.environ.get("VEIL_AUTH_HASH"), help="your authHash (static)")
-    parser.add_argument("--token", default=os.environ.get("VEIL_TOKEN"), help="bearer token of your identity provider")
-    parser.add_argument("--ca", help="CA file to verify the broker (https)")
-    parser.add_argument("--cert", help="client certificate (mutual TLS)")
-    parser.add_argument("--key", help="private key of the client certificate")
+    parser.add_argument("--url", help=f"the broker's REST base URL (default: {DEFAULT_URL}; environment VEIL_URL)")
+    parser.add_argument("--auth-hash", help="your authHash, a static hash (default: none; environment VEIL_AUTH_HASH)")
+    parser.add_argument(
+        "--token", help="bearer token of your identity provider (default: none; environment VEIL_TOKEN)"
+    )
+    parser.add_argument("--ca", help="CA file to verify the broker's certificate (https) (default: none)")
+    parser.add_argument("--cert", help="client certificate, for mutual TLS (default: none)")
+    parser.add_argument("--key", help="private key of the client certificate (default: none)")
     parser.add_argument(
         "--recipient-key",
-        default=os.environ.get("VEIL_RECIPIENT_KEY"),
-        help="your recipient private key (PEM, from `veil keygen`): seals and opens scope payloads",
+        help="your recipient private key (PEM, from `veil keygen`): seals and opens scope payloads (default: "
+        "none; environment VEIL_RECIPIENT_KEY)",
     )
     parser.add_argument(
         "--scope-managers",
-        default=os.environ.get("VEIL_SCOPE_MANAGERS"),
         help="JSON file: scope -> key id -> base64 Ed25519 public key of a manager whose signed key rosters "
-        "you believe (no scope key is used without one)",
+        "you believe; no scope key is used without one (default: none; environment VEIL_SCOPE_MANAGERS)",
     )
 
 
 def _client(args: argparse.Namespace):
     from veil.client import VeilClient
 
+    def given(name: str, env: str) -> str | None:
+        value = getattr(args, name)
+        return value if value is not None else os.environ.get(env) or None
+
     return VeilClient(
-        args.url, auth_hash=args.auth_hash, token=args.token, ca_file=args.ca, cert_file=args.cert, key_file=args.key,
-        recipient_key=_recipient_key(args.recipient_key),
-        scope_managers=_json_file(args.scope_managers, "--scope-managers"),
+        given("url", "VEIL_URL") or DEFAULT_URL, auth_hash=given("auth_hash", "VEIL_AUTH_HASH"),
+        token=given("token", "VEIL_TOKEN"), ca_file=args.ca, cert_file=args.cert, key_file=args.key,
+        recipient_key=_recipient_key(given("recipient_key", "VEIL_RECIPIENT_KEY")),
+        scope_managers=_json_file(given("scope_managers", "VEIL_SCOPE_MANAGERS"), "--scope-managers"),
     )  # fmt: skip
 
 
@@ -130,7 +141,7 @@ def parse_score_term(text: str) -> dict[str, Any]:
 async def _publish(args: argparse.Namespace) -> int:
     if args.seal is None and (args.payload is not None or args.payload_file is not None):
         raise SystemExit("veil publish: --payload and --payload-file go with --seal SCOPE")
-    if args.seal is not None and args.recipient_key is None:
+    if args.seal is not None and args.recipient_key is None and not os.environ.get("VEIL_RECIPIENT_KEY"):
         raise SystemExit("veil publish: --seal needs --recipient-key (your recipient private key)")
     payload = args.payload.encode() if args.payload is not None else None
     if args.payload_file == "-":
@@ -160,7 +171,10 @@ async def _edge(args: argparse.Namespace) -> int:
     """Publications from stdin (one JSON document per line) published only while wanted."""
     from veil.client import EdgeBroker
 
+    told: list[bool] = []
+
     def tell(wanted: bool) -> None:
+        told.append(wanted)
         print(f"wanted: {str(wanted).lower()}", file=sys.stderr, flush=True)
 
     announcement = [parse_constraint(c) for c in args.constraint]
@@ -169,7 +183,8 @@ async def _edge(args: argparse.Namespace) -> int:
         EdgeBroker(client, announcement, announcement_id=args.id, on_wanted=tell) as edge,
     ):
         await asyncio.wait_for(edge.synced.wait(), 60)
-        tell(edge.wanted)
+        if not told:  # on_wanted reports changes only: a start that nothing wants is said here
+            tell(False)
         loop = asyncio.get_running_loop()
         while line := await loop.run_in_executor(None, sys.stdin.readline):
             if line.strip():
@@ -194,17 +209,48 @@ async def _subscribe(args: argparse.Namespace) -> int:
                 topk = {"k": args.top_k, "w": args.window, "score": [parse_score_term(t) for t in args.score]}
             response = await client.subscribe(data, args.id, topk=topk, scope=args.scope)
             subscription_id = response["subscriptionId"]
-            print(orjson.dumps(response).decode(), file=sys.stderr, flush=True)
-        async with client.deliveries(subscription_id, transport=args.transport, envelope=not args.plain) as stream:
-            async for delivery in stream:
-                out = delivery.publication if args.plain else delivery._asdict()
-                if not args.plain and delivery.payload is not None:
-                    out["payload"] = _printable(delivery.payload)
-                if not args.plain and delivery.origin is not None:
-                    out["origin"] = delivery.origin._asdict()
-                sys.stdout.write(orjson.dumps(out).decode() + "\n")
-                sys.stdout.flush()
+            kept = "kept: connect again with --existing --id" if args.id else "removed when this command ends"
+            print(f"subscribed: {subscription_id} ({kept})", file=sys.stderr, flush=True)
+        try:
+            await _print_deliveries(client, subscription_id, args)
+        finally:
+            if args.id is None:  # a subscription under an id nobody chose is this command's alone
+                from veil.client.errors import NotFound
+
+                with contextlib.suppress(NotFound):  # removed meanwhile (`veil subscriptions remove`)
+                    await client.unsubscribe(subscription_id)
     return 0
+
+
+async def _print_deliveries(client: Any, subscription_id: str, args: argparse.Namespace) -> None:
+    left = args.count
+    async with client.deliveries(subscription_id, transport=args.transport, envelope=not args.plain) as stream:
+        async for delivery in stream:
+            sys.stdout.write(orjson.dumps(delivery.publication if args.plain else _record(delivery)).decode() + "\n")
+            sys.stdout.flush()
+            if left is not None:
+                left -= 1
+                if left == 0:
+                    return
+
+
+def _record(delivery: Any) -> dict[str, Any]:
+    """A delivery as one JSON line: what every delivery has, then only what this one has besides."""
+    out: dict[str, Any] = {"seq": delivery.seq, "id": delivery.id}
+    if delivery.publisher is not None:
+        out["publisher"] = delivery.publisher
+    out["publication"] = delivery.publication
+    if delivery.verified:
+        out["verified"] = True
+    if delivery.cropped:
+        out["cropped"] = True
+    if delivery.payload is not None:
+        out["payload"] = _printable(delivery.payload)
+    if delivery.payload_error is not None:
+        out["payload_error"] = delivery.payload_error
+    if delivery.origin is not None:
+        out["origin"] = delivery.origin._asdict()
+    return out
 
 
 def _printable(payload: bytes) -> str:
@@ -279,6 +325,47 @@ async def _unsubscribe(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _subscriptions(args: argparse.Namespace) -> int:
+    async with _client(args) as client:
+        if args.action == "show":
+            for sub_id in args.ids:
+                print(orjson.dumps(await client.subscription(sub_id)).decode())
+        elif args.action == "remove":
+            ids = [s["subscriptionId"] for s in await client.subscriptions()] if args.all else args.ids
+            for sub_id in ids:
+                await client.unsubscribe(sub_id)
+                print(f"removed {sub_id}")
+        else:
+            for doc in await client.subscriptions():
+                print(orjson.dumps(doc).decode())
+    return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    from veil.protocol import ProtocolError
+    from veil.security.attributes import parse_attributes
+    from veil.security.dev_tokens import JWKS_FILE, mint
+
+    attributes = None
+    if args.attributes is not None:
+        try:
+            attributes = orjson.loads(args.attributes)
+            parse_attributes(attributes, "attributes")
+        except orjson.JSONDecodeError as exc:
+            raise SystemExit(f"veil token: --attributes: not JSON ({exc})") from None
+        except ProtocolError as exc:
+            raise SystemExit(f"veil token: --attributes: {exc.field}: {exc.problem}") from None
+    if args.ttl <= 0:
+        raise SystemExit("veil token: --ttl is a number of seconds, more than 0")
+    try:
+        token = mint(args.dir, args.subject, args.ttl, args.issuer, args.audience, attributes)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"veil token: --dir {args.dir}: {exc}") from None
+    print(f"a token for {args.subject}; the broker verifies it with --jwks {args.dir}/{JWKS_FILE}", file=sys.stderr)
+    print(token)
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     from veil.gateway.server import serve
 
@@ -328,6 +415,25 @@ def _certs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _asynchronous(command: Any) -> Any:
+    """Run a client command; SIGTERM ends it as Ctrl-C does, through its cleanup (a subscription it
+    made is removed), instead of killing it mid-request."""
+
+    async def running(args: argparse.Namespace) -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        terminated: list[bool] = []
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: (terminated.append(True), task.cancel()))
+        try:
+            return await command(args)
+        except asyncio.CancelledError:
+            if not terminated:
+                raise  # Ctrl-C: asyncio.run raises KeyboardInterrupt, which main answers with 130
+            return 128 + signal.SIGTERM
+
+    return lambda args: asyncio.run(running(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="veil", description="Privacy-preserving content-based pub/sub broker")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -340,44 +446,66 @@ def build_parser() -> argparse.ArgumentParser:
     _client_arguments(publish)
     publish.add_argument("publication", nargs="*", help="a publication in any SELIS form")
     publish.add_argument(
-        "--valid-for", type=int, help="milliseconds it stays valid: subscriptions made meanwhile receive it too"
+        "--valid-for",
+        type=int,
+        help="milliseconds it stays valid: subscriptions made meanwhile receive it too (default: none, matched "
+        "once and not kept)",
     )
-    publish.add_argument("--seal", metavar="SCOPE", help="seal a payload for SCOPE's members (and publish into it)")
+    publish.add_argument(
+        "--seal", metavar="SCOPE", help="seal a payload for SCOPE's members, and publish into it (default: none)"
+    )
     publish.add_argument(
         "--payload", help="the payload to seal (text; a command line is visible to others on this machine: "
-        "prefer --payload-file)",
+        "prefer --payload-file) (default: none)",
     )  # fmt: skip
-    publish.add_argument("--payload-file", help="the payload to seal (a file's bytes; - for stdin)")
-    publish.set_defaults(run=lambda a: asyncio.run(_publish(a)))
+    publish.add_argument("--payload-file", help="the payload to seal (a file's bytes; - for stdin) (default: none)")
+    publish.set_defaults(run=_asynchronous(_publish))
 
     unpublish = commands.add_parser("unpublish", help="withdraw a publication of yours that is still valid")
     _client_arguments(unpublish)
     unpublish.add_argument("id", help="the id publish printed")
-    unpublish.set_defaults(run=lambda a: asyncio.run(_unpublish(a)))
+    unpublish.set_defaults(run=_asynchronous(_unpublish))
 
     edge = commands.add_parser(
         "edge", help="an edge broker: announce, then publish stdin's JSON lines only while a subscription wants them"
     )
     _client_arguments(edge)
     edge.add_argument("constraint", nargs="*", help="what the local publishers produce, e.g. 'sensor=NO2' 'lat>45'")
-    edge.add_argument("--id", help="announcement id (reusing yours replaces it)")
-    edge.set_defaults(run=lambda a: asyncio.run(_edge(a)))
+    edge.add_argument("--id", help="announcement id; reusing yours replaces it (default: a new random id)")
+    edge.set_defaults(run=_asynchronous(_edge))
 
     subscribe = commands.add_parser("subscribe", help="subscribe and print deliveries as they arrive")
     _client_arguments(subscribe)
     subscribe.add_argument("constraint", nargs="*", help="KEY OP VALUE, e.g. 'lat>14' 'lon<53' (all must hold)")
-    subscribe.add_argument("--data", help="the constraints as a SELIS JSON array instead")
-    subscribe.add_argument("--id", help="subscription id (reusing yours replaces it)")
-    subscribe.add_argument("--existing", action="store_true", help="only connect to the existing subscription --id")
-    subscribe.add_argument("--transport", choices=("tcp", "ws"), default="tcp")
-    subscribe.add_argument("--plain", action="store_true", help="plain SELIS lines (no envelope, no acks)")
-    subscribe.add_argument("--top-k", type=int, help="top-k/w: only the K best matches of each window")
-    subscribe.add_argument("--window", type=float, default=60000, help="top-k/w window in milliseconds")
+    subscribe.add_argument("--data", help="the constraints as a SELIS JSON array instead (default: none)")
     subscribe.add_argument(
-        "--score", action="append", default=[], help="top-k/w scoring term: KEY:high, KEY:low or KEY=TARGET[*WEIGHT]"
+        "--id", help="subscription id; reusing yours replaces it, and it is kept when the command ends (default: "
+        "a random id, removed when the command ends)",
+    )  # fmt: skip
+    subscribe.add_argument("--existing", action="store_true", help="only connect to the existing subscription --id")
+    subscribe.add_argument(
+        "--transport", choices=("tcp", "ws"), default="tcp", help="the delivery connection (default: tcp)"
     )
-    subscribe.add_argument("--scope", help="subscribe in this scope (you must be a member) instead of the world")
-    subscribe.set_defaults(run=lambda a: asyncio.run(_subscribe(a)))
+    subscribe.add_argument(
+        "--plain", action="store_true",
+        help="print each publication alone, as the SELIS line protocol delivers it (no envelope: no seq, id, "
+        "publisher or opened payload)",
+    )  # fmt: skip
+    subscribe.add_argument("--count", type=int, help="exit after this many deliveries (default: never)")
+    subscribe.add_argument(
+        "--top-k", type=int, help="top-k/w: only the K best matches of each window (default: none, all matches)"
+    )
+    subscribe.add_argument(
+        "--window", type=float, default=60000, help="top-k/w window in milliseconds (default: 60000)"
+    )
+    subscribe.add_argument(
+        "--score",
+        action="append",
+        default=[],
+        help="top-k/w scoring term: KEY:high, KEY:low or KEY=TARGET[*WEIGHT] (repeatable; default: none)",
+    )
+    subscribe.add_argument("--scope", help="subscribe in this scope, if you are a member (default: none, the world)")
+    subscribe.set_defaults(run=_asynchronous(_subscribe))
 
     scope = commands.add_parser("scope", help="manage a scope's sealing key (its managers)")
     scope_commands = scope.add_subparsers(dest="scope_command", required=True)
@@ -387,42 +515,76 @@ def build_parser() -> argparse.ArgumentParser:
     _client_arguments(rotate)
     rotate.add_argument("scope", help="the scope's name")
     rotate.add_argument(
-        "--signing-key", required=True, help="your Ed25519 private key (PEM, `veil keygen --kind ed25519`)"
+        "--signing-key", required=True, help="your Ed25519 private key (PEM, `veil keygen --kind ed25519`; required)"
     )
-    rotate.add_argument("--key-id", required=True, help="its id, as the registry's keys list it for you")
+    rotate.add_argument("--key-id", required=True, help="its id, as the registry's keys list it for you (required)")
     rotate.add_argument(
         "--recipients",
         help="JSON file: member -> base64 recipient public key: exactly these members get the key (if the "
-        "registry lists them with these keys); without it, the last roster's members the registry still lists",
+        "registry lists them with these keys) (default: none: the last roster's members the registry still lists)",
     )
     rotate.add_argument(
         "--every", type=float, metavar="SECONDS",
-        help="keep running and rotate again every SECONDS (the versions seen are remembered between them)",
+        help="keep running and rotate again every SECONDS; the versions seen are remembered between them "
+        "(default: none, rotate once)",
     )  # fmt: skip
-    rotate.set_defaults(run=lambda a: asyncio.run(_rotate(a)))
+    rotate.set_defaults(run=_asynchronous(_rotate))
 
     keygen = commands.add_parser("keygen", help="create a recipient key for sealed payloads, or a signing key")
-    keygen.add_argument("--out", default="recipient-key.pem", help="where the private key goes (not overwritten)")
+    keygen.add_argument(
+        "--out", default="recipient-key.pem",
+        help="where the private key goes; an existing file is not overwritten (default: recipient-key.pem)",
+    )  # fmt: skip
     keygen.add_argument(
         "--kind", choices=("x25519", "hybrid", "ed25519"), default="x25519",
-        help="x25519 or hybrid (ML-KEM-768 with X25519) recipient key, or an ed25519 signing key (managers)",
+        help="x25519 or hybrid (ML-KEM-768 with X25519) recipient key, or an ed25519 signing key (managers) "
+        "(default: x25519)",
     )  # fmt: skip
     keygen.set_defaults(run=_keygen)
 
     unsubscribe = commands.add_parser("unsubscribe", help="remove a subscription")
     _client_arguments(unsubscribe)
     unsubscribe.add_argument("id", help="subscription id")
-    unsubscribe.set_defaults(run=lambda a: asyncio.run(_unsubscribe(a)))
+    unsubscribe.set_defaults(run=_asynchronous(_unsubscribe))
+
+    subscriptions = commands.add_parser(
+        "subscriptions", help="list, show or remove your own subscriptions (default: list them)"
+    )
+    _client_arguments(subscriptions)
+    subscriptions.add_argument(
+        "action", nargs="?", choices=("list", "show", "remove"), default="list",
+        help="list: one JSON line per live subscription of yours; show ID...; remove ID... (or --all)",
+    )  # fmt: skip
+    subscriptions.add_argument("ids", nargs="*", metavar="ID", help="subscription ids (show, remove)")
+    subscriptions.add_argument("--all", action="store_true", help="remove: every subscription of yours")
+    subscriptions.set_defaults(run=_asynchronous(_subscriptions))
+
+    token = commands.add_parser(
+        "token", help="development identity provider: a bearer token signed with a key of --dir (made once)"
+    )
+    token.add_argument("--dir", default="tokens", help="the provider's key and jwks.json (default: tokens)")
+    token.add_argument("--subject", required=True, help="whom the token names (its sub claim)")
+    token.add_argument("--ttl", type=float, default=3600, help="seconds until it expires (default: 3600)")
+    token.add_argument("--issuer", help="its iss claim, for --token-issuer (default: none)")
+    token.add_argument("--audience", help="its aud claim, for --token-audience (default: none)")
+    token.add_argument(
+        "--attributes", metavar="JSON", help='its veil claim, e.g. \'{"scopes": ["customs"]}\' (default: none)'
+    )
+    token.set_defaults(run=_token)
 
     certs = commands.add_parser("certs", help="create a development CA, server and client certificates")
-    certs.add_argument("--dir", default="certs", help="output directory")
-    certs.add_argument("--hostname", action="append", help="server name or address (repeatable)")
-    certs.add_argument("--client", action="append", help="client certificate name (repeatable)")
+    certs.add_argument("--dir", default="certs", help="output directory (default: certs)")
+    certs.add_argument(
+        "--hostname", action="append",
+        help="server name or address (repeatable; default: localhost, 127.0.0.1 and ::1)",
+    )  # fmt: skip
+    certs.add_argument("--client", action="append", help="client certificate name (repeatable; default: none)")
     certs.add_argument(
         "--attributes",
         action="append",
         metavar="NAME=JSON",
-        help='attributes a client certificate states, e.g. alice=\'{"scopes": ["customs"]}\' (repeatable)',
+        help='attributes a client certificate states, e.g. alice=\'{"scopes": ["customs"]}\' (repeatable; '
+        "default: none)",
     )
     certs.set_defaults(run=_certs)
     return parser

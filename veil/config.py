@@ -21,6 +21,7 @@ from veil.protocol.limits import DAY_MS, Limits
 from veil.security.identity import METHODS as AUTH_METHODS
 
 log = logging.getLogger("veil.config")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def _bool(text: str | bool) -> bool:
@@ -34,8 +35,10 @@ def _bool(text: str | bool) -> bool:
     raise ValueError(f"{text!r} is not a boolean (true/false)")
 
 
-def _opt(default: Any, help: str, env: tuple[str, ...] = (), kind: Any = None) -> Any:
-    return field(default=default, metadata={"help": help, "env": env, "kind": kind})
+def _opt(default: Any, help: str, env: tuple[str, ...] = (), kind: Any = None, shown: str | None = None) -> Any:
+    """An option; `shown` is its default as help and the README's tables say it, where that is not the
+    value itself (a default derived from other options)."""
+    return field(default=default, metadata={"help": help, "env": env, "kind": kind, "shown": shown})
 
 
 @dataclass
@@ -43,8 +46,8 @@ class Config:
     hostname: str = _opt("localhost", "host name advertised to subscribers", ("VEIL_HOSTNAME", "HOSTNAME"))
     bind: str = _opt("127.0.0.1", "address the listeners bind to", ("VEIL_BIND",))
     port: int = _opt(20000, "REST port", ("VEIL_PORT", "PORT"))
-    tcp_port: int | None = _opt(None, "TCP line delivery port (default: port + 1)", ("VEIL_TCP_PORT",), int)
-    ws_port: int | None = _opt(None, "WebSocket delivery port (default: port + 2)", ("VEIL_WS_PORT",), int)
+    tcp_port: int | None = _opt(None, "TCP line delivery port", ("VEIL_TCP_PORT",), int, "port+1")
+    ws_port: int | None = _opt(None, "WebSocket delivery port (path /)", ("VEIL_WS_PORT",), int, "port+2")
     certificate: str | None = _opt(
         None, "PEM server certificate: enables TLS", ("VEIL_CERTIFICATE", "CERTIFICATE"), str
     )
@@ -64,13 +67,18 @@ class Config:
         False, "allow plain (non-TLS) listeners on non-loopback addresses", ("VEIL_ALLOW_PLAIN_REMOTE",)
     )
     data_dir: str = _opt("veil-data", "directory of the embedded store and Spark checkpoints", ("VEIL_DATA_DIR",))
-    store: str | None = _opt(None, "store URL (default: sqlite:///<data-dir>/veil.db)", ("VEIL_STORE",), str)
+    store: str | None = _opt(
+        None, "store URL: sqlite:///PATH, or postgresql://user@host/db for a deployment on several machines",
+        ("VEIL_STORE",), str, "sqlite:///<data-dir>/veil.db",
+    )  # fmt: skip
     spark_master: str | None = _opt(
-        None, "Spark master (default: local[N], N the larger of --workers or the cores, and --partitions)",
-        ("VEIL_SPARK_MASTER", "SPARK_MASTER"), str,
+        None, "Spark master: local[N] runs Spark in this process pair, N the larger of --workers and "
+        "--partitions; spark://host:7077 a standalone cluster (needs the PostgreSQL store)",
+        ("VEIL_SPARK_MASTER", "SPARK_MASTER"), str, "local[N]",
     )  # fmt: skip
     workers: int | None = _opt(
-        None, "Spark task threads in local mode (at least one per matcher partition)", ("VEIL_WORKERS", "WORKERS"), int
+        None, "Spark task threads in local mode (at least one per matcher partition)", ("VEIL_WORKERS", "WORKERS"),
+        int, "cores",
     )
     driver_memory: str = _opt(
         "4g", "Spark driver heap (in local mode also the executors', where matcher partitions hold their state)",
@@ -107,12 +115,11 @@ class Config:
         ("VEIL_ROLE",),
     )  # fmt: skip
     gateway_id: str | None = _opt(
-        None, "this gateway's name among those sharing the store (default: host name and port)",
-        ("VEIL_GATEWAY_ID",), str,
+        None, "this gateway's name among those sharing the store", ("VEIL_GATEWAY_ID",), str, "host:port",
     )  # fmt: skip
     checkpoint: str | None = _opt(
-        None, "Spark checkpoint location: a path or a Hadoop-compatible URL (default: <data-dir>/checkpoint)",
-        ("VEIL_CHECKPOINT",), str,
+        None, "Spark checkpoint location: a path or a Hadoop-compatible URL", ("VEIL_CHECKPOINT",), str,
+        "<data-dir>/checkpoint",
     )  # fmt: skip
     spark_conf: tuple[str, ...] = _opt(
         (), "a Spark setting KEY=VALUE for the pipeline, e.g. spark.executor.memory=2g (repeatable; "
@@ -213,7 +220,10 @@ class Config:
         300.0, "seconds a matcher partition may go without a sign of life before /health calls the pipeline stuck",
         ("VEIL_STALL_TIMEOUT",),
     )  # fmt: skip
-    log_level: str = _opt("info", "log level", ("VEIL_LOG_LEVEL",))
+    log_level: str = _opt(
+        "info", "least level of the log lines written to standard error: debug, info, warning or error",
+        ("VEIL_LOG_LEVEL",),
+    )  # fmt: skip
 
     @property
     def store_url(self) -> str:
@@ -330,6 +340,8 @@ class Config:
         ):  # fmt: skip
             if getattr(self, option) < 1:
                 raise ValueError(f"--{_flag(option)}: at least 1")
+        if self.log_level.lower() not in LOG_LEVELS:
+            raise ValueError(f"--log-level: {self.log_level!r}; use {', '.join(LOG_LEVELS)}")
         for name in ("read_timeout", "entry_timeout", "stall_timeout"):
             if not 0 < getattr(self, name) < 86400:
                 raise ValueError(f"--{_flag(name)}: seconds, more than 0 and less than a day")
@@ -365,29 +377,36 @@ DEV_PROFILE = {"auth": "certificate,token,any-hash", "anonymous": True, "with_au
 
 
 class _Switch(argparse.Action):
-    """An on/off option: `--name` turns it on, `--no-name` off, and `--name true|false` (how SELIS's
-    scripts and older command lines write it) still works."""
+    """An on/off option: `--name` turns it on, and `--name true|false` (how SELIS's scripts and
+    older command lines write it) still works; `--no-name` (_Off) turns it off."""
 
     def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs="?", metavar="true|false", **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None):
-        if str(option).startswith("--no-"):
-            if values is not None:
-                parser.error(f"{option} takes no value")
-            setattr(namespace, self.dest, False)
-        else:
-            setattr(namespace, self.dest, True if values is None else values)
+        setattr(namespace, self.dest, True if values is None else values)
+
+
+class _Off(argparse.Action):
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None):
+        setattr(namespace, self.dest, False)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="TOML configuration file (also VEIL_CONFIG)")
+    parser.add_argument(
+        "--config", help="TOML configuration file: option names without their dashes, e.g. port = 20000 "
+        "(default: none; environment VEIL_CONFIG)",
+    )  # fmt: skip
     for f in dataclasses.fields(Config):
         flag = _flag(f.name)
-        shown = f"{f.metadata['help']} (default: {_shown(f.default)}"
+        shown = f"{f.metadata['help']} (default: {f.metadata['shown'] or _shown(f.default)}"
         shown += f"; environment {', '.join(f.metadata['env'])})" if f.metadata["env"] else ")"
         if (f.metadata["kind"] or type(f.default)) is bool:
-            parser.add_argument(f"--{flag}", f"--no-{flag}", dest=f.name, default=None, action=_Switch, help=shown)
+            parser.add_argument(f"--{flag}", dest=f.name, default=None, action=_Switch, help=shown)
+            parser.add_argument(f"--no-{flag}", dest=f.name, default=None, action=_Off, help=f"turns --{flag} off")
             continue
         repeated = "append" if f.metadata["kind"] is tuple else "store"
         parser.add_argument(f"--{flag}", dest=f.name, default=None, action=repeated, help=shown)
@@ -395,7 +414,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _shown(default: Any) -> str:
     if isinstance(default, bool):
-        return "on" if default else "off"
+        return str(default).lower()
     return "none" if default is None or default == () else str(default)
 
 

@@ -431,27 +431,39 @@ def test_command_line_publish_and_subscribe(broker):
     import sys
 
     rid = run_id()
+    veil = [sys.executable, "-m", "veil.cli"]
     subscriber = subprocess.Popen(
-        [sys.executable, "-m", "veil.cli", "subscribe", "--url", broker.url, "--auth-hash", "cli", "lat>14", f"run={rid}"],
+        [*veil, "subscribe", "--url", broker.url, "--auth-hash", "cli", "lat>14", f"run={rid}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
-        reply = orjson.loads(subscriber.stderr.readline())
-        assert reply["port"] == broker.tcp_port
+        said = subscriber.stderr.readline().decode()
+        assert said.startswith("subscribed: ") and "removed when this command ends" in said, said
+        sub_id = said.split()[1]
         for lat in (10, 20):
             published = subprocess.run(
-                [sys.executable, "-m", "veil.cli", "publish", "--url", broker.url, orjson.dumps({"lat": lat, "run": rid}).decode()],
+                [*veil, "publish", "--url", broker.url, orjson.dumps({"lat": lat, "run": rid}).decode()],
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
             assert published.stdout.strip().isdigit()
         line = orjson.loads(subscriber.stdout.readline())
-        assert line["publication"] == {"lat": 20, "run": rid} and line["seq"] == int(published.stdout)
+        assert line == {"seq": int(published.stdout), "id": published.stdout.strip(), "publication": {"lat": 20, "run": rid}}
+        listed = subprocess.run(
+            [*veil, "subscriptions", "--url", broker.url, "--auth-hash", "cli"], capture_output=True, check=True
+        )
+        mine = [orjson.loads(doc) for doc in listed.stdout.splitlines()]
+        assert {"subscriptionId": sub_id, "data": [{"key": "lat", "op": "gt", "val": 14},
+                {"key": "run", "op": "eq", "val": rid}]}.items() <= next(d for d in mine if d["subscriptionId"] == sub_id).items()  # fmt: skip
     finally:
-        subscriber.terminate()
-        subscriber.wait(10)
+        subscriber.terminate()  # SIGTERM: it removes the subscription it made, and says nothing more
+        _, err = subscriber.communicate(timeout=10)
+    assert subscriber.returncode == 143 and not err, err
+    shown = subprocess.run(
+        [*veil, "subscriptions", "show", sub_id, "--url", broker.url, "--auth-hash", "cli"], capture_output=True, text=True
+    )  # fmt: skip
+    assert shown.returncode == 1 and "404" in shown.stderr
     bad = subprocess.run(
-        [sys.executable, "-m", "veil.cli", "subscribe", "--url", broker.url, "--auth-hash", "cli", "lat??14"],
-        capture_output=True, text=True,
+        [*veil, "subscribe", "--url", broker.url, "--auth-hash", "cli", "lat??14"], capture_output=True, text=True
     )  # fmt: skip
     assert bad.returncode == 2 and "lat??14" in bad.stderr
 

@@ -103,7 +103,7 @@ def test_help_shows_every_default():
     config.add_arguments(parser)
     text = parser.format_help()
     assert "(default: 20000; environment VEIL_PORT, PORT)" in " ".join(text.split())
-    assert "--no-with-authorization" in text and "(default: on;" in text
+    assert "--no-with-authorization" in text and "(default: true;" in text
 
 
 def test_dev_binds_loopback_whatever_bind_says_and_says_so(caplog):

@@ -337,6 +337,21 @@ class VeilClient:
             doc["authHash"] = self.auth_hash
         await self.request("/unsubscribe", orjson.dumps(doc))
 
+    async def subscriptions(self) -> list[dict]:
+        """Your live subscriptions as /subscribe took them (id, data, scope, topk, created), in id order."""
+        listed: list[dict] = []
+        after = ""
+        while True:
+            page = await self.request(f"/subscriptions?after={quote(after, safe='')}", b"", method="GET")
+            listed.extend(page["subscriptions"])
+            if page["next"] is None:
+                return listed
+            after = page["next"]
+
+    async def subscription(self, subscription_id: str) -> dict:
+        """One live subscription of yours (`VeilError` 404 when you hold none of that id)."""
+        return await self.request(f"/subscriptions/{quote(subscription_id, safe='')}", b"", method="GET")
+
     async def open_channel(self, transport: str = "tcp") -> Channel:
         """A connection to the broker's delivery port for `transport` ("tcp" or "ws")."""
         if transport == "ws":

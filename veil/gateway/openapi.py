@@ -117,6 +117,23 @@ SCHEMAS: dict[str, Schema] = {
         },
         ("host", "port", "ws-port"),
     ),
+    "OwnSubscription": _object(
+        {
+            "subscriptionId": STRING,
+            "data": {"type": "array", "items": _ref("Constraint")},
+            "scope": STRING,
+            "topk": _ref("TopK"),
+            "created": {"type": "string", "description": "the log offset of the subscribe that made it"},
+        },
+        ("subscriptionId", "data", "created"),
+    ),
+    "OwnSubscriptions": _object(
+        {
+            "subscriptions": {"type": "array", "items": _ref("OwnSubscription")},
+            "next": {"type": ["string", "null"], "description": "the `after` of the next page; null on the last"},
+        },
+        ("subscriptions", "next"),
+    ),
     "UnsubscribeRequest": _object({"authHash": AUTH_HASH, "subscriptionId": ID}, ("subscriptionId",), closed=False),
     "AnnounceRequest": _object(
         {"authHash": AUTH_HASH, "announcementId": ID, "data": _ref("Constraints")}, ("data",), closed=False
@@ -309,6 +326,27 @@ PATHS: dict[str, Schema] = {
             "Remove a subscription of yours and its queue",
             {"200": _json(_object({"subscriptionId": STRING}, ("subscriptionId",))), **_errors(*BODY_ERRORS, 404)},
             requestBody=_body(_ref("UnsubscribeRequest")),
+        )
+    },
+    "/subscriptions": {
+        "get": _operation(
+            "Your live subscriptions, in id order, a page at a time",
+            {"200": _json(_ref("OwnSubscriptions")), **_errors(400, 401, 403, 503)},
+            parameters=[
+                _auth_header(),
+                {"name": "after", "in": "query", "required": False, "schema": STRING,
+                 "description": "list the ids after this one (the previous page's next)"},
+                {"name": "limit", "in": "query", "required": False,
+                 "schema": {"type": "string", "pattern": "^[0-9]{1,5}$"},
+                 "description": "subscriptions per page, 1 to 10000 (default 1000)"},
+            ],
+        )
+    },
+    "/subscriptions/{id}": {
+        "get": _operation(
+            "One of your live subscriptions (404 for an id you hold no live subscription of)",
+            {"200": _json(_ref("OwnSubscription")), **_errors(400, 401, 403, 404, 503)},
+            parameters=[_auth_header(), _path("id", STRING, "the subscription id")],
         )
     },
     "/announce": {

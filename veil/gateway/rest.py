@@ -14,6 +14,7 @@ from veil.gateway.context import GATEWAY, Gateway
 from veil.gateway.errors import errors, json_response
 from veil.gateway.http import body_of, client_of, current_registry, parsed, principal_of, sized
 from veil.gateway.openapi import routes as openapi_routes
+from veil.gateway.own_subscriptions import routes as own_subscription_routes
 from veil.gateway.publisher_rules import routes as publisher_rule_routes
 from veil.gateway.scope_keys import routes as scope_key_routes
 from veil.matching import Predicate, Unsatisfiable, check_satisfiable
@@ -195,6 +196,7 @@ def create_app(gateway: Gateway) -> web.Application:
     app.add_routes(admin_routes)
     app.add_routes(scope_key_routes)
     app.add_routes(publisher_rule_routes)
+    app.add_routes(own_subscription_routes)
     app.add_routes(openapi_routes)
     app.add_routes(dashboard_routes)
     return app

@@ -233,13 +233,19 @@ def _warm_up(store: PipelineStore, query: StreamingQuery, stop: threading.Event)
                 return
 
 
+def _stop_on_signals(stop: threading.Event) -> None:
+    """Ctrl-C and SIGTERM end the loop below, which stops the query and Spark in order: an interrupt
+    raised inside a py4j call would instead leave the JVM half stopped and print its tracebacks."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+
+
 def run(config: Config, watch_parent: bool = True) -> int:
     """Run the query until stopped; `watch_parent`: the gateway started this process (`--role all`)."""
     stop = threading.Event()
     if watch_parent:
         _exit_with_parent(stop)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    _stop_on_signals(stop)
     lock = _lock_data_dir(config)
     store = _open_store(config, stop, patient=not watch_parent)
     if store is None:
@@ -250,6 +256,7 @@ def run(config: Config, watch_parent: bool = True) -> int:
     # publication partitioning records every partition's rounds in turn, as one progress
     store.set_partitions(1 if config.partition_mode == "publications" else config.partitions)
     spark = build_session(config)
+    _stop_on_signals(stop)  # SparkContext replaced SIGINT's handler with one that raises mid-call into the JVM
     query = start_query(spark, config)
     heartbeat = Heartbeat(store, config.partitions)
     _warm_up(store, query, stop)

@@ -297,6 +297,13 @@ class GatewayStore(LogReader):
     def subscription_owner(self, sub_id: str) -> str | None: ...
 
     @abstractmethod
+    def owned_subscriptions(
+        self, owner: str, after: str = "", limit: int = 1000, only: str | None = None
+    ) -> list[tuple[str, int, bytes]]:
+        """The owner's live subscriptions with ids after `after` (or the one of id `only`), in id
+        order, at most `limit`: (id, the log offset that made it, its stored body)."""
+
+    @abstractmethod
     def admissions(self, sub_ids: Sequence[str], owner: str) -> list[Admission | None]:
         """For each id, its live subscription if `owner` holds it (None: nobody's, or someone else's),
         all read in one statement: a connection of a thousand subscriptions costs one trip to the

@@ -195,6 +195,18 @@ class LogSql(Dialect):
             live = db.execute(LIVE, (sub_id,)).fetchone()
         return live[0] if live else None
 
+    def owned_subscriptions(
+        self, owner: str, after: str = "", limit: int = 1000, only: str | None = None
+    ) -> list[tuple[str, int, bytes]]:
+        which, args = ("sub_id = ?", (only,)) if only is not None else ("sub_id > ?", (after,))
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT sub_id, created, body FROM subscriptions WHERE owner = ? AND deleted IS NULL AND {which} "
+                "ORDER BY sub_id LIMIT ?",
+                (owner, *args, limit),
+            ).fetchall()
+        return [(sub_id, created, bytes(body)) for sub_id, created, body in rows]
+
     def admissions(self, sub_ids: Sequence[str], owner: str) -> list[Admission | None]:
         with self._read() as db:
             rows = db.execute(
