@@ -415,6 +415,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _shown(default: Any) -> str:
     if isinstance(default, bool):
         return str(default).lower()
+    if isinstance(default, float) and default.is_integer():
+        return str(int(default))
     return "none" if default is None or default == () else str(default)
 
 

@@ -284,3 +284,4 @@ def run(config: Config, watch_parent: bool = True) -> int:
         query.stop()
         spark.stop()
         os.close(lock)
+        log.info("pipeline stopped")
