@@ -8,7 +8,7 @@ A mark is an HTML comment on the line before a block (invisible where the Markdo
 - `run`: shell commands, run in order in one bash (`set -e`); a command sent to the background (`&`)
   is given `wait=` seconds (the walk's) before the next line, and the block's background jobs must
   end by themselves. `expect='TEXT'` (repeatable) must be in what the block printed on stdout,
-  `expect-stderr='TEXT'` on stderr; `until=SECONDS` sends Ctrl-C after that long instead (a command
+  `expect-stderr='TEXT'` on stderr, `once='TEXT'` exactly once in either; `until=SECONDS` sends Ctrl-C after that long instead (a command
   that runs until stopped), which must end it cleanly;
 - `file NAME`: the block is a file the next blocks use, written as NAME;
 - `shell`, `yaml`, `python`, `toml [PATH]`: checked for syntax only (commands that need more than one

@@ -1,11 +1,11 @@
-"""`veil serve | publish | unpublish | edge | subscribe | unsubscribe | scope rotate | keygen | certs`."""
+"""The `veil` command line: serve, publish, unpublish, edge, subscribe, subscriptions, unsubscribe,
+scope rotate, keygen, token and certs."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import base64
-import contextlib
 import logging
 import os
 import re
@@ -215,11 +215,24 @@ async def _subscribe(args: argparse.Namespace) -> int:
             await _print_deliveries(client, subscription_id, args)
         finally:
             if args.id is None:  # a subscription under an id nobody chose is this command's alone
-                from veil.client.errors import NotFound
-
-                with contextlib.suppress(NotFound):  # removed meanwhile (`veil subscriptions remove`)
-                    await client.unsubscribe(subscription_id)
+                await _remove_own(client, subscription_id)
     return 0
+
+
+async def _remove_own(client: Any, subscription_id: str) -> None:
+    from veil.client import VeilError
+    from veil.client.errors import NotFound
+
+    try:
+        await client.unsubscribe(subscription_id)
+    except NotFound:  # removed meanwhile (`veil subscriptions remove`)
+        pass
+    except (VeilError, OSError) as exc:
+        print(
+            f"veil subscribe: subscription {subscription_id} was not removed ({exc}): "
+            f"`veil subscriptions remove {subscription_id}` removes it",
+            file=sys.stderr,
+        )
 
 
 async def _print_deliveries(client: Any, subscription_id: str, args: argparse.Namespace) -> None:

@@ -127,6 +127,8 @@ class Walk:
             assert expected in out, f"{expected!r} not printed\n{where}"
         for expected in block.option("expect-stderr"):
             assert expected in err, f"{expected!r} not said\n{where}"
+        for expected in block.option("once"):
+            assert (out + err).count(expected) == 1, f"{expected!r} not said once\n{where}"
 
     @staticmethod
     def _commands(text: str) -> list[str]:

@@ -7,6 +7,7 @@ import argparse
 import ast
 import re
 import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -96,3 +97,14 @@ def test_the_readme_tables_list_every_serve_option_with_its_default():
         if flag != "-h" and not flag.startswith("--no-")
     }
     assert _readme_tables() == helped
+
+
+BENCHMARKS = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if "__main__" in p.read_text())
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_benchmark_answers_help_without_running(name):
+    answered = subprocess.run(
+        [sys.executable, "-m", f"bench.{name}", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert answered.returncode == 0 and answered.stdout.startswith("usage:"), answered.stderr
