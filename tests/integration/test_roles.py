@@ -7,6 +7,7 @@ a time."""
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import pytest
 
@@ -123,8 +124,13 @@ async def run_through_failures(a: BrokerProcess, b: BrokerProcess, kill_worker=N
 
 
 async def test_publish_anywhere_read_anywhere_and_survive_a_gateway(local_deployment):
-    a, b, _ = local_deployment
+    a, b, pipeline = local_deployment
     await run_through_failures(a, b)
+    for part, signum in ((pipeline, signal.SIGINT), (b, signal.SIGTERM)):  # Ctrl-C or SIGTERM: a quiet stop
+        assert part.stop(signum=signum) == 0
+        with open(part.log_path, errors="replace") as log:
+            said = log.read()
+        assert "Traceback" not in said and "stopped" in said, part.tail()
 
 
 async def test_on_a_standalone_cluster_survive_a_worker_and_a_gateway(tmp_path, postgres_url, cluster):

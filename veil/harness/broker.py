@@ -116,9 +116,9 @@ class BrokerProcess:
             time.sleep(0.05)
         raise TimeoutError(f"pipeline still behind: {self.health()}")
 
-    def stop(self, timeout: float = 90.0) -> int:
+    def stop(self, timeout: float = 90.0, signum: int = signal.SIGTERM) -> int:
         assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
+        self.process.send_signal(signum)
         code = self.process.wait(timeout)
         self._wait_pipeline_gone()
         return code
