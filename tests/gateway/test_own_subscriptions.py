@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.gateway.conftest import ALICE, BOB
+from veil.config import Config
+from veil.gateway.rest import create_app
+from veil.gateway.server import Broker
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # the loop the fixtures run on
 SCOPELESS = [{"key": "lat", "op": "gt", "val": 14}]
@@ -61,3 +65,24 @@ async def test_any_after_lists_only_ones_own(http, after):
     await subscribe(http, ALICE, "alice-only")
     page = await listed(http, BOB, after=after)
     assert all(not s["subscriptionId"].startswith("alice") for s in page["subscriptions"])
+
+
+@pytest.fixture
+async def anonymous_http(tmp_path):
+    config = Config(data_dir=str(tmp_path), auth="hash", anonymous=True)
+    broker = Broker(config, run_pipeline=False)
+    await broker.prepare()
+    client = TestClient(TestServer(create_app(broker.gateway)))
+    await client.start_server()
+    yield client
+    await client.close()
+    broker.gateway.threads.close()
+    broker.gateway.parsing.shutdown(wait=False)
+
+
+async def test_anonymous_clients_list_nothing_since_they_share_one_identity(anonymous_http):
+    answer = await anonymous_http.post("/subscribe", json={"data": SCOPELESS})
+    sub_id = (await answer.json())["subscriptionId"]
+    for path in ("/subscriptions", f"/subscriptions/{sub_id}"):
+        refused = await anonymous_http.get(path)
+        assert refused.status == 403 and (await refused.json())["field"] == "authHash"

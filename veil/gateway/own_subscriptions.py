@@ -14,6 +14,7 @@ from veil.gateway.errors import json_response
 from veil.gateway.http import client_of
 from veil.matching.stored import decode_subscription
 from veil.protocol import ProtocolError
+from veil.security.registry import ANONYMOUS
 
 routes = web.RouteTableDef()
 PAGE = 1000  # subscriptions per answer unless `limit` asks for fewer or more
@@ -39,6 +40,16 @@ def described(sub_id: str, created: int, body: bytes) -> dict[str, Any]:
     return doc
 
 
+def _owner(request: web.Request) -> str:
+    """Who asks; anonymous clients are refused: they share one identity, and a list would hand every
+    one of them the random ids the others' subscriptions are kept under."""
+    gateway = request.app[GATEWAY]
+    owner = client_of(gateway, request, request.headers.get("X-Auth-Hash"))
+    if owner == ANONYMOUS:
+        raise ProtocolError("authHash", "anonymous clients have no subscriptions of their own to list", 403)
+    return owner
+
+
 def _limit(request: web.Request) -> int:
     text = request.query.get("limit", str(PAGE))
     if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MOST):
@@ -49,7 +60,7 @@ def _limit(request: web.Request) -> int:
 @routes.get("/subscriptions")
 async def listed(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    owner = client_of(gateway, request, request.headers.get("X-Auth-Hash"))
+    owner = _owner(request)
     limit, after = _limit(request), request.query.get("after", "")
     rows = await gateway.threads.read(gateway.threads.store.owned_subscriptions, owner, after, limit + 1)
     page = [described(*row) for row in rows[:limit]]
@@ -60,7 +71,7 @@ async def listed(request: web.Request) -> web.Response:
 @routes.get("/subscriptions/{id}")
 async def shown(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    owner = client_of(gateway, request, request.headers.get("X-Auth-Hash"))
+    owner = _owner(request)
     sub_id = request.match_info["id"]
     rows = await gateway.threads.read(gateway.threads.store.owned_subscriptions, owner, "", 1, sub_id)
     if not rows:
