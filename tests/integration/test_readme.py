@@ -98,7 +98,8 @@ class Walk:
         self.broker = None
         assert code == 0 and "Traceback" not in log and "stopped" in log, f"exit {code}\n{log}"
 
-    def run(self, block: Block) -> None:
+    def run(self, block: Block) -> tuple[str, str]:
+        """Run the block; what it printed on stdout and stderr."""
         script = ["set -euo pipefail"]
         for line in self._commands(self.ported(block.text)):
             script.append(line)
@@ -129,6 +130,7 @@ class Walk:
             assert expected in err, f"{expected!r} not said\n{where}"
         for expected in block.option("once"):
             assert (out + err).count(expected) == 1, f"{expected!r} not said once\n{where}"
+        return out, err
 
     @staticmethod
     def _commands(text: str) -> list[str]:
