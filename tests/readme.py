@@ -13,6 +13,7 @@ A mark is an HTML comment on the line before a block (invisible where the Markdo
 - `file NAME`: the block is a file the next blocks use, written as NAME;
 - `shell`, `yaml`, `python`, `toml [PATH]`: checked for syntax only (commands that need more than one
   machine or minutes, a configuration shown in part); a `toml` block with a PATH must equal that file;
+  an `expect` given n times must be printed at least n times;
 - `output`: text, a table or a layout; not checked.
 """
 
@@ -28,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 MARK = re.compile(r"^\s*<!-- readme-test: (.*?) -->\s*$")
 KINDS = {"serve", "run", "file", "shell", "yaml", "python", "toml", "output"}
-FENCE = re.compile(r"^\s*```")
+FENCE = re.compile(r"^\s*(```|~~~)")
+OPTIONS = {"expect", "expect-stderr", "once", "until"}
 
 
 @dataclass
@@ -106,5 +108,7 @@ def _parse(mark: str, line: int, text: str) -> Block:
     options: dict[str, list[str]] = {}
     for word in rest:
         key, _, value = word.partition("=")
+        if key not in OPTIONS:
+            raise ValueError(f"README.md:{line}: unknown readme-test option {key!r} (one of {sorted(OPTIONS)})")
         options.setdefault(key, []).append(value)
     return Block(line, kind, text, name, options)

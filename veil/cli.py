@@ -11,6 +11,9 @@ import os
 import re
 import signal
 import sys
+import threading
+import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -182,15 +185,31 @@ async def _edge(args: argparse.Namespace) -> int:
         _client(args) as client,
         EdgeBroker(client, announcement, announcement_id=args.id, on_wanted=tell) as edge,
     ):
-        await asyncio.wait_for(edge.synced.wait(), 60)
+        async with asyncio.timeout(60):  # not wait_for, which may swallow a stop arriving as it completes
+            await edge.synced.wait()
         if not told:  # on_wanted reports changes only: a start that nothing wants is said here
             tell(False)
-        loop = asyncio.get_running_loop()
-        while line := await loop.run_in_executor(None, sys.stdin.readline):
+        async for line in _stdin_lines():
             if line.strip():
                 sent = await edge.publish(orjson.loads(line))
                 print(sent if sent is not None else "withheld", flush=True)
     return 0
+
+
+async def _stdin_lines() -> AsyncIterator[str]:
+    """Standard input's lines, read on a daemon thread: a thread of the loop's executor blocked in a
+    read would keep the process alive after a stop until the next line came."""
+    loop = asyncio.get_running_loop()
+    lines: asyncio.Queue[str] = asyncio.Queue(maxsize=64)
+
+    def read() -> None:
+        for line in iter(sys.stdin.readline, ""):
+            asyncio.run_coroutine_threadsafe(lines.put(line), loop).result()
+        asyncio.run_coroutine_threadsafe(lines.put(""), loop).result()
+
+    threading.Thread(target=read, name="stdin", daemon=True).start()
+    while line := await lines.get():
+        yield line
 
 
 async def _unpublish(args: argparse.Namespace) -> int:
@@ -201,31 +220,53 @@ async def _unpublish(args: argparse.Namespace) -> int:
 
 async def _subscribe(args: argparse.Namespace) -> int:
     async with _client(args) as client:
-        subscription_id = args.id
-        if not args.existing:
-            data = orjson.loads(args.data) if args.data else [parse_constraint(c) for c in args.constraint]
-            topk = None
-            if args.top_k is not None:
-                topk = {"k": args.top_k, "w": args.window, "score": [parse_score_term(t) for t in args.score]}
-            response = await client.subscribe(data, args.id, topk=topk, scope=args.scope)
-            subscription_id = response["subscriptionId"]
+        if args.existing:
+            await _print_deliveries(client, args.id, args)
+            return 0
+        data = orjson.loads(args.data) if args.data else [parse_constraint(c) for c in args.constraint]
+        topk = None
+        if args.top_k is not None:
+            topk = {"k": args.top_k, "w": args.window, "score": [parse_score_term(t) for t in args.score]}
+        # without --id the subscription is this command's alone: an id of its own, known before the
+        # request, so that a stop at any moment removes what was made
+        subscription_id = args.id or uuid.uuid4().hex
+        made: str | None = None
+        try:
+            await client.subscribe(data, subscription_id, topk=topk, scope=args.scope)
+            if args.id is None:
+                made = await _created(client, subscription_id)
             kept = "kept: connect again with --existing --id" if args.id else "removed when this command ends"
             print(f"subscribed: {subscription_id} ({kept})", file=sys.stderr, flush=True)
-        try:
             await _print_deliveries(client, subscription_id, args)
         finally:
-            if args.id is None:  # a subscription under an id nobody chose is this command's alone
-                await _remove_own(client, subscription_id)
+            if args.id is None:
+                await _remove_own(client, subscription_id, made)
     return 0
 
 
-async def _remove_own(client: Any, subscription_id: str) -> None:
+async def _created(client: Any, subscription_id: str) -> str | None:
+    """Which subscription of the id this is (the log offset that made it); None where the broker
+    does not say (anonymous clients may not list)."""
+    from veil.client.errors import Forbidden
+
+    try:
+        return (await client.subscription(subscription_id))["created"]
+    except Forbidden:
+        return None
+
+
+async def _remove_own(client: Any, subscription_id: str, made: str | None) -> None:
+    """Remove the subscription this command made, unless it is gone or was replaced meanwhile by a
+    subscribe under its id (which meant to keep it)."""
     from veil.client import VeilError
     from veil.client.errors import NotFound
 
     try:
+        if made is not None and await _created(client, subscription_id) != made:
+            print(f"veil subscribe: {subscription_id} was subscribed again meanwhile: kept", file=sys.stderr)
+            return
         await client.unsubscribe(subscription_id)
-    except NotFound:  # removed meanwhile (`veil subscriptions remove`)
+    except NotFound:  # removed meanwhile (`veil subscriptions remove`), or never made
         pass
     except (VeilError, OSError) as exc:
         print(
@@ -368,8 +409,8 @@ def _token(args: argparse.Namespace) -> int:
             raise SystemExit(f"veil token: --attributes: not JSON ({exc})") from None
         except ProtocolError as exc:
             raise SystemExit(f"veil token: --attributes: {exc.field}: {exc.problem}") from None
-    if args.ttl <= 0:
-        raise SystemExit("veil token: --ttl is a number of seconds, more than 0")
+    if not 0 < args.ttl <= 366 * 86400:
+        raise SystemExit("veil token: --ttl is a number of seconds, more than 0 and at most a year")
     try:
         token = mint(args.dir, args.subject, args.ttl, args.issuer, args.audience, attributes)
     except (OSError, ValueError) as exc:
@@ -385,10 +426,9 @@ def _serve(args: argparse.Namespace) -> int:
     config = config_module.load(args)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if config.role == "pipeline":
-        from veil.pipeline.job import run
+        from veil.pipeline.session import run_apart
 
-        logging.getLogger("py4j").setLevel(logging.WARNING)
-        return run(config, watch_parent=False)
+        return run_apart(config)
     try:
         import uvloop
 
@@ -614,6 +654,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("subscribe --top-k needs at least one --score term")
     if args.command == "subscribe" and args.existing and not args.id:
         parser.error("subscribe --existing needs --id")
+    if args.command == "subscribe" and args.id == "":
+        parser.error("subscribe --id: an id is not empty (leave --id out for one of the command's own)")
+    if args.command == "subscribe" and args.count is not None and args.count < 1:
+        parser.error("subscribe --count: at least 1 (leave it out to print deliveries until stopped)")
+    if args.command == "subscriptions" and args.action in ("show", "remove") and not (args.ids or args.all):
+        parser.error(f"subscriptions {args.action}: give the ids{' (or --all)' if args.action == 'remove' else ''}")
+    if args.command == "subscriptions" and (args.ids or args.all) and args.action == "list":
+        parser.error("subscriptions list takes no ids: show ID... or remove ID...")
     try:
         return args.run(args)
     except KeyboardInterrupt:

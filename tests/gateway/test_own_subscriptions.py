@@ -17,7 +17,8 @@ SCOPELESS = [{"key": "lat", "op": "gt", "val": 14}]
 
 
 async def subscribe(http, secret: str, sub_id: str, **more) -> None:
-    answer = await http.post("/subscribe", json={"authHash": secret, "subscriptionId": sub_id, "data": SCOPELESS, **more})
+    doc = {"authHash": secret, "subscriptionId": sub_id, "data": SCOPELESS, **more}
+    answer = await http.post("/subscribe", json=doc)
     assert answer.status == 200, await answer.text()
 
 
@@ -54,17 +55,35 @@ async def test_pages_follow_one_another_and_a_bad_limit_names_the_field(http):
     third = await listed(http, BOB, limit="2", after=second["next"])
     ids = [s["subscriptionId"] for page in (first, second, third) for s in page["subscriptions"]]
     assert ids == [f"p-{n}" for n in range(5)] and third["next"] is None
-    for limit in ("0", "10001", "x", "-1", "1e3", "٣"):
+    for limit in ("0", "10001", "x", "-1", "1e3", "٣", "9" * 5000):
         answer = await http.get("/subscriptions", headers={"X-Auth-Hash": BOB}, params={"limit": limit})
         assert answer.status == 400 and (await answer.json())["field"] == "limit"
+    for path, field in (("/subscriptions?after=%00", "after"), ("/subscriptions/a%00b", "subscriptionId"),
+                        ("/subscriptions?after=" + "x" * 257, "after")):  # fmt: skip
+        answer = await http.get(path, headers={"X-Auth-Hash": BOB})
+        assert answer.status == 400 and (await answer.json())["field"] == field
+
+
+async def test_a_page_of_large_subscriptions_ends_early(http):
+    values = [f"{n:0>90}" for n in range(1000)]  # about 100 KB a subscription
+    for n in range(20):
+        await subscribe(http, BOB, f"large-{n:02}", data=[{"key": "id", "op": "in", "val": values}])
+    first = await listed(http, BOB, after="large-")
+    assert len(first["subscriptions"]) == 16 and first["next"] == "large-15"
+    rest = await listed(http, BOB, after=first["next"])
+    assert [s["subscriptionId"] for s in rest["subscriptions"]] == [f"large-{n}" for n in range(16, 20)]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(after=st.text(max_size=40))
 async def test_any_after_lists_only_ones_own(http, after):
     await subscribe(http, ALICE, "alice-only")
-    page = await listed(http, BOB, after=after)
-    assert all(not s["subscriptionId"].startswith("alice") for s in page["subscriptions"])
+    answer = await http.get("/subscriptions", headers={"X-Auth-Hash": BOB}, params={"after": after})
+    if answer.status == 400:  # an id no subscription could have
+        assert (await answer.json())["field"] == "after" and not after.isprintable()
+        return
+    page = await answer.json()
+    assert answer.status == 200 and all(not s["subscriptionId"].startswith("alice") for s in page["subscriptions"])
 
 
 @pytest.fixture

@@ -468,6 +468,31 @@ def test_command_line_publish_and_subscribe(broker):
     assert bad.returncode == 2 and "lat??14" in bad.stderr
 
 
+def test_a_command_line_subscription_taken_over_by_id_is_kept_and_an_edge_stops_on_sigterm(broker):
+    import subprocess
+    import sys
+
+    veil = [sys.executable, "-m", "veil.cli"]
+    flags = ["--url", broker.url, "--auth-hash", "cli-keeper"]
+    first = subprocess.Popen([*veil, "subscribe", *flags, "lat>14"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    sub_id = first.stderr.readline().decode().split()[1]
+    # the user keeps it: a subscribe naming its id replaces it, and ends the first command's connection
+    kept = subprocess.Popen([*veil, "subscribe", *flags, "--id", sub_id, "lat>15"], stderr=subprocess.PIPE)
+    assert "kept" in kept.stderr.readline().decode()
+    _, err = first.communicate(timeout=30)
+    assert b"subscribed again meanwhile: kept" in err and b"Traceback" not in err, err
+    kept.terminate()
+    kept.wait(10)
+    shown = subprocess.run([*veil, "subscriptions", "show", sub_id, *flags], capture_output=True, check=True)
+    assert orjson.loads(shown.stdout)["data"] == [{"key": "lat", "op": "gt", "val": 15}]
+    edge = subprocess.Popen(
+        [*veil, "edge", *flags, "sensor=NO2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )  # fmt: skip
+    assert edge.stderr.readline().startswith(b"wanted: ")  # stdin stays open: it waits for a reading
+    edge.terminate()
+    assert edge.wait(10) == 143 and b"Traceback" not in edge.stderr.read()
+
+
 async def test_publication_sees_exactly_the_subscriptions_before_it(broker):
     rid = run_id()
     run = {"key": "run", "val": rid, "op": "eq"}

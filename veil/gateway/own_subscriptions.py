@@ -14,11 +14,15 @@ from veil.gateway.errors import json_response
 from veil.gateway.http import client_of
 from veil.matching.stored import decode_subscription
 from veil.protocol import ProtocolError
+from veil.protocol.subscriptions import MAX_ID_LENGTH
 from veil.security.registry import ANONYMOUS
+from veil.store import GatewayStore
 
 routes = web.RouteTableDef()
 PAGE = 1000  # subscriptions per answer unless `limit` asks for fewer or more
-MOST = 10_000  # the largest page
+MOST = 10_000  # the largest `limit`
+PAGE_BYTES = 1 << 20  # a page ends once its stored subscriptions pass this many bytes, whatever `limit` says
+CHUNK = 16  # subscriptions read from the store at a time, so that a page of large ones stops early
 
 
 def described(sub_id: str, created: int, body: bytes) -> dict[str, Any]:
@@ -40,6 +44,23 @@ def described(sub_id: str, created: int, body: bytes) -> dict[str, Any]:
     return doc
 
 
+def page(store: GatewayStore, owner: str, after: str, limit: int) -> dict[str, Any]:
+    """Up to `limit` of the owner's subscriptions after `after`, fewer once they pass PAGE_BYTES;
+    read and decoded on a store thread, since one subscription may be as large as a request."""
+    listed: list[dict[str, Any]] = []
+    size = 0
+    while len(listed) < limit and size < PAGE_BYTES:
+        wanted = min(CHUNK, limit - len(listed))
+        rows = store.owned_subscriptions(owner, after, wanted)
+        listed.extend(described(*row) for row in rows)
+        size += sum(len(row[2]) for row in rows)
+        if len(rows) < wanted:
+            return {"subscriptions": listed, "next": None}
+        after = rows[-1][0]
+    more = store.owned_subscriptions(owner, after, 1)
+    return {"subscriptions": listed, "next": after if more else None}
+
+
 def _owner(request: web.Request) -> str:
     """Who asks; anonymous clients are refused: they share one identity, and a list would hand every
     one of them the random ids the others' subscriptions are kept under."""
@@ -50,9 +71,17 @@ def _owner(request: web.Request) -> str:
     return owner
 
 
+def _identifier(text: str, field: str) -> str:
+    """An id as /subscribe takes it; anything else could not name a subscription (and some stores
+    refuse it outright, as PostgreSQL does a NUL)."""
+    if len(text) > MAX_ID_LENGTH or not text.isprintable():
+        raise ProtocolError(field, f"a subscription id: at most {MAX_ID_LENGTH} printable characters")
+    return text
+
+
 def _limit(request: web.Request) -> int:
     text = request.query.get("limit", str(PAGE))
-    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MOST):
+    if not (len(text) <= 5 and text.isascii() and text.isdigit() and 1 <= int(text) <= MOST):
         raise ProtocolError("limit", f"a whole number from 1 to {MOST}")
     return int(text)
 
@@ -61,19 +90,17 @@ def _limit(request: web.Request) -> int:
 async def listed(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     owner = _owner(request)
-    limit, after = _limit(request), request.query.get("after", "")
-    rows = await gateway.threads.read(gateway.threads.store.owned_subscriptions, owner, after, limit + 1)
-    page = [described(*row) for row in rows[:limit]]
-    more = len(rows) > limit
-    return json_response({"subscriptions": page, "next": page[-1]["subscriptionId"] if more else None})
+    limit, after = _limit(request), _identifier(request.query.get("after", ""), "after")
+    return json_response(await gateway.threads.read(page, gateway.threads.store, owner, after, limit))
 
 
 @routes.get("/subscriptions/{id}")
 async def shown(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     owner = _owner(request)
-    sub_id = request.match_info["id"]
-    rows = await gateway.threads.read(gateway.threads.store.owned_subscriptions, owner, "", 1, sub_id)
+    sub_id = _identifier(request.match_info["id"], "subscriptionId")
+    store = gateway.threads.store
+    rows = await gateway.threads.read(store.owned_subscriptions, owner, "", 1, sub_id)
     if not rows:
         raise ProtocolError("subscriptionId", "no such subscription of yours", 404)
-    return json_response(described(*rows[0]))
+    return json_response(await gateway.threads.read(described, *rows[0]))

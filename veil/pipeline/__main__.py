@@ -1,5 +1,6 @@
-"""Entry point of the pipeline process started by the gateway: `python -m veil.pipeline`, with its
-settings (the gateway's Config as JSON) on stdin."""
+"""Entry point of the pipeline process, started by the gateway or by `veil serve --role pipeline`
+(`--alone`: no gateway created the store, so it waits for one to): `python -m veil.pipeline`, with
+its settings (the Config as JSON) on stdin."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def main() -> int:
     config = Config(**orjson.loads(sys.stdin.buffer.read()))
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    return run(config)
+    return run(config, patient="--alone" in sys.argv[1:])
 
 
 if __name__ == "__main__":

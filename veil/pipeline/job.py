@@ -140,7 +140,7 @@ def _exit_with_parent(stop: threading.Event) -> None:
     def watch() -> None:
         while not stop.wait(0.5):
             if os.getppid() != parent:
-                log.warning("gateway process is gone; pipeline exits")
+                log.warning("the process that started the pipeline is gone; pipeline exits")
                 os._exit(3)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
@@ -240,14 +240,14 @@ def _stop_on_signals(stop: threading.Event) -> None:
         signal.signal(signum, lambda *_: stop.set())
 
 
-def run(config: Config, watch_parent: bool = True) -> int:
-    """Run the query until stopped; `watch_parent`: the gateway started this process (`--role all`)."""
+def run(config: Config, patient: bool = False) -> int:
+    """Run the query until stopped, or until the process that started this one is gone; `patient`:
+    started on its own (`--role pipeline`), it waits for a gateway to create the store."""
     stop = threading.Event()
-    if watch_parent:
-        _exit_with_parent(stop)
+    _exit_with_parent(stop)
     _stop_on_signals(stop)
     lock = _lock_data_dir(config)
-    store = _open_store(config, stop, patient=not watch_parent)
+    store = _open_store(config, stop, patient=patient)
     if store is None:
         return 2
     if not _claim(store, stop):

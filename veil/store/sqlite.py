@@ -78,7 +78,9 @@ CREATE TABLE IF NOT EXISTS subscriptions (
 );
 CREATE INDEX IF NOT EXISTS subscriptions_created ON subscriptions(created);
 CREATE INDEX IF NOT EXISTS subscriptions_deleted ON subscriptions(deleted);
-CREATE INDEX IF NOT EXISTS subscriptions_owner_live ON subscriptions(owner) WHERE deleted IS NULL;
+DROP INDEX IF EXISTS subscriptions_owner_live;  -- an earlier release's: the owner alone
+-- a client's live subscriptions: counted on every subscribe, and listed in id order a page at a time
+CREATE INDEX IF NOT EXISTS subscriptions_owner_id ON subscriptions(owner, sub_id) WHERE deleted IS NULL;
 CREATE TABLE IF NOT EXISTS subscription_numbers (  -- each id's newest number (rows are never deleted)
     no INTEGER PRIMARY KEY,
     sub_id TEXT NOT NULL UNIQUE
