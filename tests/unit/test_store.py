@@ -52,6 +52,17 @@ def test_ownership(store):
     assert store.subscription_owner("s") == "alice"
 
 
+def test_owned_subscriptions_are_the_owners_live_ones_in_id_order(store):
+    made = {sub_id: store.put_subscription(sub_id, "alice", sub_id.encode()) for sub_id in ("b", "a", "c", "d")}
+    store.put_subscription("bb", "mallory", b"[]")
+    store.remove_subscription("c", "alice")
+    made["d"] = store.put_subscription("d", "alice", b"d2")  # replaced: the newer one
+    assert store.owned_subscriptions("alice") == [("a", made["a"], b"a"), ("b", made["b"], b"b"), ("d", made["d"], b"d2")]
+    assert [row[0] for row in store.owned_subscriptions("alice", after="a", limit=1)] == ["b"]
+    assert store.owned_subscriptions("alice", only="d") == [("d", made["d"], b"d2")]
+    assert store.owned_subscriptions("alice", only="bb") == [] and store.owned_subscriptions("alice", only="c") == []
+
+
 def test_replayed_batches_deliver_once(store):
     store.put_subscription("s", "alice", b"[]")
     (pub,) = store.append_publications(published(b'{"a":1}'))
