@@ -8,12 +8,12 @@ A mark is an HTML comment on the line before a block (invisible where the Markdo
 - `run`: shell commands, run in order in one bash (`set -e`); a command sent to the background (`&`)
   is given `wait=` seconds (the walk's) before the next line, and the block's background jobs must
   end by themselves. `expect='TEXT'` (repeatable) must be in what the block printed on stdout,
-  `expect-stderr='TEXT'` on stderr, `once='TEXT'` exactly once in either; `until=SECONDS` sends Ctrl-C after that long instead (a command
+  `expect-stderr='TEXT'` on stderr, `once='TEXT'` exactly once in either, `lines=N`: stdout has
+  exactly N lines; an `expect` given n times must be printed at least n times; `until=SECONDS` sends Ctrl-C after that long instead (a command
   that runs until stopped), which must end it cleanly;
 - `file NAME`: the block is a file the next blocks use, written as NAME;
 - `shell`, `yaml`, `python`, `toml [PATH]`: checked for syntax only (commands that need more than one
   machine or minutes, a configuration shown in part); a `toml` block with a PATH must equal that file;
-  an `expect` given n times must be printed at least n times;
 - `output`: text, a table or a layout; not checked.
 """
 
@@ -30,7 +30,7 @@ README = ROOT / "README.md"
 MARK = re.compile(r"^\s*<!-- readme-test: (.*?) -->\s*$")
 KINDS = {"serve", "run", "file", "shell", "yaml", "python", "toml", "output"}
 FENCE = re.compile(r"^\s*(```|~~~)")
-OPTIONS = {"expect", "expect-stderr", "once", "until"}
+OPTIONS = {"expect", "expect-stderr", "once", "lines", "until"}
 
 
 @dataclass
@@ -63,6 +63,8 @@ def _block_at(lines: list[str], start: int) -> tuple[int, list[str]] | None:
         end = start + 1
         while end < len(lines) and not FENCE.match(lines[end]):
             end += 1
+        if end == len(lines):
+            raise ValueError(f"README.md:{start + 1}: a fenced block that never closes")
         return end + 1, lines[start + 1 : end]
     after = start == 0 or not lines[start - 1].strip() or MARK.match(lines[start - 1])
     if lines[start].startswith("    ") and lines[start].strip() and after:
@@ -80,6 +82,8 @@ def blocks(text: str | None = None) -> tuple[list[Block], list[int]]:
     while i < len(lines):
         marked = MARK.match(lines[i])
         if marked:
+            if mark is not None:
+                raise ValueError(f"README.md:{i + 1}: a second mark before the block of line {mark[0]}'s")
             mark = (i + 1, marked.group(1))
             i += 1
             continue

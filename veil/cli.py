@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import concurrent.futures
 import logging
 import os
 import re
@@ -198,18 +199,33 @@ async def _edge(args: argparse.Namespace) -> int:
 
 async def _stdin_lines() -> AsyncIterator[str]:
     """Standard input's lines, read on a daemon thread: a thread of the loop's executor blocked in a
-    read would keep the process alive after a stop until the next line came."""
+    read would keep the process alive after a stop until the next line came. A read that fails
+    (bytes that are not text, a closed stream) is raised here."""
     loop = asyncio.get_running_loop()
-    lines: asyncio.Queue[str] = asyncio.Queue(maxsize=64)
+    lines: asyncio.Queue[str | Exception] = asyncio.Queue(maxsize=64)
+
+    def hand(item: str | Exception) -> bool:
+        try:
+            asyncio.run_coroutine_threadsafe(lines.put(item), loop).result()
+            return True
+        except (RuntimeError, concurrent.futures.CancelledError):  # the loop stopped: nobody reads any more
+            return False
 
     def read() -> None:
-        for line in iter(sys.stdin.readline, ""):
-            asyncio.run_coroutine_threadsafe(lines.put(line), loop).result()
-        asyncio.run_coroutine_threadsafe(lines.put(""), loop).result()
+        end: str | Exception = ""
+        try:
+            for line in iter(sys.stdin.readline, ""):
+                if not hand(line):
+                    return
+        except (OSError, ValueError) as exc:
+            end = exc
+        hand(end)
 
     threading.Thread(target=read, name="stdin", daemon=True).start()
-    while line := await lines.get():
-        yield line
+    while item := await lines.get():
+        if isinstance(item, Exception):
+            raise ValueError(f"standard input: {item}")
+        yield item
 
 
 async def _unpublish(args: argparse.Namespace) -> int:
@@ -662,6 +678,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"subscriptions {args.action}: give the ids{' (or --all)' if args.action == 'remove' else ''}")
     if args.command == "subscriptions" and (args.ids or args.all) and args.action == "list":
         parser.error("subscriptions list takes no ids: show ID... or remove ID...")
+    if args.command == "subscriptions" and args.all and (args.ids or args.action != "remove"):
+        parser.error("subscriptions --all goes with remove, and without ids")
     try:
         return args.run(args)
     except KeyboardInterrupt:

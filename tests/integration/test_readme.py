@@ -25,6 +25,7 @@ READY = 180.0  # seconds a broker may take to be ready (Spark's start on a loade
 BLOCK_TIMEOUT = 180.0
 STOP_TIMEOUT = 60.0
 LINKED = (".venv", "examples", "bench", "deploy")
+BACKGROUND = re.compile(r"(?<![&|])&\s*(#[^'\"]*)?$")  # a command sent to the background, perhaps with a comment
 
 
 def _free_ports() -> int:
@@ -103,7 +104,7 @@ class Walk:
         script = ["set -euo pipefail", "jobs=()"]
         for line in self._commands(self.ported(block.text)):
             script.append(line)
-            if line.rstrip().endswith("&"):
+            if BACKGROUND.search(line):
                 script += ["jobs+=($!)", f"sleep {WAIT}"]
         script.append('for job in "${jobs[@]}"; do wait "$job"; done')  # each job's exit code counts
         until = block.option("until")
@@ -129,6 +130,8 @@ class Walk:
             assert out.count(expected) >= times, f"{expected!r} not printed {times} times\n{where}"
         for expected in block.option("expect-stderr"):
             assert expected in err, f"{expected!r} not said\n{where}"
+        for count in block.option("lines"):
+            assert len(out.splitlines()) == int(count), f"not {count} lines printed\n{where}"
         for expected in block.option("once"):
             assert (out + err).count(expected) == 1, f"{expected!r} not said once\n{where}"
         return out, err

@@ -61,6 +61,7 @@ def test_owned_subscriptions_are_the_owners_live_ones_in_id_order(store):
     assert [row[0] for row in store.owned_subscriptions("alice", after="a", limit=1)] == ["b"]
     assert store.owned_subscriptions("alice", only="d") == [("d", made["d"], b"d2")]
     assert store.owned_subscriptions("alice", only="bb") == [] and store.owned_subscriptions("alice", only="c") == []
+    assert store.owned_sizes("alice", after="a") == [("b", 1), ("d", 2)]
 
 
 def test_replayed_batches_deliver_once(store):

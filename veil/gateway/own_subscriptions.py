@@ -5,12 +5,13 @@ removed, so a client must be able to find what it holds; another client's id is 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from veil.gateway.context import GATEWAY
-from veil.gateway.errors import json_response
 from veil.gateway.http import client_of
 from veil.matching.stored import decode_subscription
 from veil.protocol import ProtocolError
@@ -21,8 +22,7 @@ from veil.store import GatewayStore
 routes = web.RouteTableDef()
 PAGE = 1000  # subscriptions per answer unless `limit` asks for fewer or more
 MOST = 10_000  # the largest `limit`
-PAGE_BYTES = 1 << 20  # a page ends once its stored subscriptions pass this many bytes, whatever `limit` says
-CHUNK = 16  # subscriptions read from the store at a time, so that a page of large ones stops early
+PAGE_BYTES = 1 << 20  # a page ends before its stored subscriptions pass this many bytes, whatever `limit` says
 
 
 def described(sub_id: str, created: int, body: bytes) -> dict[str, Any]:
@@ -44,21 +44,21 @@ def described(sub_id: str, created: int, body: bytes) -> dict[str, Any]:
     return doc
 
 
-def page(store: GatewayStore, owner: str, after: str, limit: int) -> dict[str, Any]:
-    """Up to `limit` of the owner's subscriptions after `after`, fewer once they pass PAGE_BYTES;
-    read and decoded on a store thread, since one subscription may be as large as a request."""
-    listed: list[dict[str, Any]] = []
-    size = 0
-    while len(listed) < limit and size < PAGE_BYTES:
-        wanted = min(CHUNK, limit - len(listed))
-        rows = store.owned_subscriptions(owner, after, wanted)
-        listed.extend(described(*row) for row in rows)
-        size += sum(len(row[2]) for row in rows)
-        if len(rows) < wanted:
-            return {"subscriptions": listed, "next": None}
-        after = rows[-1][0]
-    more = store.owned_subscriptions(owner, after, 1)
-    return {"subscriptions": listed, "next": after if more else None}
+def page(store: GatewayStore, owner: str, after: str, limit: int) -> tuple[list[tuple[str, int, bytes]], str | None]:
+    """Up to `limit` of the owner's subscriptions after `after`, fewer once they would pass
+    PAGE_BYTES (one at least), and the `next` to list the rest from (None when there is none)."""
+    sizes = store.owned_sizes(owner, after, limit + 1)
+    taken = size = 0
+    for _, length in sizes[:limit]:
+        if taken and size + length > PAGE_BYTES:
+            break
+        taken, size = taken + 1, size + length
+    rows = store.owned_subscriptions(owner, after, taken) if taken else []
+    return rows, rows[-1][0] if rows and len(sizes) > taken else None
+
+
+def _answer(rows: list[tuple[str, int, bytes]], following: str | None) -> bytes:
+    return orjson.dumps({"subscriptions": [described(*row) for row in rows], "next": following})
 
 
 def _owner(request: web.Request) -> str:
@@ -91,7 +91,10 @@ async def listed(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     owner = _owner(request)
     limit, after = _limit(request), _identifier(request.query.get("after", ""), "after")
-    return json_response(await gateway.threads.read(page, gateway.threads.store, owner, after, limit))
+    rows, following = await gateway.threads.read(page, gateway.threads.store, owner, after, limit)
+    # up to a megabyte of subscriptions: decoded and written on the parsing thread, off the event loop
+    body = await asyncio.get_running_loop().run_in_executor(gateway.parsing, _answer, rows, following)
+    return web.Response(body=body, content_type="application/json")
 
 
 @routes.get("/subscriptions/{id}")
@@ -103,4 +106,5 @@ async def shown(request: web.Request) -> web.Response:
     rows = await gateway.threads.read(store.owned_subscriptions, owner, "", 1, sub_id)
     if not rows:
         raise ProtocolError("subscriptionId", "no such subscription of yours", 404)
-    return json_response(await gateway.threads.read(described, *rows[0]))
+    body = await asyncio.get_running_loop().run_in_executor(gateway.parsing, lambda: orjson.dumps(described(*rows[0])))
+    return web.Response(body=body, content_type="application/json")

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import sys
 
@@ -38,7 +39,7 @@ class PipelineProcess:
             # pipeline in order instead of having the JVM killed under it. The settings go on stdin:
             # a command line is anyone's to read, and they hold the store URL, password and all.
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "veil.pipeline", start_new_session=True,
+                sys.executable, "-m", "veil.pipeline", str(os.getpid()), start_new_session=True,
                 stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             )  # fmt: skip
             assert self.process.stdin is not None

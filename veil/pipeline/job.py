@@ -123,25 +123,34 @@ def _epoch_ended(frame: DataFrame, epoch: int) -> None:
     log.debug("epoch %d: %s", epoch, where)
 
 
-def _lock_data_dir(config: Config) -> int:
+def _lock_data_dir(config: Config, stop: threading.Event) -> int | None:
+    """The data directory's pipeline lock; None if told to stop while another pipeline held it."""
     os.makedirs(config.data_dir, exist_ok=True)
     fd = os.open(os.path.join(config.data_dir, "pipeline.lock"), os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        log.info("waiting for the previous pipeline on %s to exit", config.data_dir)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
+    waiting = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if not waiting:
+                log.info("waiting for the previous pipeline on %s to exit", config.data_dir)
+                waiting = True
+            if stop.wait(0.2):
+                os.close(fd)
+                return None
 
 
-def _exit_with_parent(stop: threading.Event) -> None:
-    parent = os.getppid()
+def _exit_with_parent(parent: int) -> None:
+    """Exit when the process that started this one is gone (`parent`: its pid, as it said, so that
+    one gone before this process looked is noticed too)."""
 
     def watch() -> None:
-        while not stop.wait(0.5):
+        while True:
             if os.getppid() != parent:
                 log.warning("the process that started the pipeline is gone; pipeline exits")
                 os._exit(3)
+            time.sleep(0.5)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
@@ -240,17 +249,21 @@ def _stop_on_signals(stop: threading.Event) -> None:
         signal.signal(signum, lambda *_: stop.set())
 
 
-def run(config: Config, patient: bool = False) -> int:
-    """Run the query until stopped, or until the process that started this one is gone; `patient`:
-    started on its own (`--role pipeline`), it waits for a gateway to create the store."""
+def run(config: Config, parent: int, patient: bool = False) -> int:
+    """Run the query until stopped, or until the process that started this one (`parent`) is gone;
+    `patient`: started on its own (`--role pipeline`), it waits for a gateway to create the store."""
     stop = threading.Event()
-    _exit_with_parent(stop)
+    _exit_with_parent(parent)
     _stop_on_signals(stop)
-    lock = _lock_data_dir(config)
+    lock = _lock_data_dir(config, stop)
+    if lock is None:
+        return 0
     store = _open_store(config, stop, patient=patient)
     if store is None:
+        os.close(lock)
         return 2
     if not _claim(store, stop):
+        os.close(lock)
         return 0
     started = time.monotonic()
     # publication partitioning records every partition's rounds in turn, as one progress

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import signal
 import subprocess
 import sys
@@ -19,19 +20,29 @@ from veil.config import Config
 
 
 def run_apart(config: Config) -> int:
-    """Run the pipeline until it ends or this process is told to stop; the pipeline's exit code.
-    Its settings go on stdin: a command line is anyone's to read, and they hold the store URL."""
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "veil.pipeline", "--alone"], stdin=subprocess.PIPE, start_new_session=True
-    )
-    assert driver.stdin is not None
-    driver.stdin.write(orjson.dumps(dataclasses.asdict(config)))
-    driver.stdin.close()
+    """Run the pipeline until it ends or this process is told to stop; the pipeline's exit code (128
+    plus the signal's number if a signal ended it). Its settings go on stdin: a command line is
+    anyone's to read, and they hold the store URL."""
+    driver: subprocess.Popen | None = None
+    stopping: list[int] = []
 
-    def stop(*_: Any) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            driver.send_signal(signal.SIGTERM)
+    def stop(signum: int, _: Any) -> None:
+        stopping.append(signum)
+        if driver is not None:
+            with contextlib.suppress(ProcessLookupError):
+                driver.send_signal(signal.SIGTERM)
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed
         signal.signal(signum, stop)
-    return driver.wait()
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "veil.pipeline", str(os.getpid()), "--alone"], stdin=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    if stopping:  # told before the driver existed: it stops as soon as it can hear it
+        stop(stopping[0], None)
+    assert driver.stdin is not None
+    with contextlib.suppress(BrokenPipeError):  # a driver that died at once says why on stderr
+        driver.stdin.write(orjson.dumps(dataclasses.asdict(config)))
+        driver.stdin.close()
+    code = driver.wait()
+    return 128 - code if code < 0 else code

@@ -304,6 +304,11 @@ class GatewayStore(LogReader):
         order, at most `limit`: (id, the log offset that made it, its stored body)."""
 
     @abstractmethod
+    def owned_sizes(self, owner: str, after: str = "", limit: int = 1000) -> list[tuple[str, int]]:
+        """As owned_subscriptions, the ids and the sizes of the bodies only (a page is cut by them
+        before any body is read)."""
+
+    @abstractmethod
     def admissions(self, sub_ids: Sequence[str], owner: str) -> list[Admission | None]:
         """For each id, its live subscription if `owner` holds it (None: nobody's, or someone else's),
         all read in one statement: a connection of a thousand subscriptions costs one trip to the

@@ -154,7 +154,7 @@ ALTER TABLE gateways ADD COLUMN incarnation TEXT NOT NULL DEFAULT '';
 """,
     # a client's live subscriptions are listed in id order a page at a time (GET /subscriptions)
     """
-DROP INDEX subscriptions_owner_live;
+DROP INDEX IF EXISTS subscriptions_owner_live;
 CREATE INDEX subscriptions_owner_id ON subscriptions(owner, sub_id) WHERE deleted IS NULL;
 """,
 )

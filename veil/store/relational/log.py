@@ -207,6 +207,14 @@ class LogSql(Dialect):
             ).fetchall()
         return [(sub_id, created, bytes(body)) for sub_id, created, body in rows]
 
+    def owned_sizes(self, owner: str, after: str = "", limit: int = 1000) -> list[tuple[str, int]]:
+        with self._read() as db:
+            return db.execute(
+                "SELECT sub_id, LENGTH(body) FROM subscriptions WHERE owner = ? AND deleted IS NULL AND sub_id > ? "
+                "ORDER BY sub_id LIMIT ?",
+                (owner, after, limit),
+            ).fetchall()
+
     def admissions(self, sub_ids: Sequence[str], owner: str) -> list[Admission | None]:
         with self._read() as db:
             rows = db.execute(

@@ -1,0 +1,44 @@
+"""The command line's own parts: standard input for `veil edge`, and arguments refused by name."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from veil import cli
+
+
+async def read_all(monkeypatch, raw: bytes) -> list[str]:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8", errors="strict"))
+    return [line async for line in cli._stdin_lines()]
+
+
+async def test_standard_input_comes_line_by_line_and_a_bad_read_is_raised(monkeypatch):
+    assert await read_all(monkeypatch, b'{"a": 1}\n\n{"a": 2}') == ['{"a": 1}\n', "\n", '{"a": 2}']
+    with pytest.raises(ValueError, match="standard input"):
+        await read_all(monkeypatch, b'{"a": 1}\n\xff\n')  # not UTF-8: an error, not a hang
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["subscribe", "--id", "", "a>1"], "--id"),
+        (["subscribe", "--count", "0", "a>1"], "--count"),
+        (["subscriptions", "remove"], "give the ids"),
+        (["subscriptions", "show", "--all"], "--all"),
+        (["subscriptions", "remove", "x", "--all"], "--all"),
+        (["subscriptions", "x"], "invalid choice"),
+    ],
+)
+def test_arguments_that_cannot_work_are_refused_naming_the_option(argv, says, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_token_lives_at_most_a_year(tmp_path):
+    for ttl in ("inf", "nan", "0", str(367 * 86400)):
+        with pytest.raises(SystemExit, match="--ttl"):
+            cli.main(["token", "--dir", str(tmp_path), "--subject", "bob", "--ttl", ttl])
