@@ -49,18 +49,21 @@ def _client_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _given(args: argparse.Namespace, name: str, env: str) -> str | None:
+    """A client option: the flag, else its environment variable (read at use, so help shows no
+    one's setting as the default)."""
+    value = getattr(args, name)
+    return value if value is not None else os.environ.get(env) or None
+
+
 def _client(args: argparse.Namespace):
     from veil.client import VeilClient
 
-    def given(name: str, env: str) -> str | None:
-        value = getattr(args, name)
-        return value if value is not None else os.environ.get(env) or None
-
     return VeilClient(
-        given("url", "VEIL_URL") or DEFAULT_URL, auth_hash=given("auth_hash", "VEIL_AUTH_HASH"),
-        token=given("token", "VEIL_TOKEN"), ca_file=args.ca, cert_file=args.cert, key_file=args.key,
-        recipient_key=_recipient_key(given("recipient_key", "VEIL_RECIPIENT_KEY")),
-        scope_managers=_json_file(given("scope_managers", "VEIL_SCOPE_MANAGERS"), "--scope-managers"),
+        _given(args, "url", "VEIL_URL") or DEFAULT_URL, auth_hash=_given(args, "auth_hash", "VEIL_AUTH_HASH"),
+        token=_given(args, "token", "VEIL_TOKEN"), ca_file=args.ca, cert_file=args.cert, key_file=args.key,
+        recipient_key=_recipient_key(_given(args, "recipient_key", "VEIL_RECIPIENT_KEY")),
+        scope_managers=_json_file(_given(args, "scope_managers", "VEIL_SCOPE_MANAGERS"), "--scope-managers"),
     )  # fmt: skip
 
 
@@ -145,7 +148,7 @@ def parse_score_term(text: str) -> dict[str, Any]:
 async def _publish(args: argparse.Namespace) -> int:
     if args.seal is None and (args.payload is not None or args.payload_file is not None):
         raise SystemExit("veil publish: --payload and --payload-file go with --seal SCOPE")
-    if args.seal is not None and args.recipient_key is None and not os.environ.get("VEIL_RECIPIENT_KEY"):
+    if args.seal is not None and _given(args, "recipient_key", "VEIL_RECIPIENT_KEY") is None:
         raise SystemExit("veil publish: --seal needs --recipient-key (your recipient private key)")
     payload = args.payload.encode() if args.payload is not None else None
     if args.payload_file == "-":

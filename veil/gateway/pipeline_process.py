@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import os
 import signal
 import sys
 
-import orjson
-
 from veil.config import Config
+from veil.pipeline.session import driver, settings
 
 log = logging.getLogger("veil.gateway")
 RESTART_DELAY = 2.0
@@ -33,17 +30,16 @@ class PipelineProcess:
         return self.process is not None and self.process.returncode is None
 
     async def supervise(self) -> None:
-        settings = orjson.dumps(dataclasses.asdict(self.config))
+        written = settings(self.config)
         while not self._stopping:
             # A new session: Ctrl-C in a terminal reaches the gateway only, which then stops the
-            # pipeline in order instead of having the JVM killed under it. The settings go on stdin:
-            # a command line is anyone's to read, and they hold the store URL, password and all.
+            # pipeline in order instead of having the JVM killed under it.
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "veil.pipeline", str(os.getpid()), start_new_session=True,
-                stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                *driver(alone=False), start_new_session=True, stdin=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
             )  # fmt: skip
             assert self.process.stdin is not None
-            self.process.stdin.write(settings)
+            self.process.stdin.write(written)
             self.process.stdin.close()
             self.exited = None
             relay = asyncio.create_task(self._relay(self.process.stderr))  # type: ignore[arg-type]

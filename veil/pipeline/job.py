@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from veil.config import Config
@@ -123,22 +124,27 @@ def _epoch_ended(frame: DataFrame, epoch: int) -> None:
     log.debug("epoch %d: %s", epoch, where)
 
 
-def _lock_data_dir(config: Config, stop: threading.Event) -> int | None:
-    """The data directory's pipeline lock; None if told to stop while another pipeline held it."""
+@contextlib.contextmanager
+def _data_dir_lock(config: Config, stop: threading.Event) -> Iterator[bool]:
+    """Hold the data directory's pipeline lock: True once held, False if told to stop while another
+    pipeline held it."""
     os.makedirs(config.data_dir, exist_ok=True)
     fd = os.open(os.path.join(config.data_dir, "pipeline.lock"), os.O_CREAT | os.O_RDWR, 0o600)
-    waiting = False
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if not waiting:
-                log.info("waiting for the previous pipeline on %s to exit", config.data_dir)
-                waiting = True
-            if stop.wait(0.2):
-                os.close(fd)
-                return None
+    try:
+        waiting = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waiting:
+                    log.info("waiting for the previous pipeline on %s to exit", config.data_dir)
+                    waiting = True
+                if stop.wait(0.2):
+                    break
+        yield not stop.is_set()
+    finally:
+        os.close(fd)
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -255,16 +261,16 @@ def run(config: Config, parent: int, patient: bool = False) -> int:
     stop = threading.Event()
     _exit_with_parent(parent)
     _stop_on_signals(stop)
-    lock = _lock_data_dir(config, stop)
-    if lock is None:
-        return 0
-    store = _open_store(config, stop, patient=patient)
-    if store is None:
-        os.close(lock)
-        return 2
-    if not _claim(store, stop):
-        os.close(lock)
-        return 0
+    with _data_dir_lock(config, stop) as locked:
+        if not locked:
+            return 0
+        store = _open_store(config, stop, patient=patient)
+        if store is None:
+            return 2
+        return _run_query(config, store, stop) if _claim(store, stop) else 0
+
+
+def _run_query(config: Config, store: PipelineStore, stop: threading.Event) -> int:
     started = time.monotonic()
     # publication partitioning records every partition's rounds in turn, as one progress
     store.set_partitions(1 if config.partition_mode == "publications" else config.partitions)
@@ -296,5 +302,4 @@ def run(config: Config, parent: int, patient: bool = False) -> int:
         _stopping.set()
         query.stop()
         spark.stop()
-        os.close(lock)
         log.info("pipeline stopped")

@@ -19,30 +19,38 @@ import orjson
 from veil.config import Config
 
 
+def driver(alone: bool) -> list[str]:
+    """The pipeline process's command line: it exits when this process is gone, and `--alone` (no
+    gateway started it) waits for a gateway to create the store. Its settings go on stdin."""
+    return [sys.executable, "-m", "veil.pipeline", str(os.getpid()), *(["--alone"] if alone else [])]
+
+
+def settings(config: Config) -> bytes:
+    """The pipeline's settings, for its stdin: a command line is anyone's to read on the machine, and
+    they hold the store URL, password and all."""
+    return orjson.dumps(dataclasses.asdict(config))
+
+
 def run_apart(config: Config) -> int:
     """Run the pipeline until it ends or this process is told to stop; the pipeline's exit code (128
-    plus the signal's number if a signal ended it). Its settings go on stdin: a command line is
-    anyone's to read, and they hold the store URL."""
-    driver: subprocess.Popen | None = None
+    plus the signal's number if a signal ended it)."""
+    process: subprocess.Popen | None = None
     stopping: list[int] = []
 
     def stop(signum: int, _: Any) -> None:
         stopping.append(signum)
-        if driver is not None:
+        if process is not None:
             with contextlib.suppress(ProcessLookupError):
-                driver.send_signal(signal.SIGTERM)
+                process.send_signal(signal.SIGTERM)
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed
         signal.signal(signum, stop)
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "veil.pipeline", str(os.getpid()), "--alone"], stdin=subprocess.PIPE,
-        start_new_session=True,
-    )  # fmt: skip
+    process = subprocess.Popen(driver(alone=True), stdin=subprocess.PIPE, start_new_session=True)
     if stopping:  # told before the driver existed: it stops as soon as it can hear it
         stop(stopping[0], None)
-    assert driver.stdin is not None
+    assert process.stdin is not None
     with contextlib.suppress(BrokenPipeError):  # a driver that died at once says why on stderr
-        driver.stdin.write(orjson.dumps(dataclasses.asdict(config)))
-        driver.stdin.close()
-    code = driver.wait()
+        process.stdin.write(settings(config))
+        process.stdin.close()
+    code = process.wait()
     return 128 - code if code < 0 else code
