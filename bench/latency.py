@@ -54,7 +54,7 @@ from bench.selis import box
 from veil.client import VeilClient
 from veil.harness import BrokerProcess
 
-STAGES = ["received", "committed", "seen", "read", "task", "matched", "recorded", "notified", "written"]
+STAGES = ["received", "committed", "seen", "read", "state", "matched", "recorded", "notified", "written"]
 PHASES = ["latestOffset", "walCommit", "queryPlanning", "getBatch", "addBatch", "commitOffsets", "triggerExecution"]
 
 

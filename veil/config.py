@@ -22,6 +22,7 @@ from veil.security.identity import METHODS as AUTH_METHODS
 
 log = logging.getLogger("veil.config")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+TASK_ATTEMPTS = 4  # attempts of a failed Spark task in local mode, as spark.task.maxFailures on a cluster
 
 
 def _bool(text: str | bool) -> bool:
@@ -72,9 +73,10 @@ class Config:
         ("VEIL_STORE",), str, "sqlite:///<data-dir>/veil.db",
     )  # fmt: skip
     spark_master: str | None = _opt(
-        None, "Spark master: local[N] runs Spark in this process pair, N the larger of --workers and "
-        "--partitions; spark://host:7077 a standalone cluster (needs the PostgreSQL store)",
-        ("VEIL_SPARK_MASTER", "SPARK_MASTER"), str, "local[N]",
+        None, "Spark master: local[N,F] runs Spark in this process pair, N the larger of --workers and "
+        "--partitions, a failed task tried F times in all (local[N] never retries one); spark://host:7077 a "
+        "standalone cluster (needs the PostgreSQL store)",
+        ("VEIL_SPARK_MASTER", "SPARK_MASTER"), str, "local[N,4]",
     )  # fmt: skip
     workers: int | None = _opt(
         None, "Spark task threads in local mode (at least one per matcher partition)", ("VEIL_WORKERS", "WORKERS"),
@@ -83,6 +85,11 @@ class Config:
     driver_memory: str = _opt(
         "4g", "Spark driver heap (in local mode also the executors', where matcher partitions hold their state)",
         ("VEIL_DRIVER_MEMORY",),
+    )  # fmt: skip
+    python_memory: str | None = _opt(
+        None, "most memory of each Spark Python worker (spark.executor.pyspark.memory), where matcher "
+        "partitions keep their state; a worker past it fails its task, which Spark retries",
+        ("VEIL_PYTHON_MEMORY",), str, "unbounded",
     )  # fmt: skip
     partitions: int = _opt(2, "matcher partitions (fixed per deployment)", ("VEIL_PARTITIONS",))
     partition_mode: str = _opt(
@@ -267,9 +274,10 @@ class Config:
     @property
     def master(self) -> str:
         """Each matcher partition's task runs all the time, so local mode gets a task thread for each
-        (on a cluster with fewer cores, running tasks adopt the partitions of those that wait)."""
+        (with fewer cores, a task runs several partitions). A matcher task whose Python worker died
+        is retried (Spark's default of 4 attempts), not the query aborted."""
         threads = max(self.workers or os.cpu_count() or 1, self.partitions)
-        return self.spark_master or f"local[{threads}]"
+        return self.spark_master or f"local[{threads},{TASK_ATTEMPTS}]"
 
     def validate(self) -> None:
         """Refuse inconsistent settings before anything starts; messages name the option."""
@@ -297,8 +305,10 @@ class Config:
             raise ValueError(
                 f"--bind {self.bind}: plain listeners only on loopback; configure --certificate or --allow-plain-remote"
             )
-        if not re.fullmatch(r"[1-9][0-9]*[kmgt]?", self.driver_memory.lower()):
-            raise ValueError(f"--driver-memory: {self.driver_memory!r} is not a size like 4g or 512m")
+        for name in ("driver_memory", "python_memory"):
+            size = getattr(self, name)
+            if size is not None and not re.fullmatch(r"[1-9][0-9]*[kmgt]?", size.lower()):
+                raise ValueError(f"--{_flag(name)}: {size!r} is not a size like 4g or 512m")
         if self.partitions < 1:
             raise ValueError("--partitions: at least 1")
         if self.partition_mode not in ("subscriptions", "publications"):

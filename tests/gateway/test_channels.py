@@ -24,7 +24,7 @@ from veil.gateway.tcp import start_tcp
 from veil.gateway.websocket import create_ws_app
 from veil.matching.stored import encode_subscription
 from veil.protocol import Handshake
-from veil.store import Publication, StoreUnavailable
+from veil.store import Publication, Round, StoreUnavailable
 
 Until = Callable[[Callable[[], bool]], Awaitable[None]]
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # the loop the fixtures run on
@@ -99,7 +99,7 @@ async def test_a_multiplexed_connection_writes_each_publication_once_with_its_su
         first, second = store.append_publications([Publication(b'{"n":1}', "bob"), Publication(b'{"n":2}', "bob")])
         # first to m1 and m3, second to m2 only; the feed lists matches by subscription
         pairs = sorted([(number["m1"], first), (number["m3"], first), (number["m2"], second)])
-        store.record_deliveries(np.array([s for s, _ in pairs]), np.array([p for _, p in pairs]), second)
+        store.record_round(Round(np.array([s for s, _ in pairs]), np.array([p for _, p in pairs]), second))
         lines = [orjson.loads(await asyncio.wait_for(reader.readline(), 5)) for _ in range(2)]
         assert [(line["seq"], sorted(line["subscriptionIds"]), line["publication"]) for line in lines] == [
             (first, ["m1", "m3"], {"n": 1}),
@@ -165,7 +165,7 @@ async def test_a_bundle_that_would_overflow_reads_from_the_store_and_keeps_each_
 
     def publish(count: int) -> list[int]:
         pubs = store.append_publications([Publication(b'{"n":%d}' % n, "bob") for n in range(count)])
-        store.record_deliveries(np.repeat(numbers, count), np.tile(pubs, 2), max(pubs))
+        store.record_round(Round(np.repeat(numbers, count), np.tile(pubs, 2), max(pubs)))
         return pubs
 
     monkeypatch.setattr(bundle_module, "LINE_LIMIT", 2)
@@ -184,12 +184,12 @@ async def test_an_acknowledgement_covers_the_lines_written_before_the_one_it_nam
         store.put_subscription(sub_id, "alice", encode_subscription([]))
     one, two = (store.subscription_number(s) for s in ("a1", "a2"))
     old = store.append_publications([Publication(b'{"old":1}', "bob")])[0]
-    store.record_deliveries(np.array([one]), np.array([old]), old)  # a1's backlog
+    store.record_round(Round(np.array([one]), np.array([old]), old))  # a1's backlog
     frames: list[dict] = []
     async with bundle_running(gateway, ["a1", "a2"], frames) as (bundle, until):
         await until(lambda: not bundle.behind())
         new = store.append_publications([Publication(b'{"new":1}', "bob")])[0]
-        store.record_deliveries(np.array([one, two]), np.array([new, new]), new)
+        store.record_round(Round(np.array([one, two]), np.array([new, new]), new))
         await until(lambda: len(frames) >= 2)
         assert [(f["seq"], f["subscriptionIds"]) for f in frames] == [(old, ["a1"]), (new, ["a1", "a2"])]
         bundle.acknowledge(old)  # the first line only
@@ -212,7 +212,7 @@ async def test_lines_never_acknowledged_are_folded_and_the_next_acknowledgement_
         pubs: list[int] = []
         for written, sub_id in enumerate(("f1", "f2", "f1"), 1):  # one write each
             pubs += store.append_publications([Publication(b"{}", "bob")])
-            store.record_deliveries(np.array([number[sub_id]]), np.array(pubs[-1:]), pubs[-1])
+            store.record_round(Round(np.array([number[sub_id]]), np.array(pubs[-1:]), pubs[-1]))
             await until(lambda written=written: len(frames) == written)
         bundle.acknowledge(pubs[0])  # forgotten: it cannot be placed
         assert bundle.cursor_changes() == {}
@@ -481,7 +481,7 @@ async def flooded(
         store.put_subscription(sub_id, "alice", encode_subscription([]))
     pubs = store.append_publications([Publication(b'{"pad":"%s"}' % (b"x" * 100_000), "bob") for _ in range(100)])
     numbers = [store.subscription_number(sub_id) for sub_id in ids]
-    store.record_deliveries(np.repeat(numbers, len(pubs)), np.tile(pubs, len(ids)), max(pubs))
+    store.record_round(Round(np.repeat(numbers, len(pubs)), np.tile(pubs, len(ids)), max(pubs)))
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.setblocking(False)

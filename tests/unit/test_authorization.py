@@ -1,11 +1,11 @@
 """The pipeline's match + authorize path against the one-pair-at-a-time oracle of SPEC §6: random
 users, groups, rules, policies, cropping rules, subscriptions and publications. The code under test
-is what a Spark match task runs (its partition state and publication runs), without Spark."""
+is what a matcher task runs (its partition state and the round core), without Spark."""
 
 from __future__ import annotations
 
+import numpy as np
 import orjson
-import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 from tests.unit.test_scopes import oracle_visible
 from veil.matching import Predicate, matches
 from veil.matching.stored import encode_subscription
-from veil.pipeline.match import _Output, _Run
-from veil.pipeline.rows import MARK
+from veil.pipeline.match import match_round
 from veil.pipeline.worker_state import State
 from veil.protocol import ProtocolError, flatten
 from veil.protocol.reserved import SCOPE
 from veil.security.authorization import crop, decide
 from veil.security.registry import ANONYMOUS, parse_registry, secret_digest
 from veil.security.scopes import WORLD
+from veil.store import KIND_PUBLICATION, LogEntry
 
 USERS = ["u0", "u1", "u2", "u3", ANONYMOUS]
 PUBLISHERS = ["p0", "p1", ANONYMOUS]
@@ -124,17 +124,18 @@ def test_pipeline_delivers_exactly_what_the_oracle_allows(registry_doc, with_aut
     for number, (owner, data, scope, admitted) in enumerate(subscriptions):
         predicates = [[c["key"], c["op"], c["val"]] for c in data]
         state.add(f"s{number}", number, owner, encode_subscription(predicates, scope=scope, admitted=admitted))
-    run, out = _Run(), _Output()
     bodies = [orjson.dumps(doc) for _, doc in published]
-    for offset, ((publisher, _), body) in enumerate(zip(published, bodies, strict=True), start=1):
-        run.add(offset, body, publisher, 0)
-    run.match(state, out)
-    rows = pa.Table.from_batches(out.take()).to_pydict()
+    entries = [
+        LogEntry(offset, KIND_PUBLICATION, None, body, publisher, 0)
+        for offset, ((publisher, _), body) in enumerate(zip(published, bodies, strict=True), start=1)
+    ]
+    done = match_round(state, entries, len(entries))
+    cropped = {(offset, sub_no): copy for sub_no, offset, copy in done.copies}
     delivered = {
-        (offset, sub_no): copy
-        for offset, sub_no, copy in zip(rows["offset"], rows["sub_no"], rows["copy"], strict=True)
-        if sub_no != MARK
+        (offset, sub_no): cropped.get((offset, sub_no))
+        for sub_no, offset in zip(np.asarray(done.sub_nos).tolist(), np.asarray(done.pubs).tolist(), strict=True)
     }
+    assert len(delivered) == len(done.pubs)  # each pair once
     expected = {}
     for offset, (publisher, doc) in enumerate(published, start=1):
         attributes = flatten(doc)
@@ -177,11 +178,8 @@ def test_a_publisher_cannot_lift_the_admins_policy_with_one_of_its_own():
         state = State(orjson.dumps(doc), True)
         for number, user in enumerate(("u0", "u1")):
             state.add(f"s{number}", number, user, encode_subscription([], scope=""))
-        run, out = _Run(), _Output()
-        run.add(1, orjson.dumps(attributes), "fleet", 0)
-        run.match(state, out)
-        rows = pa.Table.from_batches(out.take()).to_pydict()
-        assert sorted(n for n in rows["sub_no"] if n != MARK) == [n for n, allowed in enumerate(expected) if allowed]
+        done = match_round(state, [LogEntry(1, KIND_PUBLICATION, None, orjson.dumps(attributes), "fleet", 0)], 1)
+        assert sorted(np.asarray(done.sub_nos).tolist()) == [n for n, allowed in enumerate(expected) if allowed]
 
 
 def test_the_border_agency_example():
@@ -232,12 +230,13 @@ def test_a_late_rule_of_many_still_allows():
     state = State(orjson.dumps(doc), True)
     state.add("s0", 0, "u0", b"[]")
     state.add("s1", 1, "u1", b"[]")
-    run, out = _Run(), _Output()
-    for offset, n in enumerate([0, 17, 44, 45], start=1):
-        run.add(offset, orjson.dumps({"n": n}), "p", 0)
-    run.match(state, out)
-    rows = pa.Table.from_batches(out.take()).to_pydict()
-    assert sorted(zip(rows["offset"], rows["sub_no"], strict=True)) == [(1, 0), (1, 1), (2, 0), (3, 0)]
+    entries = [
+        LogEntry(offset, KIND_PUBLICATION, None, orjson.dumps({"n": n}), "p", 0)
+        for offset, n in enumerate([0, 17, 44, 45], start=1)
+    ]
+    done = match_round(state, entries, 4)
+    pairs = zip(np.asarray(done.pubs).tolist(), np.asarray(done.sub_nos).tolist(), strict=True)
+    assert sorted(pairs) == [(1, 0), (1, 1), (2, 0), (3, 0)]
 
 
 def test_static_hashes_are_kept_as_digests_only():

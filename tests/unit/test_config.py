@@ -18,7 +18,7 @@ def test_precedence_flags_over_environment_over_file(tmp_path):
     env = {"PORT": "31000", "VEIL_CONFIG": str(path)}
     cfg = config.load(parse([]), env)
     assert (cfg.port, cfg.hostname, cfg.workers, cfg.tcp, cfg.ws) == (31000, "file-host", 3, 31001, 31002)
-    assert cfg.master == "local[3]"
+    assert cfg.master == "local[3,4]"
     cfg = config.load(parse(["--port", "32000", "--tcp-port", "1234"]), env)
     assert (cfg.port, cfg.tcp) == (32000, 1234)
 

@@ -10,7 +10,7 @@ from tests.unit.helpers import published
 from veil.gateway.delivery import DeliveryHub, Session
 from veil.gateway.store_threads import StoreThreads
 from veil.protocol import Handshake
-from veil.store import open_store
+from veil.store import Round, open_store
 
 RUNNING: set[asyncio.Task] = set()
 
@@ -59,7 +59,7 @@ async def test_numbers_far_beyond_the_first_table_are_served(tmp_path):
         first, second = store.append_publications(published(b'{"n":1}', b'{"n":2}'))
         far_sent = await connect(hub, 5000)
         near_sent = await connect(hub, 3)
-        store.record_deliveries([4998, 3], [first, first], first)  # the table grows, short of 5000
-        store.record_deliveries([5000, 3], [second, second], second)
+        store.record_round(Round([4998, 3], [first, first], first))  # the table grows, short of 5000
+        store.record_round(Round([5000, 3], [second, second], second))
         await until(lambda: len(far_sent) == 1 and len(near_sent) == 2)
         assert far_sent == [b'{"n":2}'] and near_sent == [b'{"n":1}', b'{"n":2}']

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from tests.unit.helpers import published
-from veil.store import NotOwner, StoreMissing, open_store
+from veil.store import NotOwner, Round, StoreMissing, open_store
 from veil.store.postgres import MIGRATIONS
 
 
@@ -105,7 +105,7 @@ def test_a_feed_row_wakes_a_waiting_gateway(stores):
     time.sleep(0.3)
     pub = pipeline.append_publications(published(b"{}"))[0]
     written = time.monotonic()
-    pipeline.record_deliveries(np.array([1]), np.array([pub]), pub)
+    pipeline.record_round(Round(np.array([1]), np.array([pub]), pub))
     waiter.join()
     assert woke and woke[0][0] and written <= woke[0][1] < written + 5  # woken by the row, not the timeout
     assert gateway.wait_for_feed(0, 10)  # a row already there: no wait

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from tests.unit.helpers import published
-from veil.store import StaleRegistry
+from veil.store import Round, StaleRegistry
 
 
 def test_a_change_from_a_stale_version_is_refused_and_writes_nothing(store):
@@ -60,7 +60,7 @@ def test_compaction_keeps_the_version_in_force_at_the_processed_offset_and_later
     versions = [store.put_registry(orjson.dumps({"admins": [f"v{i}"]})) for i in range(4)]
     [pub] = store.append_publications(published(b'{"a":1}'))
     later = store.put_registry(b'{"admins":["later"]}')
-    store.record_deliveries(np.array([], np.int64), np.array([], np.int64), pub)  # processed up to the publication
+    store.record_round(Round(np.array([], np.int64), np.array([], np.int64), pub))  # processed up to the publication
     while store.compact(1000, 1 << 40, time.time() + 1):
         pass
     assert store.registry_at(pub) == b'{"admins":["v3"]}' and store.registry_at(None) == b'{"admins":["later"]}'

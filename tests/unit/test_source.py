@@ -17,6 +17,14 @@ def test_every_trigger_starts_the_next_epoch_with_a_task_per_partition():
     assert reader.latestOffset({"epoch": 41}, None) == {"epoch": 42}  # type: ignore[arg-type]
     before = time.time()
     leases = reader.partitions({"epoch": 41}, {"epoch": 42})
-    assert [lease.task.part for lease in leases] == [0, 1, 2]
+    assert [lease.task.parts for lease in leases] == [[0], [1], [2]]
     (deadline,) = {lease.deadline for lease in leases}  # one for the epoch, however late a task starts
     assert before + 7 <= deadline <= time.time() + 7
+
+
+def test_with_fewer_cores_than_partitions_each_task_runs_several_from_the_start():
+    """Not one task per partition, some of them waiting for a core until a running one adopts
+    their partitions by silence."""
+    for slots, expected in (("1", [[0, 1, 2]]), ("2", [[0, 2], [1]]), ("8", [[0], [1], [2]])):
+        reader = EpochReader({"store": "sqlite:///nowhere/veil.db", "partitions": "3", "slots": slots})
+        assert [lease.task.parts for lease in reader.partitions({"epoch": 0}, {"epoch": 1})] == expected

@@ -17,6 +17,7 @@ from veil.store import (
     NotOwner,
     Publication,
     Quarantined,
+    Round,
     StatefulBatch,
     Totals,
     UnknownPublication,
@@ -68,8 +69,8 @@ def test_replayed_batches_deliver_once(store):
     store.put_subscription("s", "alice", b"[]")
     (pub,) = store.append_publications(published(b'{"a":1}'))
     s = store.subscription_number("s")
-    store.record_deliveries([s], [pub], pub)
-    store.record_deliveries([s], [pub], pub)
+    store.record_round(Round([s], [pub], pub))
+    store.record_round(Round([s], [pub], pub))
     rows, watermark = store.backlog(store.subscription_number("s"), 0, 10)
     assert rows == [(pub, b'{"a":1}', Origin())]
     assert watermark == store.last_feed_seq() == 1 and store.processed_offset() == pub
@@ -90,7 +91,7 @@ def test_a_large_round_is_cut_into_bounded_feed_rows_read_a_few_at_a_time(store,
     pubs = store.append_publications(published(*[b"{}"] * 5))
     numbers = [store.subscription_number(sub_id) for sub_id in "stu"]
     pairs = [(n, p) for p in pubs for n in numbers if (n + p) % 4]  # not every publication for every one
-    store.record_deliveries([n for n, _ in pairs], [p for _, p in pairs], pubs[-1])
+    store.record_round(Round([n for n, _ in pairs], [p for _, p in pairs], pubs[-1]))
     rows, seq, reads = [], 0, 0
     while read := store.feed_since(seq, 64):
         assert sum(len(e.pubs) for e in read[:-1]) < 6  # a read stops at the row that reaches the budget
@@ -109,7 +110,7 @@ def test_feed_entries_are_sorted_by_subscription(store):
         store.put_subscription(sub_id, "alice", b"[]")
     pubs = store.append_publications(published(b"{}", b"{}"))
     s, t = store.subscription_number("s"), store.subscription_number("t")
-    store.record_deliveries([t, s, t, s], [pubs[0], pubs[0], pubs[1], pubs[1]], pubs[1])
+    store.record_round(Round([t, s, t, s], [pubs[0], pubs[0], pubs[1], pubs[1]], pubs[1]))
     (entry,) = store.feed_since(0, 10)
     assert entry.sub_nos.tolist() == [s, s, t, t] and entry.pubs.tolist() == [pubs[0], pubs[1]] * 2
 
@@ -131,9 +132,9 @@ def test_backlog_reads_spilled_rows_then_the_feed(store):
     store.put_subscription("s", "alice", b"[]")
     s = store.subscription_number("s")
     pubs = store.append_publications(published(b'{"n":1}', b'{"n":2}', b'{"n":3}'))
-    store.record_deliveries([s], [pubs[0]], pubs[0])
+    store.record_round(Round([s], [pubs[0]], pubs[0]))
     spill_everything(store)
-    store.record_deliveries([s, s], pubs[1:], pubs[2])
+    store.record_round(Round([s, s], pubs[1:], pubs[2]))
     assert store.backlog(store.subscription_number("s"), 0, 10)[0] == [
         (pubs[0], b'{"n":1}', Origin()),
         (pubs[1], b'{"n":2}', Origin()),
@@ -148,9 +149,9 @@ def test_backlogs_read_many_subscriptions_at_once_each_after_its_own_floor(store
         store.put_subscription(sub_id, "alice", b"[]")
     s, t, u, gone = (store.subscription_number(x) for x in ("s", "t", "u", "gone"))
     pubs = store.append_publications(published(*(b'{"n":%d}' % n for n in range(5))))
-    store.record_deliveries([s, s, t, gone], [pubs[0], pubs[1], pubs[1], pubs[0]], pubs[1])
+    store.record_round(Round([s, s, t, gone], [pubs[0], pubs[1], pubs[1], pubs[0]], pubs[1]))
     spill_everything(store)
-    store.record_deliveries([s, s, s, t, u], [pubs[2], pubs[3], pubs[4], pubs[4], pubs[3]], pubs[4])
+    store.record_round(Round([s, s, s, t, u], [pubs[2], pubs[3], pubs[4], pubs[4], pubs[3]], pubs[4]))
     store.remove_subscription("gone", "alice")
     numbers = np.array([s, t, u, gone])
     sub_nos, found, watermark, _ = store.backlogs(numbers, np.array([pubs[0], 0, 0, 0]), 2)
@@ -168,7 +169,7 @@ def test_backlogs_read_the_feed_from_a_seq_and_say_where_the_next_read_starts(st
     pubs = store.append_publications(published(b"{}", b"{}", b"{}"))
     seqs = []
     for pub in pubs:  # one feed entry each
-        store.record_deliveries([s], [pub], pub)
+        store.record_round(Round([s], [pub], pub))
         seqs.append(store.last_feed_seq())
     found, reached = store.backlogs(np.array([s]), np.array([0]), 10, from_seq=seqs[1])[1::2]
     assert found.tolist() == pubs[1:] and reached == seqs[2]  # the entries before seqs[1] are not read
@@ -181,7 +182,7 @@ def test_compaction_spills_only_what_was_not_consumed(store):
     store.put_subscription("t", "bob", b"[]")
     s, t = store.subscription_number("s"), store.subscription_number("t")
     pubs = store.append_publications(published(b'{"n":1}', b'{"n":2}', b'{"n":3}', b'{"n":4}'))
-    store.record_deliveries([s, s, t], [pubs[0], pubs[1], pubs[1]], pubs[2])
+    store.record_round(Round([s, s, t], [pubs[0], pubs[1], pubs[1]], pubs[2]))
     store.save_cursors({store.subscription_number("s"): pubs[1]})
     assert store.compact(1000, 1 << 40, time.time() - 60) == 0  # too young to spill, so nothing else goes
     spill_everything(store, fanned_out=0)
@@ -204,7 +205,7 @@ def test_matches_for_removed_subscriptions_are_dropped(store):
     (pub,) = store.append_publications(published(b"{}"))
     store.remove_subscription("s", "alice")
     # computed before the unsubscription, written after
-    store.record_deliveries([old], [pub], pub)
+    store.record_round(Round([old], [pub], pub))
     store.put_subscription("s", "alice", b"[]")
     for number in (old, store.subscription_number("s")):
         assert store.backlog(number, 0, 10)[0] == []
@@ -220,16 +221,16 @@ def test_a_freed_id_taken_again_is_a_new_subscription_with_a_new_number(store):
     first = store.put_subscription("x", "alice", b"[]")
     alice = store.subscription_number("x")
     pubs = store.append_publications(published(*(b'{"n":%d}' % n for n in range(4))))
-    store.record_deliveries([alice, alice], pubs[:2], pubs[1])
+    store.record_round(Round([alice, alice], pubs[:2], pubs[1]))
     spill_everything(store)
-    store.record_deliveries([alice], [pubs[2]], pubs[2])  # still in the feed
+    store.record_round(Round([alice], [pubs[2]], pubs[2]))  # still in the feed
     replaced = store.put_subscription("x", "alice", b'[["n","ge",0]]')
     assert store.subscription_number("x") == alice  # her replacement keeps its queue
     now = time.time()
     store.take_over_gateway("A", "a1", 0)
     assert store.claim_subscriptions(["x"], [alice], "A", now, now - 10) is None  # alice's connection, through A
     store.remove_subscription("x", "alice")
-    store.record_deliveries([alice], [pubs[3]], pubs[3])  # matched before the unsubscription was processed
+    store.record_round(Round([alice], [pubs[3]], pubs[3]))  # matched before the unsubscription was processed
     taken = store.put_subscription("x", "mallory", b"[]")
     mallory = store.subscription_number("x")
     assert mallory > alice
@@ -241,7 +242,7 @@ def test_a_freed_id_taken_again_is_a_new_subscription_with_a_new_number(store):
     assert store.claim_subscriptions(["x"], [mallory], "B", now, now - 10) is None  # alice's claim went with hers
     assert store.claim_subscriptions(["x"], [alice], "A", now, now - 10) == ("x", None)  # whose and where: not hers
     initial = StatefulBatch([], [(mallory, pubs[0], None)], [], None, None)  # of a still-valid publication
-    store.record_deliveries([], [], taken, stateful=initial)
+    store.record_round(Round([], [], taken, stateful=initial))
     spill_everything(store)
     assert [p for p, *_ in store.backlog(mallory, 0, 10)[0]] == [pubs[0]]
     assert store.subscriptions_at(replaced) == [("x", alice, "alice", b'[["n","ge",0]]')]
@@ -298,7 +299,7 @@ def test_numbers_follow_owners_and_creations(steps):
 def test_replacing_a_subscription_keeps_its_queue(store):
     store.put_subscription("s", "alice", b"[]")
     (pub,) = store.append_publications(published(b"{}"))
-    store.record_deliveries([store.subscription_number("s")], [pub], pub)
+    store.record_round(Round([store.subscription_number("s")], [pub], pub))
     store.put_subscription("s", "alice", b'[["a","eq",1]]')
     assert [p for p, *_ in store.backlog(store.subscription_number("s"), 0, 10)[0]] == [pub]
     spill_everything(store)
@@ -309,15 +310,15 @@ def test_a_replay_over_a_longer_range_adds_only_the_new_matches(store):
     store.put_subscription("s", "alice", b"[]")
     s = store.subscription_number("s")
     pubs = store.append_publications(published(b"{}", b"{}"))
-    store.record_deliveries([s], pubs[:1], pubs[0])
-    store.record_deliveries([s, s], pubs, pubs[1])
+    store.record_round(Round([s], pubs[:1], pubs[0]))
+    store.record_round(Round([s, s], pubs, pubs[1]))
     assert [e.pubs.tolist() for e in store.feed_since(0, 10)] == [[pubs[0]], [pubs[1]]]
 
 
 def test_the_feed_watermark_survives_compaction(store):
     store.put_subscription("s", "alice", b"[]")
     (pub,) = store.append_publications(published(b"{}"))
-    store.record_deliveries([store.subscription_number("s")], [pub], pub)
+    store.record_round(Round([store.subscription_number("s")], [pub], pub))
     store.save_cursors({store.subscription_number("s"): pub})
     spill_everything(store)
     assert store.feed_since(0, 10) == []
@@ -329,7 +330,7 @@ def test_a_large_feed_entry_is_spilled_in_steps_of_whole_subscriptions(store):
         store.put_subscription(sub_id, "alice", b"[]")
     s, t, u = (store.subscription_number(x) for x in "stu")
     pubs = store.append_publications(published(b"{}", b"{}"))
-    store.record_deliveries([s, s, t, t, u, u], pubs * 3, pubs[1])
+    store.record_round(Round([s, s, t, t, u, u], pubs * 3, pubs[1]))
     # a budget of 3 ends inside t: s and t go in the first step, u in the second
     assert store.compact(3, 1 << 40, time.time() + 1) >= 3
     assert store.feed_since(0, 10) != []
@@ -344,8 +345,8 @@ def test_top_k_deliveries_are_logged_copies_recorded_once_with_their_skybands(st
     s = store.subscription_number("s")
     old, new = store.append_publications([Publication(b'{"v":1}', "bob", "k1", "c2ln"), Publication(b"{}")])
     batch = StatefulBatch([(s, old, None), (s, new, b'{"cut":1}')], [], [(s, b"band")], old, 123)
-    store.record_deliveries([], [], new, stateful=batch)
-    store.record_deliveries([], [], new, stateful=batch)  # the same batch replayed
+    store.record_round(Round([], [], new, stateful=batch))
+    store.record_round(Round([], [], new, stateful=batch))  # the same batch replayed
     rows, _ = store.backlog(store.subscription_number("s"), 0, 10)
     assert [(body, origin) for _, body, origin in rows] == [
         (b'{"v":1}', Origin("bob", "k1", "c2ln", copy_of=old)),
@@ -357,7 +358,7 @@ def test_top_k_deliveries_are_logged_copies_recorded_once_with_their_skybands(st
     store.save_cursors({store.subscription_number("s"): rows[-1][0]})
     store.compact(1000, store.last_feed_seq(), time.time() + 10)
     assert store.bodies(np.array([old]))  # a skyband still holds it
-    store.record_deliveries([], [], rows[-1][0], stateful=StatefulBatch([], [], [(s, None)], None, None))
+    store.record_round(Round([], [], rows[-1][0], stateful=StatefulBatch([], [], [(s, None)], None, None)))
     store.compact(1000, store.last_feed_seq(), time.time() + 10)
     assert not store.bodies(np.array([old])) and store.topk_bands([s]) == {}
 
@@ -367,18 +368,18 @@ def test_each_partition_records_its_own_progress_and_the_pipeline_is_at_the_leas
     s = store.subscription_number("s")
     pubs = store.append_publications(published(*[b"{}"] * 4))
     assert store.set_partitions(2) == [0, 0]
-    store.record_deliveries([s], [pubs[0]], pubs[2], part=0)
+    store.record_round(Round([s], [pubs[0]], pubs[2], part=0))
     assert store.partition_offset(0) == pubs[2] and store.partition_offset(1) == 0
     assert store.processed_offset() == 0  # partition 1 has recorded nothing yet
-    store.record_deliveries([s], [pubs[0]], pubs[2], part=0)  # the same round again: nothing twice
-    store.record_deliveries([], [], pubs[1], part=1)
+    store.record_round(Round([s], [pubs[0]], pubs[2], part=0))  # the same round again: nothing twice
+    store.record_round(Round([], [], pubs[1], part=1))
     assert store.processed_offset() == pubs[1]
     assert [p for p, *_ in store.backlog(store.subscription_number("s"), 0, 10)[0]] == [pubs[0]]
     held = StatefulBatch([], [], [], pubs[0], 500)
-    store.record_deliveries([], [], pubs[3], stateful=held, part=1)
-    store.record_deliveries([], [], pubs[3], stateful=StatefulBatch([], [], [], None, 900), part=0)
+    store.record_round(Round([], [], pubs[3], stateful=held, part=1))
+    store.record_round(Round([], [], pubs[3], stateful=StatefulBatch([], [], [], None, 900), part=0))
     assert store.topk_due() == 500 and store.processed_offset() == pubs[3]
-    store.record_deliveries([], [], pubs[3] + 1, stateful=StatefulBatch([], [], [], None, None), part=1)
+    store.record_round(Round([], [], pubs[3] + 1, stateful=StatefulBatch([], [], [], None, None), part=1))
     assert store.topk_due() == 900
     assert set(store.partition_beats()) == {0, 1}
     assert store.set_partitions(2) == [pubs[3], pubs[3] + 1]  # a restart keeps each one's progress
@@ -402,13 +403,41 @@ def test_a_round_that_began_behind_the_recorded_progress_is_dropped_whole(store)
     s = store.subscription_number("s")
     pubs = store.append_publications(published(*[b"{}"] * 3))
     store.set_partitions(1)
-    store.record_deliveries([s], [pubs[0]], pubs[0], part=0, began=0)
+    store.record_round(Round([s], [pubs[0]], pubs[0], part=0, start=0))
     # another task matched from 0 as well and got further: its round is not recorded at all
     late = StatefulBatch([(s, pubs[1], None)], [], [(s, b"band")], None, None)
-    store.record_deliveries([s, s], pubs[:2], pubs[1], stateful=late, part=0, began=0)
+    store.record_round(Round([s, s], pubs[:2], pubs[1], stateful=late, part=0, start=0))
     assert store.partition_offset(0) == pubs[0] and store.topk_bands([s]) == {}
-    store.record_deliveries([s], [pubs[1]], pubs[1], part=0, began=pubs[0])
+    store.record_round(Round([s], [pubs[1]], pubs[1], part=0, start=pubs[0]))
     assert [p for p, *_ in store.backlog(store.subscription_number("s"), 0, 10)[0]] == pubs[:2]
+
+
+def test_a_round_is_recorded_only_while_its_task_owns_the_partition(store):
+    """A task paused while another adopted its partition comes back with a round in hand: the store
+    drops it whole, whatever it carries, and the owner's round is recorded."""
+    store.put_subscription("s", "alice", b"[]")
+    s = store.subscription_number("s")
+    pubs = store.append_publications(published(*[b"{}"] * 2))
+    store.set_partitions(2)
+    store.own_partition(1, 11)
+    time.sleep(0.02)
+    assert store.adopt_partition(1, 22, 10)  # silent for longer than 10 ms
+    stale = StatefulBatch([(s, pubs[0], None)], [], [(s, b"band")], None, None)
+    assert not store.record_round(Round([s], [pubs[0]], pubs[1], stateful=stale, part=1, start=0, owner=(1, 11)))
+    assert store.partition_offset(1) == 0 and store.topk_bands([s]) == {} and store.quarantine_count() == 0
+    assert store.record_round(Round([s], [pubs[0]], pubs[1], part=1, start=0, owner=(1, 22)))
+    assert [p for p, *_ in store.backlog(s, 0, 10)[0]] == pubs[:1]
+
+
+def test_an_epoch_ends_when_every_partitions_task_has_reached_its_end(store):
+    store.set_partitions(3)
+    store.end_leases([0, 2], 1000)
+    assert store.leases_ended(1000) == {0, 2}
+    store.end_leases([1], 1000)
+    assert store.leases_ended(1000) == {0, 1, 2}
+    assert store.leases_ended(2000) == set()  # the next epoch's tasks have not
+    store.end_leases([1], 2000)
+    assert store.leases_ended(2000) == {1}
 
 
 def test_a_claimed_range_never_recorded_is_claimed_again_by_its_partition(store):
@@ -417,7 +446,7 @@ def test_a_claimed_range_never_recorded_is_claimed_again_by_its_partition(store)
     assert store.claim_range(2, 0) == (0, pubs[1])
     assert store.claim_range(2, 1) == (pubs[1], pubs[3])
     assert store.claim_range(2, 1) == (pubs[1], pubs[3])  # not recorded: the same range again
-    store.record_deliveries([], [], pubs[1], part=0)
+    store.record_round(Round([], [], pubs[1], part=0))
     assert store.claim_range(2, 0) == (pubs[3], pubs[5])  # partition 0's range is recorded: the next
     store.set_partitions(1)  # a restart: claims are void, ranges start again from the progress
     assert store.claim_range(9, 1) == (pubs[1], pubs[5])
@@ -440,7 +469,7 @@ def test_valid_publications_are_kept_for_the_subscriptions_to_come(store):
     assert [pub for pub, _, _ in store.valid_at(before, now)] == [kept, withdrawn]  # withdrawn after it
     assert store.valid_at(cancel + 1, now) == [(kept, b'{"n":1}', "bob")]
     assert store.valid_at(cancel + 1, now + 60_000) == []  # expired by then
-    store.record_deliveries([], [], cancel)
+    store.record_round(Round([], [], cancel))
     store.compact(1000, store.last_feed_seq(), time.time() + 10)
     assert set(store.bodies(np.array([kept, plain, withdrawn]))) == {kept}
 
@@ -461,7 +490,7 @@ def test_the_pipeline_status_is_what_it_registered_and_beat(store):
     assert (status.pid, status.quiet_since) == (4242, 1234) and abs(status.heartbeat - time.time()) < 5
     assert store.batch_durations() == BatchDurations()
     for took in (40, 50, 51, 70_000, 100):  # a bucket holds durations up to its bound, inclusive
-        store.record_deliveries([], [], 0, took_ms=took)
+        store.record_round(Round([], [], 0, took_ms=took))
     assert store.batch_durations() == BatchDurations((2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 1), 70_241)
     store.expect_pipeline()
     assert store.pipeline_status().pid == 0
@@ -512,7 +541,7 @@ def test_admissions_read_only_the_owners_live_subscriptions_with_refusal_and_cur
     store.put_subscription("a", "alice", b'[["n","ge",1]]')
     created = store.put_subscription("q", "alice", b"[]")
     store.put_subscription("b", "bob", b"[]")
-    store.record_deliveries([], [], created, quarantined=[Quarantined(0, KIND_SUBSCRIBE, "q", None, "ValueError: x")])
+    store.record_round(Round([], [], created, quarantined=[Quarantined(0, KIND_SUBSCRIBE, "q", None, "ValueError: x")]))
     (pub,) = store.append_publications(published(b'{"n":1}'))
     store.save_cursors({store.subscription_number("a"): pub})
     a, q, b, nobody = store.admissions(["a", "q", "b", "nobody"], "alice")
@@ -598,8 +627,8 @@ def test_totals_count_the_work_in_the_transactions_that_do_it(store):
         store.put_subscription(sub_id, owner, b"[]")
     s, t = store.subscription_number("s"), store.subscription_number("t")
     pubs = store.append_publications(published(b"{}", b"{}", b"{}"))
-    store.record_deliveries([s, t, s], [pubs[0], pubs[0], pubs[1]], pubs[2])
-    store.record_deliveries([s, t, s], [pubs[0], pubs[0], pubs[1]], pubs[2])  # replayed
+    store.record_round(Round([s, t, s], [pubs[0], pubs[0], pubs[1]], pubs[2]))
+    store.record_round(Round([s, t, s], [pubs[0], pubs[0], pubs[1]], pubs[2]))  # replayed
     store.save_cursors({store.subscription_number("s"): pubs[1]}, forwarded=3)
     assert store.totals() == Totals(received=3, matched=2, matches=3, forwarded=3, subscriptions=3, subscribers=2)
 
@@ -610,11 +639,11 @@ def test_a_dropped_subscription_quarantine_does_not_come_back(store):
     created = store.put_subscription("poison", "alice", b"[]")
     (pub,) = store.append_publications(published(b'{"a":1}'))
     failure = Quarantined(0, KIND_SUBSCRIBE, "poison", None, "ValueError: boom")
-    store.record_deliveries([], [], created, quarantined=[failure])
+    store.record_round(Round([], [], created, quarantined=[failure]))
     (record,) = store.quarantine()
     assert store.quarantine_count() == 1 and store.subscription_refusal("poison") == "ValueError: boom"
     removed = store.remove_subscription("poison", "alice")
     assert store.release_quarantined(record.offset) and store.quarantine_count() == 0
     assert removed > pub
-    store.record_deliveries([], [], pub, quarantined=[failure])  # a round still before the removal
+    store.record_round(Round([], [], pub, quarantined=[failure]))  # a round still before the removal
     assert store.quarantine_count() == 0

@@ -64,6 +64,8 @@ def build_session(config: Config):
         .config("spark.sql.streaming.checkpointFileManagerClass", _CHECKPOINT_FILES)
         .config("spark.driver.memory", config.driver_memory)
     )
+    if config.python_memory is not None:
+        builder = builder.config("spark.executor.pyspark.memory", config.python_memory)
     if config.master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
         # Spark's scratch space (block manager, broadcasts) beside the broker's data rather than in
@@ -77,6 +79,9 @@ def build_session(config: Config):
         os.environ[PASSWORD_ENV] = password
     for key, value in config.spark_settings.items():  # the operator's --spark-conf go last: they win
         builder = builder.config(key, value)
+    # a speculative copy of a matcher task would run beside the original for the rest of the epoch,
+    # the two fencing each other out of their partitions: not the operator's to turn on
+    builder = builder.config("spark.speculation", "false")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
@@ -84,7 +89,8 @@ def build_session(config: Config):
 
 def start_query(spark, config: Config):
     """The matching query: its micro-batches are epochs, each a long-running task per matcher
-    partition that records its own rounds (`source`, `partition_task`); the sink only ends them."""
+    partition (or per core, when the cores are fewer) that records its own rounds (`source`,
+    `partition_task`); the sink only ends them."""
     from veil.pipeline.source import EventLogSource
 
     spark.dataSource.register(EventLogSource)
@@ -99,6 +105,7 @@ def start_query(spark, config: Config):
         .option("maxRowsPerRound", str(config.max_batch_rows))
         .option("roundGapMs", str(config.round_gap_ms))
         .option("maxMatchesPerRound", str(config.max_batch_matches))
+        .option("slots", str(spark.sparkContext.defaultParallelism))
         .load()
     )
     return (
@@ -120,7 +127,7 @@ def _epoch_ended(frame: DataFrame, epoch: int) -> None:
         if _stopping.is_set():  # the tasks were cancelled; what they recorded is in the store
             return
         raise
-    where = ", ".join(f"partition {row.part} at {row.processed} ({row.rounds} rounds)" for row in ended)
+    where = ", ".join(f"task of partition {row.part} at {row.processed} ({row.rounds} rounds)" for row in ended)
     log.debug("epoch %d: %s", epoch, where)
 
 

@@ -1,142 +1,95 @@
-"""The match and authorize stages, inside executor tasks (mapInArrow over one matcher partition).
+"""The round core: what one matcher partition decides about a range of the log, as a value.
 
-Each task takes its partition's state from the worker's cache as of its batch's start and applies
-only the log's changes (the contract is `worker_state`'s), so publications are matched and
-authorized under exactly the subscriptions and the registry that preceded them in the log.
+`match_round(state, entries, end, valid)` takes the partition's state as of the range's start
+(`worker_state`) and the partition's log entries of the range, in offset order, and returns the
+`Round` the store records: publications are matched and authorized under exactly the subscriptions
+and the registry that preceded them in the log, and the state is brought to `end`. It reads no store
+and knows no Spark, so both triggers (`rounds`, `micro-batch`) and the tests run the same code.
 
 Top-k/w subscriptions (SPEC §5) are matched by the same index (their Boolean filter); the pairs it
 finds for them, once authorized, go through their skybands in log order instead of being delivered,
 and the log's times drive the windows (tick entries move the clock when nothing is published).
 Their deliveries, the skybands that changed, the oldest publication still held and the next expiry
-leave the task as one STATEFUL row (`rows`), which the exit point records with the batch,
-atomically; a task that had to rebuild its state reads the skybands back as of the processed offset.
+are the round's `stateful` part, which the store records with the matches, atomically.
+
+An entry whose processing raises, or runs past `entry_timeout` seconds, is set aside (`guard`): it
+goes to the round's quarantine, a publication among them delivers to nobody, and everything else in
+the round is processed as usual.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import orjson
-import pyarrow as pa
 
 from veil.matching import matches
 from veil.matching.stored import decode_subscription
 from veil.matching.topkw import NumericColumns, score, score_many
-from veil.monitoring import trace
-from veil.pipeline import worker_state
 from veil.pipeline.guard import FAULTS, attempt, isolate, rearm
-from veil.pipeline.partition import partition_of
-from veil.pipeline.rows import MARK, MATCH_ARROW, QUARANTINE, STATEFUL, encode_quarantined, encode_stateful, marker
-from veil.pipeline.store_handle import store_for
 from veil.pipeline.worker_state import State
 from veil.protocol import flatten
-from veil.store import KIND_PUBLICATION, KIND_REGISTRY, KIND_SUBSCRIBE, KIND_TICK, LogEntry, Quarantined
+from veil.store import KIND_PUBLICATION, KIND_REGISTRY, KIND_SUBSCRIBE, KIND_TICK, LogEntry, Quarantined, Round
 
-_FLUSH_ROWS = 65536
 RUN_LIMIT = 4096  # publications matched per index call
+Valid = list[tuple[int, bytes, str]]  # publications still valid at a subscription: (offset, body, publisher)
 
 
-class MatchPartition:
-    """Picklable task function; the `until` mark rows of its output tell the exit point how far the
-    log was processed."""
-
-    def __init__(
-        self, url: str, partitions: int, by_publication: bool, with_authorization: bool = True,
-        entry_timeout: float = 60.0,
-    ) -> None:  # fmt: skip
-        self.url = url
-        self.partitions = partitions
-        self.by_publication = by_publication
-        self.with_authorization = with_authorization
-        self.entry_timeout = entry_timeout  # seconds one log entry may take before it is set aside
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        state: State | None = None
-        key: worker_state.Key | None = None
-        begin = end = clock = 0
-        changed = replaying = False
-        run = _Run()
-        out = _Output()
-        for batch in batches:
-            columns = batch.to_pydict()
-            for part, offset, kind, sub_id, number, body, client, time, until in zip(
-                columns["part"], columns["offset"], columns["kind"], columns["sub_id"], columns["number"],
-                columns["body"], columns["client"], columns["time"], columns["until"], strict=True,
-            ):  # fmt: skip
-                clock = max(clock, time or 0)
-                if kind == MARK:
-                    trace.mark("task", offset, until)
-                    key = (self.url, self.partitions, part)
-                    state, fresh, failed = worker_state.checkout(
-                        key, offset, store_for(self.url), self._routed_here(part), self.with_authorization,
-                        self.entry_timeout,
-                    )  # fmt: skip
-                    for entry in failed:
-                        out.quarantine(entry)
-                    changed, begin, end = changed or fresh, offset, until
-                    # a round already recorded, replayed: its skybands were saved past it
-                    progress = 0 if self.by_publication else part  # the progress row its rounds record
-                    replaying = fresh and store_for(self.url).partition_offset(progress) > offset
-                elif kind == KIND_PUBLICATION:
-                    run.add(offset, body, client or "", clock)
-                    if len(run) >= RUN_LIMIT:
-                        run.match(state, out, self.entry_timeout)  # type: ignore[arg-type]
-                else:
-                    # publications before a change are matched and authorized before it applies
-                    run.match(state, out, self.entry_timeout)  # type: ignore[arg-type]
-                    if kind == KIND_TICK:
-                        out.expired(state, clock)  # type: ignore[arg-type]
-                        continue
-                    changed = True
-                    self._apply(state, out, LogEntry(offset, kind, sub_id, body, client or "", clock, number))
-            if len(out) >= _FLUSH_ROWS:
-                yield from out.take()
-        if state is not None and key is not None:
-            run.match(state, out, self.entry_timeout)
+def match_round(
+    state: State, entries: Sequence[LogEntry], end: int, valid: Mapping[int, Valid] | None = None,
+    entry_timeout: float = 0.0, set_aside: Sequence[Quarantined] = (),
+) -> Round:  # fmt: skip
+    """The round of `entries` (the partition's entries of the log up to `end`); `valid`: for each
+    subscription entry's offset, the publications valid at it (`PipelineStore.valid_at`), whose
+    matches it receives first; `set_aside`: what loading the state already quarantined."""
+    run = _Run()
+    out = _Output()
+    for aside in set_aside:
+        out.quarantine(aside)
+    clock = 0
+    for entry in entries:
+        clock = max(clock, entry.time or 0)
+        if entry.kind == KIND_PUBLICATION:
+            run.add(entry.offset, entry.body, entry.client or "", clock)  # type: ignore[arg-type]
+            if len(run) >= RUN_LIMIT:
+                run.match(state, out, entry_timeout)
+            continue
+        # publications before a change are matched and authorized before it applies
+        run.match(state, out, entry_timeout)
+        if entry.kind == KIND_TICK:
             out.expired(state, clock)
-            if replaying:  # what it computed is dropped: rebuild from the store next time
-                worker_state.discard(key)
-            else:
-                out.stateful_row(state)
-                if state.suspect:  # a change failed half-way: the next batch rebuilds from the store
-                    worker_state.discard(key)
-                else:
-                    worker_state.checkin(key, state, end)
-            if changed:
-                worker_state.settle()
-            out.mark(end)
-            trace.mark("matched", begin, end)
-        yield from out.take()
+        else:
+            _apply(state, out, entry._replace(time=clock), (valid or {}).get(entry.offset, []), entry_timeout)
+    run.match(state, out, entry_timeout)
+    out.expired(state, clock)
+    return out.round(state, end)
 
-    def _routed_here(self, part: int) -> Callable[[str], bool]:
-        """Whether a subscription id is held by partition `part`."""
-        return lambda sub_id: self.by_publication or partition_of(sub_id, self.partitions) == part
 
-    def _apply(self, state: State, out: _Output, entry: LogEntry) -> None:
-        """A subscription or registry change (`entry.time`: the clock of the log at it); one that fails
-        (or runs past the bound) is set aside and leaves the subscription out (the registry as it was)."""
-        kind, sub_id, body = entry.kind, entry.sub_id, entry.body
+def _apply(state: State, out: _Output, entry: LogEntry, valid: Valid, entry_timeout: float) -> None:
+    """A subscription or registry change (`entry.time`: the clock of the log at it); one that fails
+    (or runs past the bound) is set aside and leaves the subscription out (the registry as it was)."""
+    kind, sub_id, body = entry.kind, entry.sub_id, entry.body
 
-        def change() -> None:
-            if kind == KIND_REGISTRY:
-                state.set_registry(body)
-            elif kind == KIND_SUBSCRIBE:
-                FAULTS.check(body)
-                number: int = entry.number  # type: ignore[assignment]
-                state.add(sub_id, number, entry.client, body)  # type: ignore[arg-type]
-                if not state.is_topk[number]:
-                    out.initial(state, number, body, store_for(self.url).valid_at(entry.offset, entry.time))  # type: ignore[arg-type]
-            else:
-                state.remove(sub_id)  # type: ignore[arg-type]
+    def change() -> None:
+        if kind == KIND_REGISTRY:
+            state.set_registry(body)
+        elif kind == KIND_SUBSCRIBE:
+            FAULTS.check(body)  # type: ignore[arg-type]
+            number: int = entry.number  # type: ignore[assignment]
+            state.add(sub_id, number, entry.client, body)  # type: ignore[arg-type]
+            if not state.is_topk[number]:
+                out.initial(state, number, body, valid)  # type: ignore[arg-type]
+        else:
+            state.remove(sub_id)  # type: ignore[arg-type]
 
-        _, error = attempt(self.entry_timeout, change)
-        if error is not None:
-            state.suspect = True
-            if kind == KIND_SUBSCRIBE:
-                state.remove(sub_id)  # type: ignore[arg-type]
-            out.quarantine(Quarantined(entry.offset, kind, sub_id, entry.client, error))
+    _, error = attempt(entry_timeout, change)
+    if error is not None:
+        state.suspect = True
+        if kind == KIND_SUBSCRIBE:
+            state.remove(sub_id)  # type: ignore[arg-type]
+        out.quarantine(Quarantined(entry.offset, kind, sub_id, entry.client, error))
 
 
 class _Run:
@@ -262,17 +215,18 @@ class _Run:
 
 
 class _Output:
-    """A task's output: plain matches as columns, cropped copies beside them; top-k/w deliveries
-    (`logged`) and initial matches, which leave in one STATEFUL row."""
+    """A round's output as it grows: plain matches as columns, cropped copies beside them, top-k/w
+    deliveries (`logged`), initial matches and what was set aside."""
 
     def __init__(self) -> None:
         self.offsets: list[np.ndarray] = []
         self.sub_nos: list[np.ndarray] = []
-        self._copies: list[pa.RecordBatch] = []
+        self.cropped: list[tuple[int, int, bytes]] = []  # (subscription number, publication, copy)
         self.logged: list[tuple[int, int, bytes | None]] = []  # (number, publication, cropped copy)
         self.initials: list[tuple[int, int, bytes | None]] = []  # (number, publication, cropped copy)
+        self.quarantined: dict[tuple[int, str | None], Quarantined] = {}
 
-    def initial(self, state: State, number: int, body: bytes, valid: list[tuple[int, bytes, str]]) -> None:
+    def initial(self, state: State, number: int, body: bytes, valid: Valid) -> None:
         """A new subscription's initial matches: the still-valid publications it matches and may see.
         They are older than the subscription and than all its other matches, so they queue as
         plain matches ahead of those."""
@@ -301,37 +255,29 @@ class _Output:
         for number, delivery in state.topk.advance(now):
             self.logged.append((number, delivery.seq, state.crops.get(number, {}).get(delivery.seq)))
 
-    def stateful_row(self, state: State) -> None:
-        batch = state.stateful_output(self.logged, self.initials)
-        if batch is not None:
-            self._copies.append(marker(STATEFUL, 0, encode_stateful(batch)))
-        self.logged = []
-
     def quarantine(self, entry: Quarantined) -> None:
-        """An entry set aside: it leaves in a row of its own, for the exit point to record."""
-        self._copies.append(marker(QUARANTINE, entry.offset, encode_quarantined(entry)))
-
-    def __len__(self) -> int:
-        return sum(len(chunk) for chunk in self.sub_nos)
-
-    def mark(self, end: int) -> None:
-        self.offsets.append(np.array([end], np.int64))
-        self.sub_nos.append(np.array([MARK], np.int64))
+        self.quarantined[entry.offset, entry.sub_id] = entry
 
     def copies(self, offsets: np.ndarray, sub_nos: np.ndarray, bodies: list[bytes]) -> None:
         """Matches that deliver a cropped copy: they travel with it."""
-        self._copies.append(
-            pa.RecordBatch.from_arrays([offsets, sub_nos, pa.array(bodies, pa.binary())], schema=MATCH_ARROW)
-        )
+        self.cropped.extend(zip(sub_nos.tolist(), offsets.tolist(), bodies, strict=True))
 
-    def take(self) -> list[pa.RecordBatch]:
+    def round(self, state: State, end: int) -> Round:
+        """The round; a publication the round could not process is delivered by none of its
+        subscriptions."""
+
         def joined(chunks: list[np.ndarray]) -> np.ndarray:
             return np.concatenate(chunks) if chunks else np.empty(0, np.int64)
 
-        sub_nos = joined(self.sub_nos)
-        plain = pa.RecordBatch.from_arrays(
-            [joined(self.offsets), sub_nos, pa.nulls(len(sub_nos), pa.binary())], schema=MATCH_ARROW
-        )
-        batches, self._copies = [plain, *self._copies], []
-        self.offsets, self.sub_nos = [], []
-        return batches
+        offsets, sub_nos, cropped = joined(self.offsets), joined(self.sub_nos), self.cropped
+        quarantined = list(self.quarantined.values())
+        poisoned = [q.offset for q in quarantined if q.kind == KIND_PUBLICATION]
+        if poisoned:
+            kept = ~np.isin(offsets, poisoned)
+            offsets, sub_nos = offsets[kept], sub_nos[kept]
+            cropped = [copy for copy in cropped if copy[1] not in set(poisoned)]
+        if cropped:
+            offsets = np.concatenate([offsets, np.array([pub for _, pub, _ in cropped], np.int64)])
+            sub_nos = np.concatenate([sub_nos, np.array([number for number, _, _ in cropped], np.int64)])
+        stateful = state.stateful_output(self.logged, self.initials)
+        return Round(sub_nos, offsets, end, cropped, stateful, quarantined)

@@ -1,12 +1,15 @@
-"""The event log as a Spark streaming source (PySpark Python data source) whose micro-batches are epochs.
+"""The `rounds` trigger's source: a PySpark Python data source whose micro-batches are epochs.
 
-An offset is an epoch number. Every epoch is one micro-batch with one task per matcher partition;
-each task follows the log for the epoch's length (`PartitionTask`), recording its rounds in the
-store as it goes, and reports where it got to. Spark checkpoints the epochs; which log entries
-were processed is the store's to know (per partition, in the transactions that record them), so a
-restarted query, a replayed epoch or a retried task resumes where the partition's last recorded
-round ended. A partition whose task is not running (its executor died, or there are fewer cores
-than partitions) is adopted by a task that runs, so the epoch's tasks need not all run at once.
+This uses Spark to place, start and retry long-running tasks, not to stream: an offset is an epoch
+number, and each epoch is one micro-batch whose tasks follow the log for the epoch's length
+(`PartitionTask`), recording their rounds in the store as they go, and report where they got to.
+Spark checkpoints the epochs; which log entries were processed is the store's to know (per
+partition, in the transactions that record them), so a restarted query, a replayed epoch or a
+retried task resumes where the partition's last recorded round ended.
+
+An epoch has one task per matcher partition, or one per core if the cores are fewer (`slots`, from
+the driver): each task then runs several partitions in turn from the start, rather than leaving
+some to wait for a core until a running task adopts them by their silence.
 """
 
 from __future__ import annotations
@@ -18,18 +21,19 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit
 
+from veil.pipeline.matcher import Matcher
 from veil.pipeline.partition_task import PartitionTask
 
 EPOCH_SCHEMA = "part INT, processed LONG, rounds LONG"
 
 
 class Lease(InputPartition):
-    """One matcher partition's task of an epoch: follow the log until `deadline` (Unix time), the
-    same for all the epoch's tasks, so that one started late (it waited for a core while another
-    task adopted its partition) does not hold the epoch open for a whole epoch more."""
+    """A task of an epoch: follow the log until `deadline` (Unix time), the same for all the epoch's
+    tasks, so that one started late (it waited for a core while another task adopted its
+    partitions) does not hold the epoch open for a whole epoch more."""
 
-    def __init__(self, task: PartitionTask, deadline: float) -> None:
-        super().__init__(task.part)
+    def __init__(self, index: int, task: PartitionTask, deadline: float) -> None:
+        super().__init__(index)
         self.task = task
         self.deadline = deadline
 
@@ -57,6 +61,7 @@ class EpochReader(DataSourceStreamReader):
         self.max_rows = int(options.get("maxRowsPerRound", "50000"))
         self.round_gap = int(options.get("roundGapMs", "100")) / 1000
         self.max_matches = int(options.get("maxMatchesPerRound", "2000000"))
+        self.slots = max(1, int(options.get("slots", str(self.partitions_n))))
 
     def initialOffset(self) -> dict:
         return {"epoch": 0}
@@ -67,18 +72,17 @@ class EpochReader(DataSourceStreamReader):
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         deadline = time.time() + self.seconds
-        return [Lease(self._task(part), deadline) for part in range(self.partitions_n)]
+        tasks = min(self.slots, self.partitions_n)
+        return [Lease(i, self._task(list(range(i, self.partitions_n, tasks))), deadline) for i in range(tasks)]
 
-    def _task(self, part: int) -> PartitionTask:
-        return PartitionTask(
-            self.url, part, self.partitions_n, self.by_publication, self.with_authorization, self.entry_timeout,
-            self.max_rows, self.max_matches, self.round_gap,
-        )  # fmt: skip
+    def _task(self, parts: list[int]) -> PartitionTask:
+        matcher = Matcher(self.url, self.partitions_n, self.by_publication, self.with_authorization, self.entry_timeout)
+        return PartitionTask(matcher, parts, self.max_rows, self.max_matches, self.round_gap)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, Lease)
         processed, rounds = partition.task.run(partition.deadline)
         yield pa.RecordBatch.from_pydict(
-            {"part": [partition.task.part], "processed": [processed], "rounds": [rounds]},
+            {"part": [partition.task.parts[0]], "processed": [processed], "rounds": [rounds]},
             schema=pa.schema([("part", pa.int32()), ("processed", pa.int64()), ("rounds", pa.int64())]),
         )

@@ -1,4 +1,4 @@
-"""The state a Python worker keeps for each matcher partition between micro-batches, and its
+"""The state a Python worker keeps for each matcher partition between rounds, and its
 catch-up contract.
 
 A partition's state (`State`) is what its matcher holds at one log offset: the subscription index,
@@ -13,15 +13,18 @@ checkout(key, start, ...)
     cache while a task uses it, so two tasks never share one. If the cache holds it at `start`, it
     is returned as it was. If it holds it at an earlier offset, the subscription changes and the
     registry version between the two are applied from the store; if it holds nothing (another worker
-    had the partition, the worker is new) or holds it past `start` (a retried or replayed batch), the
+    had the partition, the worker is new) or holds it past `start` (a retried or replayed round), the
     state is built from the store's subscriptions and registry in force at `start`. Either way the
     skybands are read back as of the processed offset. A subscription that fails to load is left out
     and returned for the quarantine.
 checkin(key, state, end)
-    Puts the state back, at the offset `end` that the task's batch brought it to.
+    Puts the state back, at the offset `end` that the round brought it to.
 discard(key)
-    Forgets the state: the next task builds it from the store (a replayed batch, whose effects on
-    the skybands were already recorded, or a change that failed half-way).
+    Forgets the state: the next task builds it from the store (a replayed round, whose effects on
+    the skybands were already recorded, a round the store did not take, or a change that failed
+    half-way).
+keep(keys)
+    Forgets the states of all other partitions (a task keeps only what it runs).
 
 Publications are therefore matched and authorized under exactly the subscriptions and the registry
 that preceded them in the log, whichever worker runs the task.
@@ -66,7 +69,7 @@ class State:
         self.topk_numbers: dict[str, int] = {}  # id -> number of the top-k/w subscriptions
         self.is_topk = np.zeros(1024, bool)  # by subscription number
         self.crops: dict[int, dict[int, bytes]] = {}  # number -> publication -> cropped copy a skyband holds
-        # set when applying a change failed half-way: the next batch rebuilds from the store instead
+        # set when applying a change failed half-way: the next round rebuilds from the store instead
         self.suspect = False
 
     def add(self, sub_id: str, number: int, owner: str, body: bytes) -> None:
@@ -96,7 +99,7 @@ class State:
             self.crops.pop(number, None)
 
     def load_bands(self, store: PipelineStore) -> None:
-        """Put back the skybands saved with the last recorded batch."""
+        """Put back the skybands saved with the last recorded round."""
         for number, blob in store.topk_bands(list(self.topk_numbers.values())).items():
             band, crops = msgspec.msgpack.decode(blob)
             self.topk.restore(number, Skyband.restore(band))
@@ -107,7 +110,7 @@ class State:
     def stateful_output(
         self, deliveries: list[tuple[int, int, bytes | None]], initials: list[tuple[int, int, bytes | None]]
     ) -> StatefulBatch | None:
-        """The batch's stateful output; the touched skybands are saved with their cropped copies."""
+        """The round's stateful output; the touched skybands are saved with their cropped copies."""
         if not deliveries and not initials and not self.topk_numbers and not self.topk.touched:
             return None
         bands: list[tuple[int, bytes | None]] = []
@@ -166,7 +169,15 @@ def checkin(key: Key, state: State, end: int) -> None:
 
 
 def discard(key: Key) -> None:
-    _cache.pop(key, None)
+    if _cache.pop(key, None) is not None:
+        gc.unfreeze()  # the next `settle` collects what the state held
+
+
+def keep(keys: set[Key]) -> None:
+    """Forget the states of every partition but these: a worker that ran another partition's task
+    once would otherwise hold that state too, and in time every partition's."""
+    for key in [key for key in _cache if key not in keys]:
+        discard(key)
 
 
 def settle() -> None:

@@ -88,6 +88,24 @@ class Quarantined(NamedTuple):
     error: str
 
 
+class Round(NamedTuple):
+    """What one matching round of a matcher partition decided: the store records it whole, or not at
+    all (`PipelineStore.record_round`). Plain matches are (subscription number, publication) pairs
+    in two columns; `copies` are the matches that deliver a cropped copy, as (subscription number,
+    publication, copy), and are among the pairs too."""
+
+    sub_nos: np.ndarray | Sequence[int]
+    pubs: np.ndarray | Sequence[int]
+    end: int  # the log offset the round processed up to
+    copies: Sequence[tuple[int, int, bytes]] = ()
+    stateful: StatefulBatch | None = None
+    quarantined: Sequence[Quarantined] = ()
+    part: int = 0  # the partition whose progress it records
+    took_ms: int | None = None
+    start: int | None = None  # where it began: recorded only if the progress is still there
+    owner: tuple[int, int] | None = None  # (matcher partition, task token): recorded only while it owns it
+
+
 class QuarantineRecord(NamedTuple):
     seq: int
     offset: int
@@ -462,34 +480,25 @@ class PipelineStore(LogReader):
         `offset`, as (offset, body, publisher): a subscription logged there receives the ones it matches."""
 
     @abstractmethod
-    def record_deliveries(
-        self,
-        sub_nos: np.ndarray,
-        pubs: np.ndarray,
-        processed: int,
-        copies: Sequence[tuple[int, int, bytes]] = (),
-        stateful: StatefulBatch | None = None,
-        quarantined: Sequence[Quarantined] = (),
-        part: int = 0,
-        took_ms: int | None = None,
-        began: int | None = None,
-    ) -> None:
-        """Queue the (subscription number, publication) matches of matcher partition `part`'s round
-        as feed rows (`queues.feed_rows`), with the cropped copies some of them deliver, and record the partition's
-        processed offset, in one transaction; matches of publications at or below the offset the
-        partition already recorded are dropped, so a replayed round delivers nothing twice. The
-        pipeline's processed offset, its oldest held publication and next expiry are the least of
-        its partitions'; `took_ms`, how long the round took, is counted in `batch_durations`. A
-        round with matches also records its matches per log entry (`matches_per_entry`), by which
-        the next rounds are sized. Top-k/w deliveries are logged as copies (KIND_COPY) of their
-        publications, so that each subscription's queue stays in the order they were decided;
-        initial matches queue as plain matches (they precede the subscription's others); the
-        skybands' new states are kept with them: all of it only when the round is new, since a
-        replay recomputes them. Entries the round could not process are set aside in the quarantine.
-        A round that says where it `began` is recorded only if the partition's progress is still
-        there: one that another task recorded past meanwhile (a partition adopted while its own
-        task came back) is dropped whole, since its top-k/w deliveries were decided from a state
-        that the recorded rounds no longer match; the next round starts from the progress."""
+    def record_round(self, done: Round) -> bool:
+        """Queue the matches of matcher partition `done.part`'s round as feed rows (`queues.feed_rows`),
+        with the cropped copies some of them deliver, and record the partition's processed offset,
+        in one transaction; matches of publications at or below the offset the partition already
+        recorded are dropped, so a replayed round delivers nothing twice. The pipeline's processed
+        offset, its oldest held publication and next expiry are the least of its partitions';
+        `took_ms`, how long the round took, is counted in `batch_durations`. A round with matches
+        also records its matches per log entry (`matches_per_entry`), by which the next rounds are
+        sized. Top-k/w deliveries are logged as copies (KIND_COPY) of their publications, so that
+        each subscription's queue stays in the order they were decided; initial matches queue as
+        plain matches (they precede the subscription's others); the skybands' new states are kept
+        with them: all of it only when the round is new, since a replay recomputes them. Entries the
+        round could not process are set aside in the quarantine.
+
+        A round that says where it `start`-ed is recorded only if the partition's progress is still
+        there, and one that names its `owner` only while that task owns the matcher partition: a
+        round that another task recorded past meanwhile, or made by a task that lost the partition
+        (paused while another adopted it), is dropped whole, since its top-k/w deliveries were
+        decided from a state that the recorded rounds no longer match. False if it was dropped."""
 
     @abstractmethod
     def set_partitions(self, partitions: int) -> list[int]:
@@ -531,6 +540,15 @@ class PipelineStore(LogReader):
     @abstractmethod
     def partition_owners(self) -> dict[int, int]:
         """Which task (token) last started or adopted each matcher partition."""
+
+    @abstractmethod
+    def end_leases(self, parts: Sequence[int], epoch: int) -> None:
+        """The tasks given these matcher partitions in `epoch` (a number that grows from one epoch to
+        the next) have reached the epoch's end."""
+
+    @abstractmethod
+    def leases_ended(self, epoch: int) -> set[int]:
+        """The matcher partitions whose task of `epoch` (or of a later one) has reached its end."""
 
     @abstractmethod
     def matches_per_entry(self) -> int:

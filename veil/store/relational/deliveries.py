@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from veil.protocol.envelope import Origin
-from veil.store.base import KIND_COPY, Delivery, FeedEntry, Quarantined, StatefulBatch
+from veil.store.base import KIND_COPY, Delivery, FeedEntry, Round, StatefulBatch
 from veil.store.queues import FEED_READ_PAIRS, feed_rows, unpack
 from veil.store.relational.dialect import (
     LAST_FEED_SEQ,
@@ -20,6 +20,7 @@ from veil.store.relational.dialect import (
     add_status,
     count_change,
     count_durations,
+    get_status,
     now_ms,
     partition_progress,
     set_least,
@@ -204,31 +205,24 @@ class DeliverySql(Dialect):
         with self._read() as db:
             return db.execute(LAST_FEED_SEQ).fetchone()[0]
 
-    def record_deliveries(
-        self,
-        sub_nos: np.ndarray,
-        pubs: np.ndarray,
-        processed: int,
-        copies: Sequence[tuple[int, int, bytes]] = (),
-        stateful: StatefulBatch | None = None,
-        quarantined: Sequence[Quarantined] = (),
-        part: int = 0,
-        took_ms: int | None = None,
-        began: int | None = None,
-    ) -> None:
-        sub_nos = np.asarray(sub_nos, np.int64)
-        pubs = np.asarray(pubs, np.int64)
+    def record_round(self, done: Round) -> bool:
+        sub_nos = np.asarray(done.sub_nos, np.int64)
+        pubs = np.asarray(done.pubs, np.int64)
+        processed, stateful, part = done.end, done.stateful, done.part
+        matcher = part if done.owner is None else done.owner[0]
         now = time.time()
         with self._tx() as db:
             # matches of publications at or below the partition's processed offset were recorded by
             # an earlier run of this round: a replay adds only what is new
-            done = partition_progress(db, part)
-            if began is not None and began != done:
-                return
-            fresh = pubs > done
+            recorded = partition_progress(db, part)
+            if done.start is not None and done.start != recorded:
+                return False
+            if done.owner is not None and get_status(db, f"owner.{matcher}") != done.owner[1]:
+                return False
+            fresh = pubs > recorded
             sub_nos, pubs = sub_nos[fresh], pubs[fresh]
-            copies = [copy for copy in copies if copy[1] > done]
-            if stateful is not None and processed > done:
+            copies = [copy for copy in done.copies if copy[1] > recorded]
+            if stateful is not None and processed > recorded:
                 logged = self._record_stateful(db, stateful, part) + [(n, p) for n, p, _ in stateful.initials]
                 sub_nos = np.concatenate([sub_nos, np.array([n for n, _ in logged], np.int64)])
                 pubs = np.concatenate([pubs, np.array([p for _, p in logged], np.int64)])
@@ -248,18 +242,19 @@ class DeliverySql(Dialect):
                     "ON CONFLICT (sub_no, pub) DO UPDATE SET body = excluded.body",
                     copies,
                 )
-            if processed > done:
-                set_aside(db, quarantined, processed, now)
+            if processed > recorded:
+                set_aside(db, done.quarantined, processed, now)
             db.executemany(
                 "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE "
                 f"SET value = {self.GREATEST}(status.value, excluded.value), updated = excluded.updated",
-                [(f"processed.{part}", processed, now), (f"beat.{part}", now_ms(), now)],
+                [(f"processed.{part}", processed, now), (f"beat.{matcher}", now_ms(), now)],
             )
             set_least(db, "processed", "processed.")
-            if took_ms is not None:
-                count_durations(db, [took_ms])
-            if len(pubs) and processed > done:
-                set_status(db, "matches_per_entry", -(-len(pubs) // (processed - done)))
+            if done.took_ms is not None:
+                count_durations(db, [done.took_ms])
+            if len(pubs) and processed > recorded:
+                set_status(db, "matches_per_entry", -(-len(pubs) // (processed - recorded)))
+        return True
 
     def _record_stateful(self, db: Db, batch: StatefulBatch, part: int) -> list[tuple[int, int]]:
         """Log each delivery as a copy of its publication (the envelope keeps the original's id) and

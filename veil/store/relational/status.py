@@ -173,6 +173,14 @@ class StatusSql(Dialect):
     def partition_owners(self) -> dict[int, int]:
         return self._numbered("owner.")
 
+    def end_leases(self, parts: Sequence[int], epoch: int) -> None:
+        with self._tx() as db:
+            for part in parts:
+                set_status(db, f"ended.{part}", epoch)
+
+    def leases_ended(self, epoch: int) -> set[int]:
+        return {part for part, ended in self._numbered("ended.").items() if ended >= epoch}
+
     def _numbered(self, prefix: str) -> dict[int, int]:
         """The status rows `prefix`<partition>, by partition."""
         with self._read() as db:

@@ -1,0 +1,96 @@
+"""A matcher partition's rounds inside a Python worker, for either trigger: the partition's state
+checked out of the worker's cache, the range's entries read from the store, the round core run
+(`match.match_round`), the state checked back in.
+
+What the core may not do, this does: read the store. A state that had to be built while the store's
+progress is already past the range's start belongs to a round recorded before (a retried task, a
+replayed batch): its skybands were saved past the range, so the round's stateful part is dropped
+and the state rebuilt next time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from veil.monitoring import trace
+from veil.pipeline import worker_state
+from veil.pipeline.match import Valid, match_round
+from veil.pipeline.partition import partition_of
+from veil.store import (
+    KIND_CANCEL,
+    KIND_COPY,
+    KIND_PUBLICATION,
+    KIND_REGISTRY,
+    KIND_SUBSCRIBE,
+    KIND_TICK,
+    LogEntry,
+    PipelineStore,
+    Round,
+)
+
+
+class Matcher:
+    """Picklable: built on the driver, run in executors' Python workers."""
+
+    def __init__(
+        self, url: str, partitions: int, by_publication: bool, with_authorization: bool = True,
+        entry_timeout: float = 60.0,
+    ) -> None:  # fmt: skip
+        self.url = url
+        self.partitions = partitions
+        self.by_publication = by_publication
+        self.with_authorization = with_authorization
+        self.entry_timeout = entry_timeout  # seconds one log entry may take before it is set aside
+
+    def progress(self, part: int) -> int:
+        """The partition whose progress records `part`'s rounds (publication partitioning: one for all)."""
+        return 0 if self.by_publication else part
+
+    def round(self, store: PipelineStore, part: int, start: int, end: int) -> Round:
+        """Partition `part`'s round of the log range (start, end], to be recorded as the progress of
+        `progress(part)` if that is still at `start`."""
+        trace.mark("seen", start, end)
+        # the pipeline's own output (copies) and withdrawals are not its input
+        entries = [e for e in store.log_range(start, end, (KIND_COPY, KIND_CANCEL)) if self._wanted(e, part)]
+        trace.mark("read", start, end)
+        key = (self.url, self.partitions, part)
+        state, fresh, failed = worker_state.checkout(
+            key, start, store, self._routed_here(part), self.with_authorization, self.entry_timeout
+        )
+        replaying = fresh and store.partition_offset(self.progress(part)) > start
+        trace.mark("state", start, end)
+        done = match_round(state, entries, end, self._valid(store, entries), self.entry_timeout, failed)
+        if replaying:  # what it computed is dropped: rebuild from the store next time
+            worker_state.discard(key)
+            done = done._replace(stateful=None)
+        elif state.suspect:  # a change failed half-way: the next round rebuilds from the store
+            worker_state.discard(key)
+        else:
+            worker_state.checkin(key, state, end)
+        if fresh or any(entry.kind != KIND_PUBLICATION and entry.kind != KIND_TICK for entry in entries):
+            worker_state.settle()
+        trace.mark("matched", start, end)
+        return done._replace(part=self.progress(part), start=start)
+
+    def _valid(self, store: PipelineStore, entries: list[LogEntry]) -> dict[int, Valid]:
+        """For each new subscription, the publications still valid when it was logged (by the log's
+        clock there): its initial matches are among them."""
+        valid: dict[int, Valid] = {}
+        clock = 0
+        for entry in entries:
+            clock = max(clock, entry.time or 0)
+            if entry.kind == KIND_SUBSCRIBE:
+                valid[entry.offset] = store.valid_at(entry.offset, clock)
+        return valid
+
+    def _wanted(self, entry: LogEntry, part: int) -> bool:
+        """Subscription partitioning: every partition matches every publication against 1/N of the
+        subscriptions. Publication partitioning: every partition holds all subscriptions and
+        matches the ranges it was given."""
+        if self.by_publication or entry.kind in (KIND_PUBLICATION, KIND_REGISTRY, KIND_TICK):
+            return True
+        return partition_of(entry.sub_id, self.partitions) == part  # type: ignore[arg-type]
+
+    def _routed_here(self, part: int) -> Callable[[str], bool]:
+        """Whether a subscription id is held by partition `part`."""
+        return lambda sub_id: self.by_publication or partition_of(sub_id, self.partitions) == part
