@@ -98,8 +98,14 @@ class Config:
         "publications: each holds all and matches 1/N of the publications (scales the rate)",
         ("VEIL_PARTITION_MODE",),
     )
+    trigger: str = _opt(
+        "rounds", "rounds: a long-running Spark task per matcher partition follows the log and records a round "
+        "per commit (tens of ms); micro-batch: Spark plans each range of the log as a micro-batch, matches it "
+        "in mapInArrow and records it in foreachBatch (Spark's fixed cost per batch, ~0.3 s here)",
+        ("VEIL_TRIGGER",),
+    )  # fmt: skip
     epoch_seconds: float = _opt(
-        300.0, "seconds a matcher task follows the log before Spark checkpoints and starts the next "
+        300.0, "rounds: seconds a matcher task follows the log before Spark checkpoints and starts the next "
         "(between two, publications wait for the next tasks to start)",
         ("VEIL_EPOCH_SECONDS",),
     )  # fmt: skip
@@ -107,7 +113,8 @@ class Config:
     round_gap_ms: int = _opt(
         100, "least milliseconds between the starts of a matcher partition's rounds while publications keep "
         "coming (one that found the log idle starts at once; longer after a round that reached over 1,000 "
-        "subscriptions): rounds carry more, for fewer writes downstream",
+        "subscriptions): rounds carry more, for fewer writes downstream; with --trigger micro-batch, the "
+        "least time between the starts of micro-batches",
         ("VEIL_ROUND_GAP_MS",),
     )  # fmt: skip
     max_batch_matches: int = _opt(
@@ -313,6 +320,8 @@ class Config:
             raise ValueError("--partitions: at least 1")
         if self.partition_mode not in ("subscriptions", "publications"):
             raise ValueError("--partition-mode: subscriptions or publications")
+        if self.trigger not in ("rounds", "micro-batch"):
+            raise ValueError(f"--trigger: {self.trigger!r} is neither rounds nor micro-batch")
         if self.instances != 1 or self.instance_id != 0:
             raise ValueError(
                 "--instances/--instance-id: Veil runs as one instance per store; to spread the load, run "

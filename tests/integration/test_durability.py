@@ -36,8 +36,14 @@ async def test_subscriptions_and_queues_survive_a_restart(tmp_path, store_flags)
         broker.close()
 
 
-async def test_kill_9_while_publishing_loses_and_duplicates_nothing(tmp_path, store_flags):
-    broker = BrokerProcess(str(tmp_path), *store_flags).start()
+# the triggers differ in the pipeline, the dialects in the store: micro-batch on one dialect
+@pytest.mark.parametrize(
+    ("store_flags", "trigger"),
+    [("sqlite", "rounds"), ("postgresql", "rounds"), ("sqlite", "micro-batch")],
+    indirect=["store_flags"],
+)
+async def test_kill_9_while_publishing_loses_and_duplicates_nothing(tmp_path, store_flags, trigger):
+    broker = BrokerProcess(str(tmp_path), *store_flags, "--trigger", trigger).start()
     rid = run_id()
     try:
         async with client_for(broker, "frank") as client:

@@ -12,13 +12,21 @@ from veil.harness import BrokerProcess
 pytestmark = pytest.mark.slow
 
 
-# each mode on one dialect: the modes differ in the pipeline, the dialects in the store, which the
-# unit tests run on both; all four pairs would cost the suite 40 s more and test nothing new
+# each mode of each trigger on one dialect: modes and triggers differ in the pipeline, the dialects in
+# the store, which the unit tests run on both; all eight would cost the suite minutes and test nothing new
 @pytest.mark.parametrize(
-    ("mode", "store_flags"), [("subscriptions", "postgresql"), ("publications", "sqlite")], indirect=["store_flags"]
+    ("mode", "trigger", "store_flags"),
+    [
+        ("subscriptions", "rounds", "postgresql"),
+        ("publications", "rounds", "sqlite"),
+        ("subscriptions", "micro-batch", "sqlite"),
+        ("publications", "micro-batch", "postgresql"),
+    ],
+    indirect=["store_flags"],
 )
-async def test_interleaved_changes_in_both_modes(tmp_path, mode, store_flags):
-    broker = BrokerProcess(str(tmp_path), "--partitions", "3", "--partition-mode", mode, *store_flags).start()
+async def test_interleaved_changes_in_both_modes(tmp_path, mode, trigger, store_flags):
+    flags = ("--partitions", "3", "--partition-mode", mode, "--trigger", trigger, *store_flags)
+    broker = BrokerProcess(str(tmp_path), *flags).start()
     try:
         async with VeilClient(broker.url, auth_hash="ivy") as client:
             runs = [run_id() for _ in range(4)]

@@ -13,6 +13,14 @@ from veil.client import VeilError
 from veil.harness import BrokerProcess
 
 
+@pytest.fixture(scope="module", params=["rounds", "micro-batch"])
+def broker(request, tmp_path_factory):
+    """A broker per trigger: both decide the skybands with the same round core, recorded alike."""
+    process = BrokerProcess(str(tmp_path_factory.mktemp("broker")), "--trigger", request.param).start()
+    yield process
+    process.close()
+
+
 def top(k: int, window_ms: int) -> dict:
     return {"k": k, "w": window_ms, "score": [{"key": "v", "prefer": "high"}]}
 

@@ -88,31 +88,60 @@ def build_session(config: Config):
 
 
 def start_query(spark, config: Config):
-    """The matching query: its micro-batches are epochs, each a long-running task per matcher
-    partition (or per core, when the cores are fewer) that records its own rounds (`source`,
-    `partition_task`); the sink only ends them."""
-    from veil.pipeline.source import EventLogSource
+    """The matching query of the configured trigger, checkpointed apart for each (their offsets differ)."""
+    start = _rounds_query if config.trigger == "rounds" else _micro_batch_query
+    return start(spark, config).option("checkpointLocation", f"{config.checkpoint_location}/{config.trigger}").start()
 
-    spark.dataSource.register(EventLogSource)
-    epochs = (
-        spark.readStream.format(EventLogSource.name())
-        .option("store", without_password(config.store_url)[0])  # options show in plans: no password
+
+def _log_options(reader, config: Config):
+    """What both triggers' sources read."""
+    return (
+        reader.option("store", without_password(config.store_url)[0])  # options show in plans: no password
         .option("partitions", str(config.partitions))
         .option("partitionMode", config.partition_mode)
-        .option("epochSeconds", str(config.epoch_seconds))
         .option("authorization", "true" if config.with_authorization else "false")
         .option("entryTimeout", str(config.entry_timeout))
         .option("maxRowsPerRound", str(config.max_batch_rows))
-        .option("roundGapMs", str(config.round_gap_ms))
         .option("maxMatchesPerRound", str(config.max_batch_matches))
+    )
+
+
+def _rounds_query(spark, config: Config):
+    """Micro-batches that are epochs, each a long-running task per matcher partition (or per core,
+    when the cores are fewer) that records its own rounds (`rounds`, `partition_task`); the sink
+    only ends them."""
+    from veil.pipeline.rounds import EventLogSource
+
+    spark.dataSource.register(EventLogSource)
+    epochs = (
+        _log_options(spark.readStream.format(EventLogSource.name()), config)
+        .option("epochSeconds", str(config.epoch_seconds))
+        .option("roundGapMs", str(config.round_gap_ms))
         .option("slots", str(spark.sparkContext.defaultParallelism))
         .load()
     )
+    return epochs.writeStream.queryName("veil_match").foreachBatch(_epoch_ended)
+
+
+def _micro_batch_query(spark, config: Config):
+    """Log ranges → mapInArrow (the matchers) → foreachBatch (the store records the rounds), one
+    micro-batch per `--round-gap-ms` at most (`micro_batch`)."""
+    from veil.pipeline.matcher import Matcher
+    from veil.pipeline.micro_batch import ROUNDS_SCHEMA, LogRanges, MatchRanges, RecordRounds
+
+    spark.dataSource.register(LogRanges)
+    url = without_password(config.store_url)[0]
+    matcher = Matcher(
+        url, config.partitions, config.partition_mode == "publications", config.with_authorization,
+        config.entry_timeout,
+    )  # fmt: skip
+    rounds = _log_options(spark.readStream.format(LogRanges.name()), config).load().mapInArrow(
+        MatchRanges(matcher), ROUNDS_SCHEMA
+    )
     return (
-        epochs.writeStream.queryName("veil_match")
-        .foreachBatch(_epoch_ended)
-        .option("checkpointLocation", config.checkpoint_location)
-        .start()
+        rounds.writeStream.queryName("veil_match")
+        .foreachBatch(RecordRounds(url, config.partitions))
+        .trigger(processingTime=f"{max(config.round_gap_ms, 1)} milliseconds")
     )
 
 
@@ -288,8 +317,8 @@ def _run_query(config: Config, store: PipelineStore, stop: threading.Event) -> i
     _warm_up(store, query, stop)
     store.register_pipeline(os.getpid())
     log.info(
-        "pipeline running (%s, %d partitions by %s) after %.1f s",
-        config.master, config.partitions, config.partition_mode, time.monotonic() - started,
+        "pipeline running (%s, %d partitions by %s, %s) after %.1f s",
+        config.master, config.partitions, config.partition_mode, config.trigger, time.monotonic() - started,
     )  # fmt: skip
     try:
         while not stop.is_set():

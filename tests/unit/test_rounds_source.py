@@ -1,7 +1,7 @@
 import time
 
 from veil.pipeline.partition_task import round_end
-from veil.pipeline.source import EpochReader
+from veil.pipeline.rounds import EpochReader
 
 
 def test_rounds_shrink_to_the_matches_the_last_one_produced():
