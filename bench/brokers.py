@@ -16,6 +16,13 @@ def add_broker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker-args", nargs=argparse.REMAINDER, default=[], help="extra `veil serve` flags")
 
 
+def add_trigger_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--triggers", type=lambda text: text.split(","), default=["rounds", "micro-batch"],
+        help="the pipeline's triggers to measure, one broker each, side by side (veil serve --trigger)",
+    )  # fmt: skip
+
+
 def subscription_counts(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 

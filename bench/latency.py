@@ -8,10 +8,10 @@ first note covering it:
 
     received   the gateway has the publish request (parsed)
     committed  the group commit holding it is durable
-    seen       a matcher partition's round saw the log's head past it
+    seen       a matcher partition's round took a range of the log holding it
     read       the round read its range from the log
-    task       the matcher took the range
-    matched    the matcher finished the range
+    state      the round had the partition's state as of the range's start
+    matched    the round core finished the range
     recorded   the round's deliveries were committed with the partition's progress
     notified   the gateway read the feed entry holding it
     written    its first delivery was written to a subscriber's connection
@@ -21,12 +21,22 @@ the first publication after the broker reported ready is timed on its own (publi
 subscription made just before it): what the first client of a freshly started broker sees. Beside
 it, `bench.spark_floor`: the least a micro-batch pipeline of the same shape takes on this machine
 (a rate-like source → mapInArrow → foreachBatch, trigger `--trigger-ms`), with Spark's split of its
-micro-batches (`durationMs`), run after the broker at the same rates (alone on the machine, as the
-broker was). Veil's pipeline runs no micro-batch per publication (`veil.pipeline.partition_task`):
-the floor is the design it replaced.
+micro-batches (`durationMs`), run after the brokers at the same rates (alone on the machine, as the
+brokers were). Each of the pipeline's triggers (`--triggers`) is measured with a broker of its own,
+one after the other: `rounds` runs no micro-batch per publication (`veil.pipeline.partition_task`),
+`micro-batch` is the floor's shape with Veil's work in it.
+
+`--boundaries N` measures instead what the `rounds` trigger's epoch boundaries cost: a broker with
+`--epoch-seconds` (30) and `--boundary-subscriptions` (100,000) subscriptions that match nothing (the
+state each matcher partition builds and keeps), a probe publishing 20 times a second with a
+subscription in each partition, for N boundaries and a half epoch more. It prints the worst latency
+around each boundary, each state rebuild (a partition whose task landed in another Python worker,
+read from the trace), p50/p99 with the boundaries included, and the Python workers' resident memory
+over time.
 
     python -m bench.latency [--rates 200,1000,2000] [--subscriptions 128] [--seconds 10]
-                            [--plot docs/performance/latency.png]
+                            [--triggers rounds,micro-batch] [--plot docs/performance/latency.png]
+    python -m bench.latency --boundaries 10 [--epoch-seconds 30] [--boundary-subscriptions 100000]
 """
 
 from __future__ import annotations
@@ -47,7 +57,8 @@ import time
 import numpy as np
 import orjson
 
-from bench.brokers import add_broker_arguments, benched_broker
+from bench.boundaries import add_boundary_arguments, epoch_boundaries
+from bench.brokers import add_broker_arguments, add_trigger_argument, benched_broker
 from bench.loadgen import Processes
 from bench.report import add_plot_argument, save_figure
 from bench.selis import box
@@ -150,20 +161,27 @@ def floor(rate: float, seconds: float, trigger_ms: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def print_report(results: list[dict], floors: list[dict], subscriptions: int) -> None:
+def print_report(results: dict[str, list[dict]], floors: list[dict], subscriptions: int) -> None:
     width = 15
+    first = next(iter(results.values()))
     print(f"\nPublish → deliver, SELIS workload, {subscriptions} subscriptions; {os.cpu_count()} cores; ms p50 / p99")
-    header = f"{'stage':>26} " + " ".join(f"{r['rate']:>{width - 6}.0f} pub/s" for r in results)
-    print(header)
-    print("-" * len(header))
-    for i, (name, _, _) in enumerate(results[0]["stages"]):
-        cells = [f"{r['stages'][i][1]:>6.0f} / {r['stages'][i][2]:<6.0f}" for r in results]
-        print(f"{name:>26} " + " ".join(f"{c:>{width}}" for c in cells))
-    e2e = [f"{np.percentile(r['e2e'], 50) * 1000:>6.0f} / {np.percentile(r['e2e'], 99) * 1000:<6.0f}" for r in results]
-    print(f"{'end to end (subscriber)':>26} " + " ".join(f"{c:>{width}}" for c in e2e))
+    header = f"{'stage':>26} " + " ".join(f"{r['rate']:>{width - 6}.0f} pub/s" for r in first)
+    for trigger, rows in results.items():
+        print(f"\n--trigger {trigger}")
+        print(header)
+        print("-" * len(header))
+        for i, (name, _, _) in enumerate(rows[0]["stages"]):
+            cells = [f"{r['stages'][i][1]:>6.0f} / {r['stages'][i][2]:<6.0f}" for r in rows]
+            print(f"{name:>26} " + " ".join(f"{c:>{width}}" for c in cells))
+        e2e = [f"{np.percentile(r['e2e'], 50) * 1000:>6.0f} / {np.percentile(r['e2e'], 99) * 1000:<6.0f}" for r in rows]
+        print(f"{'end to end (subscriber)':>26} " + " ".join(f"{c:>{width}}" for c in e2e))
+        print(f"{'publications/s held':>26} " + " ".join(f"{r['held']:>{width}.0f}" for r in rows))
+    print("\nSide by side, end to end (subscriber)")
+    for trigger, rows in results.items():
+        e2e = [f"{np.percentile(r['e2e'], 50) * 1000:>6.0f} / {np.percentile(r['e2e'], 99) * 1000:<6.0f}" for r in rows]
+        print(f"{trigger:>26} " + " ".join(f"{c:>{width}}" for c in e2e))
     cells = [f"{f['p50'] * 1000:>6.0f} / {f['p99'] * 1000:<6.0f}" for f in floors]
     print(f"{'micro-batch floor':>26} " + " ".join(f"{c:>{width}}" for c in cells))
-    print(f"{'publications/s held':>26} " + " ".join(f"{r['held']:>{width}.0f}" for r in results))
     print("\nSpark's split of the floor pipeline's micro-batches, median ms")
     for phase in PHASES:
         cells = [f"{f['phases'].get(phase, float('nan')):>6.0f}" for f in floors]
@@ -171,6 +189,8 @@ def print_report(results: list[dict], floors: list[dict], subscriptions: int) ->
 
 
 def plot(results: list[dict], floors: list[dict], path: str) -> None:
+    """The stages of one trigger's runs, with the floor's p50."""
+
     def draw(axes: list) -> None:
         (ax,) = axes
         labels = [f"{r['rate']:.0f} pub/s" for r in results]
@@ -189,21 +209,27 @@ def plot(results: list[dict], floors: list[dict], path: str) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    trace_dir = tempfile.mkdtemp(prefix="veil-trace-")
-    results = []
-    with benched_broker(*args.broker_args, keep=args.keep, env={"VEIL_TRACE": trace_dir}) as broker:
-        first = await first_delivery(broker)
-        await run_rate(broker, 8, 100, 3)  # warm-up: JIT, Python workers, caches
-        for rate in args.rates:
-            results.append(await run_rate(broker, args.subscriptions, rate, args.seconds))
-        await asyncio.sleep(1.0)
-    notes = read_trace(trace_dir)
-    for result in results:
-        result["stages"] = breakdown(stage_times(notes, result["window"]))
+    if args.boundaries:
+        await epoch_boundaries(args)
+        return
+    results: dict[str, list[dict]] = {}
+    firsts = {}
+    for trigger in args.triggers:
+        trace_dir = tempfile.mkdtemp(prefix="veil-trace-")
+        flags = ("--trigger", trigger, *args.broker_args)
+        with benched_broker(*flags, keep=args.keep, env={"VEIL_TRACE": trace_dir}) as broker:
+            firsts[trigger] = await first_delivery(broker)
+            await run_rate(broker, 8, 100, 3)  # warm-up: JIT, Python workers, caches
+            results[trigger] = [await run_rate(broker, args.subscriptions, rate, args.seconds) for rate in args.rates]
+            await asyncio.sleep(1.0)
+        notes = read_trace(trace_dir)
+        for result in results[trigger]:
+            result["stages"] = breakdown(stage_times(notes, result["window"]))
     floors = [floor(rate, args.floor_seconds, args.trigger_ms) for rate in args.rates]
     print_report(results, floors, args.subscriptions)
-    print(f"\nfirst delivery after /ready: {first * 1000:.0f} ms from its publish")
-    plot(results, floors, args.plot)
+    for trigger, first in firsts.items():
+        print(f"\nfirst delivery after /ready, --trigger {trigger}: {first * 1000:.0f} ms from its publish")
+    plot(next(iter(results.values())), floors, args.plot)
 
 
 def main() -> None:
@@ -213,6 +239,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--floor-seconds", type=float, default=15.0)
     parser.add_argument("--trigger-ms", type=int, default=50, help="the floor pipeline's trigger (as the broker's)")
+    add_trigger_argument(parser)
+    add_boundary_arguments(parser)
     add_plot_argument(parser, "latency")
     add_broker_arguments(parser)
     asyncio.run(main_async(parser.parse_args()))

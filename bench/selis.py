@@ -6,13 +6,15 @@ separate publisher process sends over 16 HTTP connections:
   * latency: a constant rate; publish-sent → delivery-received, p50 and p99;
   * saturation: as fast as acknowledgements come; publications/s and matches/s counted until the last
     delivery arrived (end to end, not just acknowledged). `--batch N` sends NDJSON batches of N.
-A phase's figures are printed only if every delivery its acknowledged publications should have made
-(counted here, from the boxes) arrived, and none more; otherwise the row says how many of how many
-arrived instead. The SELIS server cannot be run here: the figures of its paper (S0 Fig. 9) and of peer
-runs of it are printed apart, as quoted figures (sources in docs/performance/peers.md).
+Each of the pipeline's triggers (`--triggers rounds,micro-batch`) runs the cases with a broker of
+its own, one after the other, and the table shows them side by side. A phase's figures are printed
+only if every delivery its acknowledged publications should have made (counted here, from the
+boxes) arrived, and none more; otherwise the row says how many of how many arrived instead. The
+SELIS server cannot be run here: the figures of its paper (S0 Fig. 9) and of peer runs of it are
+printed apart, as quoted figures (sources in docs/performance/peers.md).
 
     python -m bench.selis [--subscriptions 1,2,4,8,16,32,128,512] [--seconds 10] [--rate 200] [--batch 1]
-                          [--plot docs/performance/selis.png]
+                          [--triggers rounds,micro-batch] [--plot docs/performance/selis.png]
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from bench.brokers import add_broker_arguments, benched_broker, subscription_counts
+from bench.brokers import add_broker_arguments, add_trigger_argument, benched_broker, subscription_counts
 from bench.loadgen import Processes, PublishResult, SubscribeResult
 from bench.report import add_plot_argument, draw_quoted, print_quoted, print_table, save_figure
 from veil.client import VeilClient
@@ -154,6 +156,7 @@ def print_rows(rows: list[dict], batch: int) -> None:
     print_table(
         f"SELIS lat/lon workload, {form}, 16 HTTP connections, TCP delivery; {os.cpu_count()} cores",
         [
+            ("trigger", 11, lambda r: r["trigger"]),
             ("subs", 5, lambda r: r["subs"]),
             ("select.", 7, lambda r: f"{r['selectivity']:.3f}"),
             ("at pub/s", 9, lambda r: f"{r['rate']:.0f}"),
@@ -179,7 +182,8 @@ def print_rows(rows: list[dict], batch: int) -> None:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    """Only phases whose deliveries all arrived are drawn."""
+    """The first trigger's rows; only phases whose deliveries all arrived are drawn."""
+    rows = [r for r in rows if r["trigger"] == rows[0]["trigger"]]
     flat_out = [r for r in rows if complete(r, "flat out")]
     steady = [r for r in rows if complete(r, "steady")]
 
@@ -204,12 +208,14 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    with benched_broker(*args.broker_args, keep=args.keep) as broker:
-        await run_case(broker, 8, 3, args.rate, args.batch)  # warm-up: JIT, Python workers, caches
-        rows = []
-        for n in args.subscriptions:
-            rows.append(await run_case(broker, n, args.seconds, args.rate, args.batch))
-            print(rows[-1], flush=True)
+    rows = []
+    for trigger in args.triggers:
+        with benched_broker("--trigger", trigger, *args.broker_args, keep=args.keep) as broker:
+            await run_case(broker, 8, 3, args.rate, args.batch)  # warm-up: JIT, Python workers, caches
+            for n in args.subscriptions:
+                rows.append({"trigger": trigger, **await run_case(broker, n, args.seconds, args.rate, args.batch)})
+                print(rows[-1], flush=True)
+    rows.sort(key=lambda row: (row["subs"], args.triggers.index(row["trigger"])))
     print_rows(rows, args.batch)
     plot(rows, args.plot)
 
@@ -220,6 +226,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=200.0, help="publications/s in the latency phase")
     parser.add_argument("--batch", type=int, default=1, help="publications per POST in the saturation phase")
+    add_trigger_argument(parser)
     add_plot_argument(parser, "selis")
     add_broker_arguments(parser)
     asyncio.run(main_async(parser.parse_args()))

@@ -30,6 +30,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit
 
+from veil.monitoring import trace
 from veil.pipeline.matcher import Matcher
 from veil.pipeline.partition_task import round_end
 from veil.pipeline.store_handle import store_for
@@ -167,4 +168,5 @@ class RecordRounds:
         rounds = sorted((decode_round(row["round"]) for row in frame.collect()), key=lambda done: done.start or 0)
         for done in rounds:
             store.record_round(done)
+            trace.mark("recorded", done.start or 0, done.end)
         store.partition_beat(range(self.partitions))

@@ -1,0 +1,76 @@
+"""The micro-batch trigger's parts that run without Spark: a Round's trip from an executor to the
+driver, and how a batch's range is shared among the matcher partitions."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from veil.pipeline.micro_batch import RangeReader, decode_round, encode_round
+from veil.store import Quarantined, Round, StatefulBatch
+
+offsets = st.integers(0, 2**62)
+deliveries = st.lists(st.tuples(offsets, offsets, st.none() | st.binary(max_size=20)), max_size=4)
+statefuls = st.none() | st.builds(
+    StatefulBatch,
+    deliveries,
+    deliveries,
+    st.lists(st.tuples(offsets, st.none() | st.binary(max_size=20)), max_size=4),
+    st.none() | offsets,
+    st.none() | offsets,
+)
+quarantines = st.lists(
+    st.builds(
+        Quarantined,
+        offsets,
+        st.integers(0, 6),
+        st.none() | st.text(max_size=8),
+        st.none() | st.text(max_size=8),
+        st.text(max_size=30),
+    ),
+    max_size=3,
+)
+
+
+@given(
+    st.lists(st.tuples(offsets, offsets), max_size=50),
+    st.lists(st.tuples(offsets, offsets, st.binary(max_size=30)), max_size=5),
+    statefuls,
+    quarantines,
+    st.integers(0, 63),
+    offsets,
+    offsets,
+    st.none() | st.integers(0, 10**6),
+)
+def test_a_round_arrives_on_the_driver_as_it_left_the_executor(
+    pairs, copies, stateful, quarantined, part, start, end, took
+):
+    done = Round(
+        np.array([n for n, _ in pairs], np.int64), np.array([p for _, p in pairs], np.int64), end, copies, stateful,
+        quarantined, part, took, start,
+    )  # fmt: skip
+    back = decode_round(encode_round(done))
+    assert back.sub_nos.tolist() == done.sub_nos.tolist() and back.pubs.tolist() == done.pubs.tolist()
+    assert back._replace(sub_nos=None, pubs=None) == done._replace(sub_nos=None, pubs=None)
+
+
+def test_subscription_partitioning_gives_every_partition_the_whole_range():
+    reader = RangeReader({"store": "sqlite:///nowhere/veil.db", "partitions": "3"})
+    assert [(r.part, r.start, r.end) for r in reader.partitions({"offset": 10}, {"offset": 20})] == [
+        (0, 10, 20), (1, 10, 20), (2, 10, 20),
+    ]  # fmt: skip
+
+
+def test_publication_partitioning_slices_the_range_in_order():
+    reader = RangeReader({"store": "sqlite:///nowhere/veil.db", "partitions": "3", "partitionMode": "publications"})
+    ranges = [(r.start, r.end) for r in reader.partitions({"offset": 10}, {"offset": 20})]
+    assert ranges[0][0] == 10 and ranges[-1][1] == 20
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))  # contiguous, no overlap
+    assert [(r.start, r.end) for r in reader.partitions({"offset": 10}, {"offset": 11})] == [
+        (10, 10),
+        (10, 11),
+        (11, 11),
+    ]
