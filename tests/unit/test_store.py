@@ -387,13 +387,16 @@ def test_each_partition_records_its_own_progress_and_the_pipeline_is_at_the_leas
 
 
 def test_a_silent_partition_is_adopted_and_its_own_task_takes_it_back(store):
+    """Adoption compares the beat the adopter saw unchanged, never clocks: a beat since then wins."""
     store.set_partitions(2)
     store.own_partition(0, 11)
-    assert not store.adopt_partition(0, 22, 60_000)  # heard from just now
-    assert store.adopt_partition(1, 22, 60_000)  # never heard from
+    seen = store.partition_beats()[0]
+    time.sleep(0.002)
+    store.partition_beat([0])  # heard from again after the adopter looked
+    assert not store.adopt_partition(0, 22, seen)
+    assert store.adopt_partition(1, 22, None)  # never heard from
     assert store.partition_owners() == {0: 11, 1: 22}
-    time.sleep(0.02)
-    assert store.adopt_partition(0, 22, 10)  # silent for longer than 10 ms
+    assert store.adopt_partition(0, 22, store.partition_beats()[0])  # its last beat, seen unchanged
     store.own_partition(0, 11)  # its own task started (again)
     assert store.partition_owners() == {0: 11, 1: 22}
 
@@ -420,8 +423,7 @@ def test_a_round_is_recorded_only_while_its_task_owns_the_partition(store):
     pubs = store.append_publications(published(*[b"{}"] * 2))
     store.set_partitions(2)
     store.own_partition(1, 11)
-    time.sleep(0.02)
-    assert store.adopt_partition(1, 22, 10)  # silent for longer than 10 ms
+    assert store.adopt_partition(1, 22, store.partition_beats()[1])
     stale = StatefulBatch([(s, pubs[0], None)], [], [(s, b"band")], None, None)
     assert not store.record_round(Round([s], [pubs[0]], pubs[1], stateful=stale, part=1, start=0, owner=(1, 11)))
     assert store.partition_offset(1) == 0 and store.topk_bands([s]) == {} and store.quarantine_count() == 0
@@ -429,15 +431,17 @@ def test_a_round_is_recorded_only_while_its_task_owns_the_partition(store):
     assert [p for p, *_ in store.backlog(s, 0, 10)[0]] == pubs[:1]
 
 
-def test_an_epoch_ends_when_every_partitions_task_has_reached_its_end(store):
+def test_an_epoch_knows_which_tasks_started_and_which_reached_its_deadline(store):
     store.set_partitions(3)
+    store.start_leases([0, 2], 1000)
+    store.start_leases([1], 1000)
     store.end_leases([0, 2], 1000)
-    assert store.leases_ended(1000) == {0, 2}
+    assert store.leases(1000) == ({0, 1, 2}, {0, 2})
     store.end_leases([1], 1000)
-    assert store.leases_ended(1000) == {0, 1, 2}
-    assert store.leases_ended(2000) == set()  # the next epoch's tasks have not
-    store.end_leases([1], 2000)
-    assert store.leases_ended(2000) == {1}
+    assert store.leases(1000) == ({0, 1, 2}, {0, 1, 2})
+    store.start_leases([1], 2000)
+    assert store.leases(2000) == ({1}, set())  # the next epoch's: only its own marks count
+    assert store.leases(500) == (set(), set())  # nor a later epoch's for an earlier one
 
 
 def test_a_claimed_range_never_recorded_is_claimed_again_by_its_partition(store):

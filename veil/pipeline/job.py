@@ -117,10 +117,17 @@ def _rounds_query(spark, config: Config):
         _log_options(spark.readStream.format(EventLogSource.name()), config)
         .option("epochSeconds", str(config.epoch_seconds))
         .option("roundGapMs", str(config.round_gap_ms))
-        .option("slots", str(spark.sparkContext.defaultParallelism))
+        .option("slots", str(_slots(spark, config)))
         .load()
     )
     return epochs.writeStream.queryName("veil_match").foreachBatch(_epoch_ended)
+
+
+def _slots(spark, config: Config) -> int:
+    """How many tasks an epoch of `rounds` may run at once: local mode's task threads, which are
+    known and fixed; on a cluster one per partition, since executors register after the query
+    starts and come and go (a task that waits for a core has its partitions adopted meanwhile)."""
+    return spark.sparkContext.defaultParallelism if config.master.startswith("local") else config.partitions
 
 
 def _micro_batch_query(spark, config: Config):

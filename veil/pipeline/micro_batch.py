@@ -32,7 +32,7 @@ from pyspark.sql.streaming.datasource import ReadLimit
 
 from veil.monitoring import trace
 from veil.pipeline.matcher import Matcher
-from veil.pipeline.partition_task import round_end
+from veil.pipeline.partition_task import BEAT, round_end
 from veil.pipeline.store_handle import store_for
 from veil.store import PipelineStore, Quarantined, Round, StatefulBatch
 
@@ -99,6 +99,7 @@ class RangeReader(DataSourceStreamReader):
         self.by_publication = options.get("partitionMode", "subscriptions") == "publications"
         self.max_rows = int(options.get("maxRowsPerRound", "50000"))
         self.max_matches = int(options.get("maxMatchesPerRound", "2000000"))
+        self._beaten = 0.0
 
     @property
     def store(self) -> PipelineStore:
@@ -110,11 +111,15 @@ class RangeReader(DataSourceStreamReader):
         return {"offset": self.store.processed_offset()}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """The next batch's end: from the store's progress, if it is past Spark's (a checkpoint
+        older than the store: the entries between were matched by the other trigger)."""
         store = self.store
-        begin = start["offset"]
+        begin = max(start["offset"], store.processed_offset())
         end = round_end(begin, store.head_offset(), self.max_rows, self.max_matches, store.matches_per_entry())
-        if end == begin:  # nothing to match: the partitions are alive, waiting for the log
+        if end == start["offset"] and time.monotonic() - self._beaten > BEAT:
+            # nothing to match: the partitions are alive, waiting for the log
             store.partition_beat(range(self.partitions_n))
+            self._beaten = time.monotonic()
         return {"offset": end}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
@@ -167,6 +172,8 @@ class RecordRounds:
         store = store_for(self.url)
         rounds = sorted((decode_round(row["round"]) for row in frame.collect()), key=lambda done: done.start or 0)
         for done in rounds:
-            store.record_round(done)
+            if not store.record_round(done):
+                # its range began where the progress is not: Spark must not commit the batch
+                raise RuntimeError(f"round of partition {done.part} from {done.start} was refused by the store")
             trace.mark("recorded", done.start or 0, done.end)
         store.partition_beat(range(self.partitions))

@@ -25,7 +25,6 @@ holding it (it was paused and came back), so two tasks never both decide a parti
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import secrets
 import threading
@@ -47,8 +46,12 @@ STORE_RETRY = 0.5  # seconds before a round the store refused is tried again
 # A partition nothing was heard from for this long is adopted by a task that runs: its own task's
 # worker died or is stopped. Beats come from a thread of their own, so a long round is no silence;
 # what is left is a worker that cannot run Python at all for this long, or a store that cannot take
-# a beat (a write lock held as long).
+# a beat (a write lock held as long). Silence is timed by the observer's own clock, from the moment
+# it saw a partition's last beat, since the beats' clocks are other machines'.
 SILENT_MS = 5_000
+# A task whose rounds have not moved for this long (or twice the entry timeout, if longer) stops
+# beating: its main thread hangs (a connection that never answers), and its partitions need adopting.
+STUCK = 60.0
 ORDER_WAIT = 1.0  # seconds a matched range waits for the ranges before it, before the task looks around
 # What a round costs downstream grows with the subscriptions it delivers to: the gateway offers its
 # feed entry to each of their sessions and writes to their connections. Up to PACED_SUBSCRIPTIONS
@@ -79,6 +82,8 @@ class PartitionTask:
         # publication partitioning: a claimed range matched and waiting for the ranges before it
         self._waiting: dict[int, Round] = {}
         self.held: set[int] = set()  # the partitions this task owns now
+        self._heard: dict[int, tuple[int | None, float]] = {}  # partition -> (its last beat, seen since)
+        self._moved = time.monotonic()  # when the task's loop last went round
 
     def run(self, deadline: float) -> tuple[int, int]:
         """Follow the log until the epoch ends: `deadline` (Unix time, the same for all the epoch's
@@ -94,18 +99,22 @@ class PartitionTask:
         worker_state.keep({self._key(part) for part in self.parts})
         ended = threading.Event()
         beats = threading.Thread(target=self._beat, args=(store, ended), name="veil-beats", daemon=True)
-        looked, started = 0.0, time.time() * 1000
-        rounds, failing, over = 0, False, False
+        looked = 0.0
+        rounds, failing, leased, over = 0, False, False, False
         try:
             while True:
+                self._moved = time.monotonic()
                 try:
+                    if not leased:
+                        store.start_leases(self.parts, epoch)
+                        leased = True
                     if not over and time.time() >= deadline:
                         store.end_leases(self.parts, epoch)
                         over = True
-                    if over and store.leases_ended(epoch) >= set(range(self.matcher.partitions)):
+                    if over and self._epoch_over(store, epoch):
                         break
                     if time.monotonic() - looked > BEAT:
-                        self._look_around(store, token, started)
+                        self._look_around(store, token)
                         looked = time.monotonic()
                         if beats.ident is None:
                             beats.start()
@@ -127,21 +136,37 @@ class PartitionTask:
             self.held = set()
         return min(_offset_or(store, self.matcher.progress(part), 0) for part in self.parts), rounds
 
+    @staticmethod
+    def _epoch_over(store: PipelineStore, epoch: int) -> bool:
+        """Whether every task of the epoch that started has reached the deadline. One that never
+        started (it waits for a core the running tasks hold) is not waited for: it starts once they
+        end, past the deadline, and ends at once."""
+        started, ended = store.leases(epoch)
+        return started <= ended
+
     def _key(self, part: int) -> worker_state.Key:
         return (self.matcher.url, self.matcher.partitions, part)
 
     def _beat(self, store: PipelineStore, ended: threading.Event) -> None:
-        """Say every BEAT seconds that the held partitions are alive, until the task ends."""
+        """Say every BEAT seconds that the held partitions are alive, until the task ends or its
+        loop stops going round."""
+        stuck = max(STUCK, 2 * self.matcher.entry_timeout)
         while not ended.wait(BEAT):
-            with contextlib.suppress(StoreUnavailable):  # the rounds report it; the others see silence
+            if time.monotonic() - self._moved > stuck:
+                continue
+            try:
                 store.partition_beat(sorted(self.held))
+            except StoreUnavailable:
+                pass  # the rounds report it; the others see silence
+            except Exception:  # a beat thread that died would leave its partitions to be adopted and taken back
+                log.exception("matcher task of partitions %s could not beat", self.parts)
 
-    def _look_around(self, store: PipelineStore, token: int, started: float) -> None:
+    def _look_around(self, store: PipelineStore, token: int) -> None:
         """Bring `held` up to date: the partitions this task was given, taken (back) when another task
         holds them; those it adopted that it still owns; and any silent one. Silent counts from this
-        task's start at the earliest: the epoch's other tasks start a moment apart, and two tasks
-        matching one partition at once would each decide its top-k/w deliveries from a state of
-        their own."""
+        task's first look at the earliest: the epoch's other tasks start a moment apart, and two
+        tasks matching one partition at once would each decide its top-k/w deliveries from a state
+        of their own."""
         owners = store.partition_owners()
         for part in self.parts:
             if owners.get(part) != token:
@@ -150,11 +175,15 @@ class PartitionTask:
                 store.own_partition(part, token)
                 owners[part] = token
         held = {part for part in (*self.held, *self.parts) if owners.get(part) == token}
-        beats, now = store.partition_beats(), time.time() * 1000
+        beats, now = store.partition_beats(), time.monotonic()
         for part in range(self.matcher.partitions):
-            silent = now - max(beats.get(part, 0), started)
-            if part not in held and silent > SILENT_MS and store.adopt_partition(part, token, SILENT_MS):
-                log.warning("partitions %s adopt partition %d, silent for %.1f s", self.parts, part, silent / 1000)
+            beat = beats.get(part)
+            heard = self._heard.get(part)
+            if heard is None or heard[0] != beat:
+                self._heard[part] = (beat, now)
+            silent = now - self._heard[part][1]
+            if part not in held and silent * 1000 > SILENT_MS and store.adopt_partition(part, token, beat):
+                log.warning("partitions %s adopt partition %d, silent for %.1f s", self.parts, part, silent)
                 held.add(part)
         for part in self.held - held:  # another task took it: its state here is not kept up
             worker_state.discard(self._key(part))

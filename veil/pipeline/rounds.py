@@ -7,9 +7,9 @@ Spark checkpoints the epochs; which log entries were processed is the store's to
 partition, in the transactions that record them), so a restarted query, a replayed epoch or a
 retried task resumes where the partition's last recorded round ended.
 
-An epoch has one task per matcher partition, or one per core if the cores are fewer (`slots`, from
-the driver): each task then runs several partitions in turn from the start, rather than leaving
-some to wait for a core until a running task adopts them by their silence.
+An epoch has one task per matcher partition, or in local mode one per task thread if those are
+fewer (`slots`, from the driver): each task then runs several partitions in turn from the start,
+rather than leaving some to wait for a core until a running task adopts them by their silence.
 """
 
 from __future__ import annotations

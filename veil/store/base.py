@@ -533,22 +533,27 @@ class PipelineStore(LogReader):
         """The task `token` of partition `part` has started: the partition is its (and alive)."""
 
     @abstractmethod
-    def adopt_partition(self, part: int, token: int, silent_ms: int) -> bool:
-        """Task `token` takes over partition `part` if nothing was heard from it for `silent_ms`
-        (its task died, or waits for a core); True if it did."""
+    def adopt_partition(self, part: int, token: int, beat: int | None) -> bool:
+        """Task `token` takes over partition `part` if its last sign of life is still `beat` (as
+        `partition_beats` gave it; None: there was none), which the caller saw unchanged for as
+        long as it calls silence by its own clock: machines' clocks need not agree. True if it did."""
 
     @abstractmethod
     def partition_owners(self) -> dict[int, int]:
         """Which task (token) last started or adopted each matcher partition."""
 
     @abstractmethod
-    def end_leases(self, parts: Sequence[int], epoch: int) -> None:
-        """The tasks given these matcher partitions in `epoch` (a number that grows from one epoch to
-        the next) have reached the epoch's end."""
+    def start_leases(self, parts: Sequence[int], epoch: int) -> None:
+        """The task given these matcher partitions in `epoch` (a number of its own) has started."""
 
     @abstractmethod
-    def leases_ended(self, epoch: int) -> set[int]:
-        """The matcher partitions whose task of `epoch` (or of a later one) has reached its end."""
+    def end_leases(self, parts: Sequence[int], epoch: int) -> None:
+        """The task given these matcher partitions in `epoch` has reached the epoch's deadline."""
+
+    @abstractmethod
+    def leases(self, epoch: int) -> tuple[set[int], set[int]]:
+        """The matcher partitions whose task of `epoch` has started, and those whose task has
+        reached its deadline."""
 
     @abstractmethod
     def matches_per_entry(self) -> int:

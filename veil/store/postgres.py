@@ -30,6 +30,10 @@ from veil.store.relational import LAST_FEED_SEQ, Cursor, Db, RelationalStore, Tr
 WRITE_LOCK = 0x7665696C  # the advisory lock every write transaction takes ("veil")
 PIPELINE_LOCK = WRITE_LOCK + 1  # held by the one pipeline of the store
 FEED_CHANNEL = "veil_feed"
+# A host that vanishes (power, network) with a transaction open would hold the store's write lock
+# until TCP gives up (15 minutes and more): keepalives and a user timeout end its session in ~30 s
+CONNECTION = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+              "tcp_user_timeout": 30_000}  # fmt: skip
 POOL_SIZE = 5  # connections per process: the gateway's reader, writer and registry-head threads, the hub's waits
 FAILURES = (psycopg.OperationalError,)  # lost connections, full disks, pool timeouts, shutdowns
 
@@ -198,8 +202,9 @@ class PostgresStore(RelationalStore):
     def __init__(self, url: str, create: bool = True) -> None:
         self.url = url
         self._pool = ConnectionPool(
-            url, min_size=1, max_size=POOL_SIZE, kwargs={"autocommit": True}, open=False, name="veil-store"
-        )
+            url, min_size=1, max_size=POOL_SIZE, kwargs={"autocommit": True, **CONNECTION}, open=False,
+            name="veil-store",
+        )  # fmt: skip
         self._listener: psycopg.Connection | None = None
         self._pipeline: psycopg.Connection | None = None  # holds the pipeline's lock (`claim_pipeline`)
         try:
@@ -268,7 +273,7 @@ class PostgresStore(RelationalStore):
         feed is looked at after listening starts, so a row written just before is not missed."""
         try:
             if self._listener is None or self._listener.closed:
-                self._listener = psycopg.connect(self.url, autocommit=True)
+                self._listener = psycopg.connect(self.url, autocommit=True, **CONNECTION)
                 self._listener.execute(f"LISTEN {FEED_CHANNEL}")
             listener = self._listener
             if listener.execute(LAST_FEED_SEQ).fetchone()[0] > seq:  # type: ignore[index]
@@ -288,7 +293,7 @@ class PostgresStore(RelationalStore):
             if self._pipeline is not None:
                 self._pipeline.execute("SELECT 1")
                 return True
-            connection = psycopg.connect(self.url, autocommit=True)
+            connection = psycopg.connect(self.url, autocommit=True, **CONNECTION)
             held = False
             try:
                 held = connection.execute(f"SELECT pg_try_advisory_lock({PIPELINE_LOCK})").fetchone()[0]  # type: ignore[index]

@@ -244,11 +244,12 @@ class DeliverySql(Dialect):
                 )
             if processed > recorded:
                 set_aside(db, done.quarantined, processed, now)
-            db.executemany(
+            db.execute(
                 "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE "
                 f"SET value = {self.GREATEST}(status.value, excluded.value), updated = excluded.updated",
-                [(f"processed.{part}", processed, now), (f"beat.{matcher}", now_ms(), now)],
+                (f"processed.{part}", processed, now),
             )
+            set_status(db, f"beat.{matcher}", now_ms())  # a sign of life: compared by change, not by clock
             set_least(db, "processed", "processed.")
             if done.took_ms is not None:
                 count_durations(db, [done.took_ms])

@@ -161,10 +161,9 @@ class StatusSql(Dialect):
             set_status(db, f"owner.{part}", token)
             set_status(db, f"beat.{part}", now_ms())
 
-    def adopt_partition(self, part: int, token: int, silent_ms: int) -> bool:
+    def adopt_partition(self, part: int, token: int, beat: int | None) -> bool:
         with self._tx() as db:
-            beat = get_status(db, f"beat.{part}")
-            if beat is not None and now_ms() - beat <= silent_ms:
+            if get_status(db, f"beat.{part}") != beat:
                 return False
             set_status(db, f"owner.{part}", token)
             set_status(db, f"beat.{part}", now_ms())
@@ -173,13 +172,27 @@ class StatusSql(Dialect):
     def partition_owners(self) -> dict[int, int]:
         return self._numbered("owner.")
 
+    def start_leases(self, parts: Sequence[int], epoch: int) -> None:
+        with self._tx() as db:
+            for part in parts:
+                set_status(db, f"started.{part}", epoch)
+
     def end_leases(self, parts: Sequence[int], epoch: int) -> None:
         with self._tx() as db:
             for part in parts:
                 set_status(db, f"ended.{part}", epoch)
 
-    def leases_ended(self, epoch: int) -> set[int]:
-        return {part for part, ended in self._numbered("ended.").items() if ended >= epoch}
+    def leases(self, epoch: int) -> tuple[set[int], set[int]]:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT name, value FROM status WHERE (name LIKE ? OR name LIKE ?) AND value = ?",
+                ("started.%", "ended.%", epoch),
+            ).fetchall()
+        marks: dict[str, set[int]] = {"started": set(), "ended": set()}
+        for name, _ in rows:
+            kind, part = name.split(".")
+            marks[kind].add(int(part))
+        return marks["started"], marks["ended"]
 
     def _numbered(self, prefix: str) -> dict[int, int]:
         """The status rows `prefix`<partition>, by partition."""
