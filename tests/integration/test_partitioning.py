@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
     [
         ("subscriptions", "rounds", "postgresql"),
         ("publications", "rounds", "sqlite"),
-        ("publications", "micro-batch", "postgresql"),  # its slices of a batch; subscriptions: test_topkw
+        ("subscriptions", "micro-batch", "postgresql"),
     ],
     indirect=["store_flags"],
 )
