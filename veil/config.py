@@ -101,7 +101,8 @@ class Config:
     trigger: str = _opt(
         "rounds", "rounds: a long-running Spark task per matcher partition follows the log and records a round "
         "per commit (tens of ms); micro-batch: Spark plans each range of the log as a micro-batch, matches it "
-        "in mapInArrow and records it in foreachBatch (Spark's fixed cost per batch, ~0.3 s here)",
+        "in mapInArrow and records it in foreachBatch (Spark's fixed cost per batch, ~0.3 s here; subscription "
+        "partitioning only, for now)",
         ("VEIL_TRIGGER",),
     )  # fmt: skip
     epoch_seconds: float = _opt(

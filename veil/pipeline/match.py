@@ -271,11 +271,11 @@ class _Output:
 
         offsets, sub_nos, cropped = joined(self.offsets), joined(self.sub_nos), self.cropped
         quarantined = list(self.quarantined.values())
-        poisoned = [q.offset for q in quarantined if q.kind == KIND_PUBLICATION]
+        poisoned = {q.offset for q in quarantined if q.kind == KIND_PUBLICATION}
         if poisoned:
-            kept = ~np.isin(offsets, poisoned)
+            kept = ~np.isin(offsets, list(poisoned))
             offsets, sub_nos = offsets[kept], sub_nos[kept]
-            cropped = [copy for copy in cropped if copy[1] not in set(poisoned)]
+            cropped = [copy for copy in cropped if copy[1] not in poisoned]
         if cropped:
             offsets = np.concatenate([offsets, np.array([pub for _, pub, _ in cropped], np.int64)])
             sub_nos = np.concatenate([sub_nos, np.array([number for number, _, _ in cropped], np.int64)])

@@ -87,9 +87,9 @@ class Matcher:
         """Subscription partitioning: every partition matches every publication against 1/N of the
         subscriptions. Publication partitioning: every partition holds all subscriptions and
         matches the ranges it was given."""
-        if self.by_publication or entry.kind in (KIND_PUBLICATION, KIND_REGISTRY, KIND_TICK):
+        if entry.kind in (KIND_PUBLICATION, KIND_REGISTRY, KIND_TICK):
             return True
-        return partition_of(entry.sub_id, self.partitions) == part  # type: ignore[arg-type]
+        return self._routed_here(part)(entry.sub_id)  # type: ignore[arg-type]
 
     def _routed_here(self, part: int) -> Callable[[str], bool]:
         """Whether a subscription id is held by partition `part`."""

@@ -6,7 +6,8 @@ batch durations) mean what they say. The plan has no shuffle:
 
 1. `LogRanges`: one row per matcher partition, the part of the batch's range it matches (every
    partition the whole range with subscription partitioning; consecutive slices of it with
-   publication partitioning);
+   publication partitioning, which the configuration refuses for now: a clean-clone run had the
+   store refuse such a batch's first round on every restart, not yet understood);
 2. `mapInArrow(MatchRanges)`: in the executors, each matcher partition's round over its range, by
    the same round core as the `rounds` trigger (`Matcher`), out as one row carrying the `Round`;
 3. `foreachBatch(RecordRounds)`: on the driver, each round recorded by the store with the same
