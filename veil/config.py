@@ -101,8 +101,7 @@ class Config:
     trigger: str = _opt(
         "rounds", "rounds: a long-running Spark task per matcher partition follows the log and records a round "
         "per commit (tens of ms); micro-batch: Spark plans each range of the log as a micro-batch, matches it "
-        "in mapInArrow and records it in foreachBatch (Spark's fixed cost per batch, ~0.3 s here; subscription "
-        "partitioning only, for now)",
+        "in mapInArrow and records it in foreachBatch (Spark's fixed cost per batch, ~0.3 s here)",
         ("VEIL_TRIGGER",),
     )  # fmt: skip
     epoch_seconds: float = _opt(
@@ -323,10 +322,6 @@ class Config:
             raise ValueError("--partition-mode: subscriptions or publications")
         if self.trigger not in ("rounds", "micro-batch"):
             raise ValueError(f"--trigger: {self.trigger!r} is neither rounds nor micro-batch")
-        if self.trigger == "micro-batch" and self.partition_mode == "publications":
-            # its slices of a batch were refused by the store in a clean-clone run (a round from 0
-            # after progress moved): refused until that is understood
-            raise ValueError("--trigger micro-batch: only with --partition-mode subscriptions for now")
         if self.instances != 1 or self.instance_id != 0:
             raise ValueError(
                 "--instances/--instance-id: Veil runs as one instance per store; to spread the load, run "

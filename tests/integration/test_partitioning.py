@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
     [
         ("subscriptions", "rounds", "postgresql"),
         ("publications", "rounds", "sqlite"),
-        ("subscriptions", "micro-batch", "postgresql"),
+        ("publications", "micro-batch", "postgresql"),  # its slices of a batch; subscriptions: test_topkw
     ],
     indirect=["store_flags"],
 )

@@ -28,7 +28,6 @@ def test_precedence_flags_over_environment_over_file(tmp_path):
     [
         (["--bind", "0.0.0.0"], "--bind"),
         (["--port", "70000"], "--port"),
-        (["--trigger", "micro-batch", "--partition-mode", "publications"], "--trigger"),
         (["--port", "abc"], "--port"),
         (["--certificate", "/nonexistent.pem", "--private-key", "/nonexistent.pem"], "--certificate"),
         (["--instances", "2", "--instance-id", "1"], "--role gateway"),

@@ -9,7 +9,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from veil.pipeline.micro_batch import RangeReader, decode_round, encode_round
+from tests.unit.helpers import stream_reader
+from veil.pipeline.micro_batch import LogRanges, RangeReader, decode_round, encode_round
 from veil.store import Quarantined, Round, StatefulBatch
 
 offsets = st.integers(0, 2**62)
@@ -58,14 +59,16 @@ def test_a_round_arrives_on_the_driver_as_it_left_the_executor(
 
 
 def test_subscription_partitioning_gives_every_partition_the_whole_range():
-    reader = RangeReader({"store": "sqlite:///nowhere/veil.db", "partitions": "3"})
+    reader = stream_reader(LogRanges, partitions="3")
+    assert isinstance(reader, RangeReader)
     assert [(r.part, r.start, r.end) for r in reader.partitions({"offset": 10}, {"offset": 20})] == [
         (0, 10, 20), (1, 10, 20), (2, 10, 20),
     ]  # fmt: skip
 
 
 def test_publication_partitioning_slices_the_range_in_order():
-    reader = RangeReader({"store": "sqlite:///nowhere/veil.db", "partitions": "3", "partitionMode": "publications"})
+    reader = stream_reader(LogRanges, partitions="3", partitionMode="publications", maxRowsPerRound="7")
+    assert isinstance(reader, RangeReader) and reader.max_rows == 7
     ranges = [(r.start, r.end) for r in reader.partitions({"offset": 10}, {"offset": 20})]
     assert ranges[0][0] == 10 and ranges[-1][1] == 20
     assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))  # contiguous, no overlap

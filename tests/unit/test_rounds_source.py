@@ -1,7 +1,8 @@
 import time
 
+from tests.unit.helpers import stream_reader
 from veil.pipeline.partition_task import round_end
-from veil.pipeline.rounds import EpochReader
+from veil.pipeline.rounds import EpochReader, EventLogSource
 
 
 def test_rounds_shrink_to_the_matches_the_last_one_produced():
@@ -12,7 +13,8 @@ def test_rounds_shrink_to_the_matches_the_last_one_produced():
 
 
 def test_every_trigger_starts_the_next_epoch_with_a_task_per_partition():
-    reader = EpochReader({"store": "sqlite:///nowhere/veil.db", "partitions": "3", "epochSeconds": "7"})
+    reader = stream_reader(EventLogSource, partitions="3", epochSeconds="7", partitionMode="publications")
+    assert isinstance(reader, EpochReader) and reader.by_publication
     assert reader.initialOffset() == {"epoch": 0}
     assert reader.latestOffset({"epoch": 41}, None) == {"epoch": 42}  # type: ignore[arg-type]
     before = time.time()
@@ -26,5 +28,6 @@ def test_with_fewer_cores_than_partitions_each_task_runs_several_from_the_start(
     """Not one task per partition, some of them waiting for a core until a running one adopts
     their partitions by silence."""
     for slots, expected in (("1", [[0, 1, 2]]), ("2", [[0, 2], [1]]), ("8", [[0], [1], [2]])):
-        reader = EpochReader({"store": "sqlite:///nowhere/veil.db", "partitions": "3", "slots": slots})
+        reader = stream_reader(EventLogSource, partitions="3", slots=slots)
+        assert isinstance(reader, EpochReader)
         assert [lease.task.parts for lease in reader.partitions({"epoch": 0}, {"epoch": 1})] == expected

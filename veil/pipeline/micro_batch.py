@@ -6,8 +6,7 @@ batch durations) mean what they say. The plan has no shuffle:
 
 1. `LogRanges`: one row per matcher partition, the part of the batch's range it matches (every
    partition the whole range with subscription partitioning; consecutive slices of it with
-   publication partitioning, which the configuration refuses for now: a clean-clone run had the
-   store refuse such a batch's first round on every restart, not yet understood);
+   publication partitioning);
 2. `mapInArrow(MatchRanges)`: in the executors, each matcher partition's round over its range, by
    the same round core as the `rounds` trigger (`Matcher`), out as one row carrying the `Round`;
 3. `foreachBatch(RecordRounds)`: on the driver, each round recorded by the store with the same
@@ -22,7 +21,7 @@ batches: its retries, its metrics, a cluster's dynamic allocation (an idle execu
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -87,14 +86,14 @@ class LogRanges(DataSource):
         return RANGES_SCHEMA
 
     def streamReader(self, schema: object) -> DataSourceStreamReader:
-        return RangeReader(dict(self.options))
+        return RangeReader(self.options)
 
 
 class RangeReader(DataSourceStreamReader):
     """Offsets are log positions; a batch is at most `maxRowsPerRound` entries (fewer after rounds
     with many matches per entry, as in the `rounds` trigger)."""
 
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.url = options["store"]
         self.partitions_n = int(options.get("partitions", "1"))
         self.by_publication = options.get("partitionMode", "subscriptions") == "publications"
