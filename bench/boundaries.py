@@ -76,13 +76,15 @@ class Watcher:
         self._thread.start()
 
     def _watch(self) -> None:
-        owners = self.store.partition_owners()
+        # the owners of the epoch in progress: a boundary is when none of them owns a partition any
+        # more (the next epoch's tasks take their partitions a moment apart)
+        owners = set(self.store.partition_owners().values())
         sampled = 0.0
         while not self._stop.wait(0.05):
-            current = self.store.partition_owners()
-            if current and set(current.values()).isdisjoint(owners.values()):
+            current = set(self.store.partition_owners().values())
+            if current and current.isdisjoint(owners):
                 self.boundaries.append(time.time())
-            owners = current
+                owners = current
             if time.monotonic() - sampled >= 5:
                 sampled = time.monotonic()
                 sizes = []
@@ -126,7 +128,7 @@ async def epoch_boundaries(args: argparse.Namespace) -> None:
         await asyncio.to_thread(broker.wait_processed, 1800)
         print(f"{args.boundary_subscriptions:,} subscriptions made and matched in {time.monotonic() - began:.0f} s")
         watcher = Watcher(broker)
-        async with VeilClient(broker.url, auth_hash="bench", tcp_port=broker.tcp_port) as client:
+        async with VeilClient(broker.url, auth_hash="probe", tcp_port=broker.tcp_port) as client:
             probe = Probe(client, 2)
             await probe.start()
             started = time.time()
@@ -157,8 +159,10 @@ def report(probe: Probe, watcher: Watcher, built: list[tuple[float, float, int]]
         print(
             f"{'partition ' + str(i):>20} {np.percentile(ms, 50):>8.0f} {np.percentile(ms, 99):>8.0f} {ms.max():>9.0f}"
         )
-    print(f"\nState builds (a task in another worker than its partition's last), {len(built)} in all")
-    print(f"{'at s':>8} {'seconds':>8} {'worker':>8}")
+    built = [(at, took, pid) for at, took, pid in built if at >= started]
+    print(f"\nState builds (a task in another worker than its partition's last) while measured: {len(built)}")
+    if built:
+        print(f"{'at s':>8} {'seconds':>8} {'worker':>8}")
     for at, took, pid in built:
         print(f"{at - started:>8.1f} {took:>8.2f} {pid:>8}")
     print("\nPython workers' resident memory, MB (largest first)")

@@ -6,7 +6,14 @@ them to the driver. Same Spark settings as the broker's pipeline (`build_session
 same partitions. Latency is from a row being due (readable by the source) to its foreachBatch
 having returned; Spark's own split of each micro-batch (`durationMs`) is reported beside it.
 
+`--stateful K` puts Spark's own keyed state in the middle instead of the pass-through: rows grouped
+by K keys (as top-k/w windows are by subscription) into `transformWithStateInPandas`, each key
+keeping a count and a processing-time timer (a window's expiry) in the RocksDB state store. What
+that adds to each batch is what the `micro-batch` trigger would pay to keep top-k/w state in Spark
+instead of in the store it records its rounds in.
+
     python -m bench.spark_floor [--rate 1000] [--seconds 20] [--trigger-ms 50] [--partitions 2]
+                                [--stateful K]
 
 Prints one JSON document (what `bench.latency` reads when it runs this in the same run).
 """
@@ -25,6 +32,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
 
 from veil.config import Config
 from veil.pipeline.job import build_session
@@ -77,6 +85,27 @@ def _passed_through(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatc
     yield from batches
 
 
+class _Window(StatefulProcessor):
+    """Per key: how many rows it saw, and a timer a minute on (re-armed by each batch with rows)."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.count = handle.getValueState("count", "count LONG")
+
+    def handleInputRows(self, key, rows, timerValues: TimerValues):
+        seen = self.count.get()[0] if self.count.exists() else 0
+        for frame in rows:
+            seen += len(frame)
+            yield frame[["n", "due"]]
+        self.count.update((seen,))
+        for due in self.handle.listTimers():
+            self.handle.deleteTimer(due)
+        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + 60_000)
+
+    def close(self) -> None:
+        pass
+
+
 class _Collect:
     def __init__(self) -> None:
         self.latencies: list[float] = []
@@ -89,11 +118,17 @@ class _Collect:
 
 
 def measure(
-    rate: float, seconds: float, trigger_ms: int, partitions: int, fused: bool = False, warmup: float = 10.0
-) -> dict:
+    rate: float, seconds: float, trigger_ms: int, partitions: int, fused: bool = False, warmup: float = 10.0,
+    stateful: int = 0,
+) -> dict:  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="veil-floor-") as data_dir:
         config = Config(data_dir=data_dir, partitions=partitions)
         spark = build_session(config)
+        if stateful:  # transformWithState keeps its state only in RocksDB
+            spark.conf.set(
+                "spark.sql.streaming.stateStore.providerClass",
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+            )
         spark.dataSource.register(DueRows)
         rows = (
             spark.readStream.format(DueRows.name())
@@ -103,7 +138,16 @@ def measure(
             .load()
         )
         collect = _Collect()
-        stage = rows if fused else rows.mapInArrow(_passed_through, rows.schema)
+        if stateful:
+            stage = (
+                rows.withColumn("key", rows.n % stateful)
+                .groupBy("key")
+                .transformWithStateInPandas(_Window(), "n LONG, due DOUBLE", "Update", "ProcessingTime")
+            )
+        elif fused:
+            stage = rows
+        else:
+            stage = rows.mapInArrow(_passed_through, rows.schema)
         query = (
             stage.writeStream.foreachBatch(collect)
             .option("checkpointLocation", config.checkpoint_location)
@@ -130,6 +174,7 @@ def measure(
     latencies = np.array(collect.latencies)
     return {
         "rate": rate,
+        "stateful": stateful,
         "batches": len(seen),
         "p50": float(np.percentile(latencies, 50)),
         "p99": float(np.percentile(latencies, 99)),
@@ -144,8 +189,10 @@ def main() -> None:
     parser.add_argument("--trigger-ms", type=int, default=50)
     parser.add_argument("--partitions", type=int, default=Config.partitions)
     parser.add_argument("--fused", action="store_true", help="no mapInArrow: the source's tasks do the work")
+    parser.add_argument("--stateful", type=int, default=0, help="keyed state in Spark over this many keys")
     args = parser.parse_args()
-    print(json.dumps(measure(args.rate, args.seconds, args.trigger_ms, args.partitions, args.fused)), flush=True)
+    figures = measure(args.rate, args.seconds, args.trigger_ms, args.partitions, args.fused, stateful=args.stateful)
+    print(json.dumps(figures), flush=True)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ tests and the benchmarks."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -14,6 +15,18 @@ import urllib.request
 
 READY_TIMEOUT = 180.0
 OPEN_REGISTRY = {"rules": {"*": [[]]}, "announce": {"*": [[]]}}
+_children: list[subprocess.Popen] = []  # every broker started here, killed at exit if still running
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """A broker whose test or benchmark ended without stopping it (an error in between, a stop that
+    timed out) would otherwise run on, restarting its pipeline against a store that is gone, and
+    take the CPU of whatever runs next."""
+    for child in _children:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
 
 
 def free_ports(n: int) -> list[int]:
@@ -53,6 +66,7 @@ class BrokerProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         environment = None if self.env is None else {**os.environ, **self.env}
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
+        _children.append(self.process)
         log.close()
         if wait_ready:
             self.wait_ready()
@@ -174,3 +188,4 @@ class BrokerProcess:
                 self.stop(timeout=60)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait(10)

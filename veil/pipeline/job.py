@@ -322,11 +322,12 @@ def _run_query(config: Config, store: PipelineStore, stop: threading.Event) -> i
     query = start_query(spark, config)
     heartbeat = Heartbeat(store, config.partitions)
     _warm_up(store, query, stop)
-    store.register_pipeline(os.getpid())
-    log.info(
-        "pipeline running (%s, %d partitions by %s, %s) after %.1f s",
-        config.master, config.partitions, config.partition_mode, config.trigger, time.monotonic() - started,
-    )  # fmt: skip
+    if query.isActive:  # one that failed while warming up is reported below, not announced
+        store.register_pipeline(os.getpid())
+        log.info(
+            "pipeline running (%s, %d partitions by %s, %s) after %.1f s",
+            config.master, config.partitions, config.partition_mode, config.trigger, time.monotonic() - started,
+        )  # fmt: skip
     try:
         while not stop.is_set():
             heartbeat.beat()
