@@ -9,9 +9,10 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.helpers import stream_reader
+from tests.unit.helpers import published, stream_reader
 from veil.pipeline.micro_batch import LogRanges, RangeReader, decode_round, encode_round
-from veil.store import Quarantined, Round, StatefulBatch
+from veil.pipeline.store_handle import store_for
+from veil.store import Quarantined, Round, StatefulBatch, open_store
 
 offsets = st.integers(0, 2**62)
 deliveries = st.lists(st.tuples(offsets, offsets, st.none() | st.binary(max_size=20)), max_size=4)
@@ -66,9 +67,21 @@ def test_subscription_partitioning_gives_every_partition_the_whole_range():
     ]  # fmt: skip
 
 
-def test_publication_partitioning_slices_the_range_in_order():
-    reader = stream_reader(LogRanges, partitions="3", partitionMode="publications", maxRowsPerRound="7")
+def _progress_at(url: str, offset: int) -> None:
+    """A store whose one (publication partitioning) progress is at `offset`."""
+    store = store_for(url)
+    store.set_partitions(1)
+    recorded = store.partition_offset(0)
+    if offset > recorded:
+        assert store.record_round(Round([], [], offset, part=0, start=recorded))
+
+
+def test_publication_partitioning_slices_what_is_left_to_match_in_order(tmp_path):
+    url = f"sqlite:///{tmp_path}/veil.db"
+    open_store(url).append_publications(published(*[b"{}"] * 30))
+    reader = stream_reader(LogRanges, store=url, partitions="3", partitionMode="publications", maxRowsPerRound="7")
     assert isinstance(reader, RangeReader) and reader.max_rows == 7
+    _progress_at(url, 10)
     ranges = [(r.start, r.end) for r in reader.partitions({"offset": 10}, {"offset": 20})]
     assert ranges[0][0] == 10 and ranges[-1][1] == 20
     assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))  # contiguous, no overlap
@@ -77,3 +90,12 @@ def test_publication_partitioning_slices_the_range_in_order():
         (10, 11),
         (11, 11),
     ]
+    # the store ahead of Spark's start (the other trigger matched further): only what is left
+    _progress_at(url, 16)
+    assert [(r.start, r.end) for r in reader.partitions({"offset": 10}, {"offset": 19})] == [
+        (16, 17), (17, 18), (18, 19),
+    ]  # fmt: skip
+    # a checkpoint ahead of the store (a store restored from a backup): from the store's progress
+    assert [(r.start, r.end) for r in reader.partitions({"offset": 25}, {"offset": 28})] == [
+        (16, 20), (20, 24), (24, 28),
+    ]  # fmt: skip
