@@ -102,9 +102,6 @@ class _Window(StatefulProcessor):
             self.handle.deleteTimer(due)
         self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + 60_000)
 
-    def close(self) -> None:
-        pass
-
 
 class _Collect:
     def __init__(self) -> None:

@@ -59,8 +59,14 @@ def test_a_round_arrives_on_the_driver_as_it_left_the_executor(
     assert back._replace(sub_nos=None, pubs=None) == done._replace(sub_nos=None, pubs=None)
 
 
-def test_subscription_partitioning_gives_every_partition_the_whole_range():
-    reader = stream_reader(LogRanges, partitions="3")
+def test_subscription_partitioning_gives_every_partition_the_whole_range(tmp_path):
+    url = f"sqlite:///{tmp_path}/veil.db"
+    store = open_store(url)
+    store.append_publications(published(*[b"{}"] * 30))
+    store.set_partitions(3)
+    for part in range(3):
+        assert store.record_round(Round([], [], 10, part=part, start=0))
+    reader = stream_reader(LogRanges, store=url, partitions="3")
     assert isinstance(reader, RangeReader)
     assert [(r.part, r.start, r.end) for r in reader.partitions({"offset": 10}, {"offset": 20})] == [
         (0, 10, 20), (1, 10, 20), (2, 10, 20),

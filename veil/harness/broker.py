@@ -66,7 +66,7 @@ class BrokerProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         environment = None if self.env is None else {**os.environ, **self.env}
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
-        _children.append(self.process)
+        _children[:] = [child for child in _children if child.poll() is None] + [self.process]
         log.close()
         if wait_ready:
             self.wait_ready()

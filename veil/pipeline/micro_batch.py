@@ -123,13 +123,14 @@ class RangeReader(DataSourceStreamReader):
         return {"offset": end}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        begin, until = start["offset"], end["offset"]
+        """Ranges begin where the store's progress is, not at Spark's start: past it when the other
+        trigger matched further, short of it when the store is older than the checkpoint (restored
+        from a backup), whose entries are then matched, not skipped."""
+        store, until = self.store, end["offset"]
         if not self.by_publication:
-            return [Range(part, begin, until) for part in range(self.partitions_n)]
-        # the slices share out what is left to match: from the store's progress, which is past
-        # Spark's start when the other trigger matched further, and short of it when the store is
-        # older than the checkpoint (restored from a backup): those entries are matched, not skipped
-        begin = min(self.store.processed_offset(), until)
+            return [Range(part, min(store.partition_offset(part), until), until) for part in range(self.partitions_n)]
+        # the slices share out what is left to match
+        begin = min(store.processed_offset(), until)
         cuts = np.linspace(begin, until, self.partitions_n + 1).round().astype(np.int64).tolist()
         return [Range(part, cuts[part], cuts[part + 1]) for part in range(self.partitions_n)]
 
@@ -139,9 +140,9 @@ class RangeReader(DataSourceStreamReader):
 
 
 class MatchRanges:
-    """The mapInArrow function: each range's round, by the matcher of its partition. A range begins
-    where its partition's recorded progress is: past the range's start in a batch replayed after
-    some of its rounds were recorded, short of it in a store older than Spark's checkpoint."""
+    """The mapInArrow function: each range's round, by the matcher of its partition. A range whose
+    partition already recorded past its start (a batch replayed after its rounds were recorded)
+    starts where the partition is."""
 
     def __init__(self, matcher: Matcher) -> None:
         self.matcher = matcher
@@ -151,10 +152,9 @@ class MatchRanges:
         parts, rounds = [], []
         for batch in batches:
             for part, start, end in zip(*(batch.column(i).to_pylist() for i in range(3)), strict=True):
-                progress = store.partition_offset(self.matcher.progress(part))
                 # a later slice of publication partitioning begins past the progress: the slices
                 # before it are in this batch too, and recorded before it
-                begin = max(start, progress) if self.matcher.by_publication else progress
+                begin = max(start, store.partition_offset(self.matcher.progress(part)))
                 if begin >= end:
                     continue
                 began = time.monotonic()
