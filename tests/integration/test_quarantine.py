@@ -119,5 +119,5 @@ async def test_a_poison_subscription_is_refused_and_its_owner_told(broker):
     conn.close()
     deadline = time.monotonic() + 20  # the health report follows the quarantine (within a second when idle)
     while broker.health()["quarantined"] != 0:
-        assert time.monotonic() < deadline, broker.health()
+        assert time.monotonic() < deadline, (broker.health(), await quarantined(broker))
         await asyncio.sleep(0.2)

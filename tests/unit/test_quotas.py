@@ -64,13 +64,17 @@ async def test_one_client_with_many_subscriptions_behind_is_one_client_behind(tm
             await hub.attach(session(number, "bob", caught_up=False))
         for number in range(16, 23):
             await hub.attach(session(number, f"reader-{number}", caught_up=True))
-        assert hub.behind() == 16 and hub.clients_behind() == (1, 8)
+        assert hub.behind() == 16 and hub.clients_behind() == (1, 8, 0)
         await hub.attach(session(23, "reader-16", caught_up=False))  # one of its two behind: not most
-        assert hub.clients_behind() == (1, 8)
+        assert hub.clients_behind() == (1, 8, 0)
         silent = session(24, "silent", caught_up=False)
         silent.watch.slow = True  # its last write waited for it: between writes it still does not count
         await hub.attach(silent)
-        assert hub.clients_behind() == (1, 8)
+        assert hub.clients_behind() == (1, 8, 1)  # counted apart
+        reading = session(25, "reader-16", caught_up=True)
+        reading.watch.slow = True  # a client with one connection that reads is not counted apart
+        await hub.attach(reading)
+        assert hub.clients_behind() == (1, 8, 1)
 
 
 async def test_a_client_stays_not_reading_from_a_write_that_waited_until_one_goes_through_at_once():

@@ -651,3 +651,17 @@ def test_a_dropped_subscription_quarantine_does_not_come_back(store):
     assert removed > pub
     store.record_round(Round([], [], pub, quarantined=[failure]))  # a round still before the removal
     assert store.quarantine_count() == 0
+
+
+def test_a_dropped_publication_quarantine_does_not_come_back(store):
+    """A publication the operator dropped from the quarantine is failed on again by a partition that
+    was behind the others (or a round replayed): it stays dropped, listed nowhere, counted nowhere."""
+    before = store.put_subscription("s", "alice", b"[]")
+    store.record_round(Round([], [], before, part=1))  # partition 1 is behind
+    (pub,) = store.append_publications(published(b'{"a":1}'))
+    failure = Quarantined(pub, KIND_PUBLICATION, None, "bob", "RuntimeError: boom")
+    store.record_round(Round([], [], pub, quarantined=[failure], part=0))
+    (record,) = store.quarantine()
+    assert store.release_quarantined(record.offset) and not store.release_quarantined(record.offset)
+    store.record_round(Round([], [], pub, quarantined=[failure], part=1))
+    assert store.quarantine_count() == 0 and store.quarantine() == [] and store.quarantined_at(pub) is None

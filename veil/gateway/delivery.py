@@ -46,6 +46,14 @@ FEED_RETRY = 1.0  # seconds before the feed is read again after the store failed
 JUDGE_INTERVAL = 0.1  # seconds a judgement of which clients are behind stands
 
 
+class Clients(NamedTuple):
+    """The hub's judgement of its clients (identities with a delivery connection)."""
+
+    behind: int  # of those connected, the ones most of whose subscriptions read their backlog from the store
+    connected: int  # the ones with a connection whose client reads what it is sent
+    not_reading: int  # the others: every connection of theirs has a write waiting for its client
+
+
 class Chunk(NamedTuple):
     """Deliveries for one session in publication order: offsets, the bytes delivered and their
     envelope fields (`envelope.fields`), and when each publication was logged (ms; for the latency
@@ -235,7 +243,7 @@ class DeliveryHub:
         self._ending: set[asyncio.Future[None]] = set()  # connections being told that they end
         self._by_number: dict[int, Session] = {}
         self._bundles: dict[int, Bundle] = {}
-        self._judged: tuple[float, tuple[int, int]] = (-JUDGE_INTERVAL, (0, 0))  # when, what
+        self._judged: tuple[float, Clients] = (-JUDGE_INTERVAL, Clients(0, 0, 0))  # when, what
         # indexed by subscription number: connected here; the key of its bundle (-1: a session of its
         # own); its place in the bundle
         self._connected = np.zeros(1024, bool)
@@ -339,15 +347,15 @@ class DeliveryHub:
             bundle.behind() for bundle in self._bundles.values()
         )
 
-    def judged_clients_behind(self) -> tuple[int, int]:
+    def judged_clients_behind(self) -> Clients:
         """`clients_behind` as judged at most JUDGE_INTERVAL ago: what publishes are refused by and the
-        metric shows, the same view for both, without a walk over every connection per publish."""
+        metrics show, the same view for both, without a walk over every connection per publish."""
         now = time.monotonic()
         if now - self._judged[0] >= JUDGE_INTERVAL:
             self._judged = (now, self.clients_behind())
         return self._judged[1]
 
-    def clients_behind(self) -> tuple[int, int]:
+    def clients_behind(self) -> Clients:
         """Clients behind, of the clients connected: a client is behind when most of its connected
         subscriptions read their backlog from the store instead of taking offers. Each client counts
         once, however many subscriptions and connections it has; connections whose client does not
@@ -356,22 +364,23 @@ class DeliveryHub:
         behind because of themselves, not because delivery cannot keep up."""
         now = time.monotonic()
         votes: dict[str, list[int]] = {}
-        for holder, behind, connected in (
+        silent: set[str] = set()
+        for holder, watch, behind, connected in (
+            *((session.client, session.watch, int(not session.caught_up), 1) for session in self._by_number.values()),
             *(
-                (session.client, int(not session.caught_up), 1)
-                for session in self._by_number.values()
-                if not session.watch.not_reading(now)
-            ),
-            *(
-                (bundle.client, bundle.behind(), int(bundle.open.sum()))
+                (bundle.client, bundle.watch, bundle.behind(), int(bundle.open.sum()))
                 for bundle in self._bundles.values()
-                if not bundle.watch.not_reading(now)
             ),
         ):
+            if watch.not_reading(now):
+                silent.add(holder.identity)
+                continue
             vote = votes.setdefault(holder.identity, [0, 0])
             vote[0] += behind
             vote[1] += connected
-        return sum(2 * behind > connected for behind, connected in votes.values()), len(votes)
+        return Clients(
+            sum(2 * behind > connected for behind, connected in votes.values()), len(votes), len(silent - votes.keys())
+        )
 
     def queued(self) -> int:
         """Deliveries queued in memory for connected subscriptions."""

@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from veil.gateway.delivery import Clients
 from veil.gateway.store_threads import StoreThreads
 from veil.monitoring import trace
 from veil.store import Publication
@@ -32,7 +33,7 @@ class Ingest:
         threads: StoreThreads,
         max_pending: int,
         max_lag: int,
-        clients_behind: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        clients_behind: Callable[[], Clients] = lambda: Clients(0, 0, 0),
     ) -> None:
         self._threads = threads
         self._max_pending = max_pending
@@ -59,7 +60,7 @@ class Ingest:
             raise Overloaded(f"{self._pending} publications are waiting for the log")
         if self.lag > self._max_lag:
             raise Overloaded(f"the matching pipeline is {self.lag} log entries behind", retry_after=2)
-        behind, connected = self.clients_behind()
+        behind, connected, _ = self.clients_behind()
         # A slow client only grows its own backlog in the store, however many subscriptions it has, and
         # clients that read nothing are not counted (DeliveryHub.clients_behind); most of the clients
         # that read being behind means delivery as a whole cannot keep up (or the gateway's memory for

@@ -68,12 +68,19 @@ class _Figures(Collector):
             "veil_sessions_behind", "connected subscriptions reading their backlog from the store",
             value=float(hub.behind()),
         )  # fmt: skip
-        behind, connected = hub.judged_clients_behind()  # as publishes see it
+        behind, connected, not_reading = hub.judged_clients_behind()  # as publishes see it
         yield GaugeMetricFamily(
             "veil_clients_behind", "connected clients most of whose subscriptions read their backlog from the store",
             value=float(behind),
         )  # fmt: skip
-        yield GaugeMetricFamily("veil_clients_connected", "clients with a delivery connection", value=float(connected))
+        yield GaugeMetricFamily(
+            "veil_clients_connected", "clients with a delivery connection whose client reads", value=float(connected)
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "veil_clients_not_reading",
+            "clients with delivery connections, each with a write waiting for its client (left out of the two above)",
+            value=float(not_reading),
+        )  # fmt: skip
         queued = float(hub.quotas.queued)
         yield GaugeMetricFamily("veil_queued_bytes", "bytes of delivery lines queued in memory", value=queued)
         hub.observe_latency()

@@ -455,7 +455,9 @@ class GatewayStore(LogReader):
 
     @abstractmethod
     def release_quarantined(self, offset: int) -> bool:
-        """Drop a quarantined entry from the quarantine (the operator looked at it); False if none was."""
+        """Drop a quarantined entry from the quarantine (the operator looked at it); False if none was.
+        It stays known as dropped: a partition behind the others (or a replayed round) that fails on
+        the same entry later sets nothing aside again, where a deleted row would come back."""
 
     @abstractmethod
     def expect_pipeline(self) -> None:

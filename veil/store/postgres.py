@@ -161,6 +161,11 @@ ALTER TABLE gateways ADD COLUMN incarnation TEXT NOT NULL DEFAULT '';
 DROP INDEX IF EXISTS subscriptions_owner_live;
 CREATE INDEX subscriptions_owner_id ON subscriptions(owner, sub_id) WHERE deleted IS NULL;
 """,
+    # an entry an operator dropped from the quarantine is kept as dropped: a matcher that meets it again
+    # (a partition behind the others, a round replayed) does not bring it back
+    """
+ALTER TABLE quarantine ADD COLUMN released DOUBLE PRECISION;
+""",
 )
 
 

@@ -32,6 +32,7 @@ ADDED_COLUMNS = (  # (table, column, declaration) added since the first release
     ("log", "copy_of", "INTEGER"),
     ("log", "cropped", "INTEGER NOT NULL DEFAULT 0"),
     ("log", "number", "INTEGER"),
+    ("quarantine", "released", "REAL"),
 )
 # Stores written before the envelope's facts were columns kept them as a JSON fragment (`meta`).
 FROM_META = """
@@ -136,7 +137,8 @@ CREATE TABLE IF NOT EXISTS quarantine (  -- log entries the pipeline could not p
     owner TEXT,  -- the publisher of a publication, the owner of a subscription
     error TEXT NOT NULL,
     body BLOB,  -- the entry's first bytes, for the operator
-    time REAL NOT NULL
+    time REAL NOT NULL,
+    released REAL  -- when an operator dropped it: kept, so that meeting the entry again does not bring it back
 );
 CREATE TABLE IF NOT EXISTS gateways (  -- the gateways sharing the store, while they renew their row
     gateway TEXT PRIMARY KEY,

@@ -3,6 +3,7 @@ top-k/w state it keeps, and the entries it set aside in the quarantine."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from veil.store.base import (
@@ -32,28 +33,36 @@ class StatusSql(Dialect):
     def quarantine(self, after: int = 0, limit: int = 1000) -> list[QuarantineRecord]:
         with self._read() as db:
             rows = db.execute(
-                f"SELECT {QUARANTINE_COLUMNS} FROM quarantine WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)
+                f"SELECT {QUARANTINE_COLUMNS} FROM quarantine WHERE seq > ? AND released IS NULL ORDER BY seq LIMIT ?",
+                (after, limit),
             ).fetchall()
         return [QuarantineRecord(*row) for row in rows]
 
     def quarantine_count(self) -> int:
         with self._read() as db:
-            return db.execute("SELECT COUNT(*) FROM quarantine").fetchone()[0]
+            return db.execute("SELECT COUNT(*) FROM quarantine WHERE released IS NULL").fetchone()[0]
 
     def quarantined_at(self, offset: int) -> QuarantineRecord | None:
         with self._read() as db:
-            row = db.execute(f'SELECT {QUARANTINE_COLUMNS} FROM quarantine WHERE "offset" = ?', (offset,)).fetchone()
+            row = db.execute(
+                f'SELECT {QUARANTINE_COLUMNS} FROM quarantine WHERE "offset" = ? AND released IS NULL', (offset,)
+            ).fetchone()
         return None if row is None else QuarantineRecord(*row)
 
     def release_quarantined(self, offset: int) -> bool:
         with self._tx() as db:
-            return db.execute('DELETE FROM quarantine WHERE "offset" = ?', (offset,)).rowcount > 0
+            return (
+                db.execute(
+                    'UPDATE quarantine SET released = ? WHERE "offset" = ? AND released IS NULL', (time.time(), offset)
+                ).rowcount
+                > 0
+            )
 
     def subscription_refusal(self, sub_id: str) -> str | None:
         with self._read() as db:
             row = db.execute(
                 'SELECT q.error FROM subscriptions s JOIN quarantine q ON q."offset" = s.created '
-                "WHERE s.sub_id = ? AND s.deleted IS NULL",
+                "WHERE s.sub_id = ? AND s.deleted IS NULL AND q.released IS NULL",
                 (sub_id,),
             ).fetchone()
         return row[0] if row else None
