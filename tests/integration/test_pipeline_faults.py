@@ -124,3 +124,20 @@ async def test_one_core_runs_both_partitions_across_an_epoch_boundary(tmp_path, 
             assert "adopts partition" not in log.read()  # one task ran both from the start
     finally:
         broker.close()
+
+
+@pytest.mark.parametrize("mode", ["subscriptions", "publications"])
+async def test_each_partition_stays_with_the_python_worker_that_holds_its_state(tmp_path, mode):
+    """Across epoch boundaries Spark hands the tasks to whichever Python worker is free; each task
+    claims the partition whose state its worker holds, so no state is built twice."""
+    broker = BrokerProcess(str(tmp_path), "--partitions", "2", "--partition-mode", mode, "--epoch-seconds", "3").start()
+    try:
+        async with client_for(broker, "ivy") as client:
+            probe = Probe(client, 2)
+            await probe.start()
+            await asyncio.sleep(13)  # four boundaries at least
+            await probe.stop()
+            check(probe, [])
+        assert broker.metrics()["veil_pipeline_state_builds_total"] == 2  # one per partition, at the start
+    finally:
+        broker.close()

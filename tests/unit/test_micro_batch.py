@@ -46,13 +46,14 @@ quarantines = st.lists(
     offsets,
     offsets,
     st.none() | st.integers(0, 10**6),
+    st.booleans(),
 )
 def test_a_round_arrives_on_the_driver_as_it_left_the_executor(
-    pairs, copies, stateful, quarantined, part, start, end, took
+    pairs, copies, stateful, quarantined, part, start, end, took, built
 ):
     done = Round(
         np.array([n for n, _ in pairs], np.int64), np.array([p for _, p in pairs], np.int64), end, copies, stateful,
-        quarantined, part, took, start,
+        quarantined, part, took, start, built=built,
     )  # fmt: skip
     back = decode_round(encode_round(done))
     assert back.sub_nos.tolist() == done.sub_nos.tolist() and back.pubs.tolist() == done.pubs.tolist()

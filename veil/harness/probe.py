@@ -5,6 +5,7 @@ run the matcher tasks, for the pipeline's fault tests and `bench.latency`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import uuid
@@ -27,6 +28,7 @@ class Probe:
         self.published: list[float] = []  # by n: when it was sent
         self.received: dict[str, list[tuple[int, float]]] = {sub_id: [] for sub_id in self.ids}
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
 
     async def start(self) -> None:
         for sub_id in self.ids:
@@ -38,11 +40,12 @@ class Probe:
     async def _publish(self) -> None:
         loop = asyncio.get_running_loop()
         began = loop.time()
-        while True:
+        while not self._stopping.is_set():
             n = len(self.published)
             self.published.append(time.time())
             await self.client.publish({"run": self.rid, "n": n})
-            await asyncio.sleep(max(0.0, began + (n + 1) / self.rate - loop.time()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), max(0.0, began + (n + 1) / self.rate - loop.time()))
 
     async def _read(self, sub_id: str) -> None:
         async with self.client.deliveries(sub_id) as stream:
@@ -50,8 +53,10 @@ class Probe:
                 self.received[sub_id].append((delivery.publication["n"], time.time()))
 
     async def stop(self, timeout: float = 60.0) -> None:
-        """Stop publishing; wait until every subscription got everything published."""
-        self._tasks[-1].cancel()
+        """Stop publishing (a publish under way is waited for: cut off, it might or might not have
+        been logged); wait until every subscription got everything published."""
+        self._stopping.set()
+        await self._tasks[-1]  # and a publish that failed fails here
         sent = len(self.published)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(len(got) < sent for got in self.received.values()):
@@ -66,7 +71,13 @@ class Probe:
         sent = len(self.published)
         out = {}
         for sub_id, got in self.received.items():
-            assert [n for n, _ in got][:sent] == list(range(sent)), f"{sub_id}: not every publication once, in order"
+            numbers = [n for n, _ in got][:sent]
+            if numbers != list(range(sent)):
+                wrong = next(i for i, n in enumerate([*numbers, None]) if n != i)
+                raise AssertionError(
+                    f"{sub_id}: not every publication once, in order: {len(numbers)} of {sent}, "
+                    f"from #{wrong}: {numbers[wrong : wrong + 5]}"
+                )
             out[sub_id] = [(self.published[n], at - self.published[n]) for n, at in got[:sent]]
         return out
 

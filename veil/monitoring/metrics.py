@@ -110,6 +110,12 @@ class _Figures(Collector):
             "veil_batch_duration_seconds", "the pipeline's micro-batches, as long as Spark measured them",
             [bound / 1000 for bound in BATCH_BOUNDS_MS], batches.counts, batches.total_ms / 1000,
         )  # fmt: skip
+        yield CounterMetricFamily(
+            "veil_pipeline_state_builds",
+            "matcher partition states built from the store (a new or restarted Python worker, or a partition "
+            "that moved to another one): each costs a read of the partition's subscriptions",
+            value=float(batches.state_builds),
+        )  # fmt: skip
 
 
 class Metrics:

@@ -163,7 +163,7 @@ def _epoch_ended(frame: DataFrame, epoch: int) -> None:
         if _stopping.is_set():  # the tasks were cancelled; what they recorded is in the store
             return
         raise
-    where = ", ".join(f"task of partition {row.part} at {row.processed} ({row.rounds} rounds)" for row in ended)
+    where = ", ".join(f"partitions {row.parts or 'none'} at {row.processed} ({row.rounds} rounds)" for row in ended)
     log.debug("epoch %d: %s", epoch, where)
 
 

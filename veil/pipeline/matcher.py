@@ -54,9 +54,10 @@ class Matcher:
         entries = [e for e in store.log_range(start, end, (KIND_COPY, KIND_CANCEL)) if self._wanted(e, part)]
         trace.mark("read", start, end)
         key = (self.url, self.partitions, part)
-        state, fresh, failed = worker_state.checkout(
+        state, source, failed = worker_state.checkout(
             key, start, store, self._routed_here(part), self.with_authorization, self.entry_timeout
         )
+        fresh = source != "kept"
         replaying = fresh and store.partition_offset(self.progress(part)) > start
         trace.mark("state", start, end)
         done = match_round(state, entries, end, self._valid(store, entries), self.entry_timeout, failed)
@@ -70,7 +71,7 @@ class Matcher:
         if fresh or any(entry.kind != KIND_PUBLICATION and entry.kind != KIND_TICK for entry in entries):
             worker_state.settle()
         trace.mark("matched", start, end)
-        return done._replace(part=self.progress(part), start=start)
+        return done._replace(part=self.progress(part), start=start, built=source == "built")
 
     def _valid(self, store: PipelineStore, entries: list[LogEntry]) -> dict[int, Valid]:
         """For each new subscription, the publications still valid when it was logged (by the log's

@@ -44,9 +44,10 @@ ROUNDS_SCHEMA = "part INT, round BINARY"
 _ROUNDS_ARROW = pa.schema([("part", pa.int32()), ("round", pa.binary())])
 
 # A Round on its way from an executor to the driver: (part, start, end, sub_nos, pubs, copies,
-# stateful, quarantined, took_ms), the matches as the raw bytes of int64 arrays
+# stateful, quarantined, took_ms, built), the matches as the raw bytes of int64 arrays
 _Wire = tuple[
-    int, int, int, bytes, bytes, list[tuple[int, int, bytes]], StatefulBatch | None, list[Quarantined], int | None
+    int, int, int, bytes, bytes, list[tuple[int, int, bytes]], StatefulBatch | None, list[Quarantined], int | None,
+    bool,
 ]
 _decoder = msgspec.msgpack.Decoder(_Wire)
 
@@ -56,16 +57,16 @@ def encode_round(done: Round) -> bytes:
         (
             done.part, done.start or 0, done.end, np.asarray(done.sub_nos, np.int64).tobytes(),
             np.asarray(done.pubs, np.int64).tobytes(), list(done.copies), done.stateful, list(done.quarantined),
-            done.took_ms,
+            done.took_ms, done.built,
         )
     )  # fmt: skip
 
 
 def decode_round(blob: bytes) -> Round:
-    part, start, end, sub_nos, pubs, copies, stateful, quarantined, took_ms = _decoder.decode(blob)
+    part, start, end, sub_nos, pubs, copies, stateful, quarantined, took_ms, built = _decoder.decode(blob)
     return Round(
         np.frombuffer(sub_nos, np.int64), np.frombuffer(pubs, np.int64), end, copies, stateful, quarantined,
-        part, took_ms, start,
+        part, took_ms, start, built=built,
     )  # fmt: skip
 
 

@@ -53,6 +53,7 @@ SILENT_MS = 5_000
 # beating: its main thread hangs (a connection that never answers), and its partitions need adopting.
 STUCK = 60.0
 ORDER_WAIT = 1.0  # seconds a matched range waits for the ranges before it, before the task looks around
+ARRIVAL_WAIT = 1.0  # seconds a task waits for the epoch's others to claim what their workers hold
 # What a round costs downstream grows with the subscriptions it delivers to: the gateway offers its
 # feed entry to each of their sessions and writes to their connections. Up to PACED_SUBSCRIPTIONS
 # of them the gap is `round_gap`; beyond, it grows in proportion (up to GAP_GROWTH times), and it
@@ -68,10 +69,12 @@ class PartitionTask:
     """Picklable: built on the driver, run in an executor's Python worker."""
 
     def __init__(
-        self, matcher: Matcher, parts: list[int], max_rows: int, max_matches: int, round_gap: float = 0.0,
+        self, matcher: Matcher, task: int, tasks: int, max_rows: int, max_matches: int, round_gap: float = 0.0,
     ) -> None:  # fmt: skip
         self.matcher = matcher
-        self.parts = parts  # the partitions this task was given (more than one when cores are fewer)
+        self.task = task  # its number among the epoch's `tasks`, the same for a retried attempt
+        self.tasks = tasks
+        self.parts: list[int] = []  # the partitions it claimed (more than one when cores are fewer)
         self.max_rows = max_rows
         self.max_matches = max_matches
         self.round_gap = round_gap
@@ -95,8 +98,6 @@ class PartitionTask:
         store = store_for(self.matcher.url)
         token = secrets.randbits(62)
         epoch = int(deadline * 1000)
-        # a worker keeps the states of the partitions it runs, not of every one it ever ran
-        worker_state.keep({self._key(part) for part in self.parts})
         ended = threading.Event()
         beats = threading.Thread(target=self._beat, args=(store, ended), name="veil-beats", daemon=True)
         looked = 0.0
@@ -106,7 +107,9 @@ class PartitionTask:
                 self._moved = time.monotonic()
                 try:
                     if not leased:
-                        store.start_leases(self.parts, epoch)
+                        self.parts = self._claim(store, epoch, deadline)
+                        # a worker keeps the states of the partitions it runs, not of every one it ever ran
+                        worker_state.keep({self._key(part) for part in self.parts})
                         leased = True
                     if not over and time.time() >= deadline:
                         store.end_leases(self.parts, epoch)
@@ -121,7 +124,9 @@ class PartitionTask:
                     idle = [self._round(store, part, token) for part in sorted(self.held)]
                     rounds += idle.count(None)
                     waiting = [offset for offset in idle if offset is not None]
-                    if len(waiting) == len(idle):
+                    if not idle:  # none held (fewer partitions than tasks): only looks around
+                        time.sleep(FINISH_POLL if over else max(0.0, min(BEAT, deadline - time.time())))
+                    elif len(waiting) == len(idle):
                         # past the deadline, look often for the epoch's end
                         wait = FINISH_POLL if over else min(BEAT, deadline - time.time())
                         self._head_after(store, min(waiting, default=0), wait)
@@ -134,7 +139,26 @@ class PartitionTask:
         finally:
             ended.set()
             self.held = set()
-        return min(_offset_or(store, self.matcher.progress(part), 0) for part in self.parts), rounds
+        return min((_offset_or(store, self.matcher.progress(part), 0) for part in self.parts), default=0), rounds
+
+    def _claim(self, store: PipelineStore, epoch: int, deadline: float) -> list[int]:
+        """The partitions this task runs in the epoch: its share of them, those whose state its worker
+        holds first. Spark hands an epoch's tasks to whichever Python workers are free, and a task
+        given the partition the other worker held would build that state from the store (seconds
+        with 100,000 subscriptions) while the other builds this one's. The rest of its share it
+        claims once every task of the epoch has claimed what its worker holds, or ARRIVAL_WAIT
+        after it came (a task slow to start). What a task that never starts would have claimed
+        is adopted by its silence, as a stopped task's partitions are."""
+        partitions = self.matcher.partitions
+        share = -(-partitions // self.tasks)
+        held = sorted(worker_state.held(self.matcher.url, partitions))
+        mine = store.claim_partitions(epoch, self.task, held, share)
+        if len(mine) < share:
+            waited = time.monotonic() + ARRIVAL_WAIT
+            while store.arrivals(epoch) < self.tasks and time.monotonic() < waited and time.time() < deadline:
+                time.sleep(HEAD_POLL)
+            mine = store.claim_partitions(epoch, self.task, range(partitions), share)
+        return mine
 
     @staticmethod
     def _epoch_over(store: PipelineStore, epoch: int) -> bool:

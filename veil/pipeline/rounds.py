@@ -10,6 +10,8 @@ retried task resumes where the partition's last recorded round ended.
 An epoch has one task per matcher partition, or in local mode one per task thread if those are
 fewer (`slots`, from the driver): each task then runs several partitions in turn from the start,
 rather than leaving some to wait for a core until a running task adopts them by their silence.
+Which partitions a task runs it claims when it starts (`PartitionTask`): those whose state its
+Python worker already holds first, whichever worker Spark gave it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pyspark.sql.streaming.datasource import ReadLimit
 from veil.pipeline.matcher import Matcher
 from veil.pipeline.partition_task import PartitionTask
 
-EPOCH_SCHEMA = "part INT, processed LONG, rounds LONG"
+EPOCH_SCHEMA = "parts STRING, processed LONG, rounds LONG"
 
 
 class Lease(InputPartition):
@@ -73,16 +75,16 @@ class EpochReader(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         deadline = time.time() + self.seconds
         tasks = min(self.slots, self.partitions_n)
-        return [Lease(i, self._task(list(range(i, self.partitions_n, tasks))), deadline) for i in range(tasks)]
+        return [Lease(i, self._task(i, tasks), deadline) for i in range(tasks)]
 
-    def _task(self, parts: list[int]) -> PartitionTask:
+    def _task(self, task: int, tasks: int) -> PartitionTask:
         matcher = Matcher(self.url, self.partitions_n, self.by_publication, self.with_authorization, self.entry_timeout)
-        return PartitionTask(matcher, parts, self.max_rows, self.max_matches, self.round_gap)
+        return PartitionTask(matcher, task, tasks, self.max_rows, self.max_matches, self.round_gap)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, Lease)
         processed, rounds = partition.task.run(partition.deadline)
         yield pa.RecordBatch.from_pydict(
-            {"part": [partition.task.parts[0]], "processed": [processed], "rounds": [rounds]},
-            schema=pa.schema([("part", pa.int32()), ("processed", pa.int64()), ("rounds", pa.int64())]),
+            {"parts": [",".join(map(str, partition.task.parts))], "processed": [processed], "rounds": [rounds]},
+            schema=pa.schema([("parts", pa.string()), ("processed", pa.int64()), ("rounds", pa.int64())]),
         )

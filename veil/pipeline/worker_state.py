@@ -17,6 +17,9 @@ checkout(key, start, ...)
     state is built from the store's subscriptions and registry in force at `start`. Either way the
     skybands are read back as of the processed offset. A subscription that fails to load is left out
     and returned for the quarantine.
+held(url, partitions)
+    The partitions whose state the cache holds: a task claims these first, so that an epoch's tasks
+    find the states their workers already hold instead of building each other's.
 checkin(key, state, end)
     Puts the state back, at the offset `end` that the round brought it to.
 discard(key)
@@ -35,6 +38,7 @@ from __future__ import annotations
 import gc
 import math
 from collections.abc import Callable
+from typing import Literal
 
 import msgspec
 import numpy as np
@@ -50,6 +54,7 @@ from veil.store import KIND_SUBSCRIBE, PipelineStore, Quarantined, StatefulBatch
 
 LATEST_DUE = 2**62  # ms: later expiries are reported as this one (msgpack and SQLite hold int64)
 Key = tuple[str, int, int]  # (store URL, partitions, partition)
+Source = Literal["kept", "caught up", "built"]  # where a checked-out state came from
 
 _cache: dict[Key, tuple[State, int]] = {}
 
@@ -138,12 +143,13 @@ class State:
 def checkout(
     key: Key, start: int, store: PipelineStore, mine: Callable[[str], bool], with_authorization: bool,
     entry_timeout: float,
-) -> tuple[State, bool, list[Quarantined]]:  # fmt: skip
-    """The partition's state as of `start`; whether it had to be built or caught up; the
-    subscriptions set aside while loading it (`mine`: whether a subscription id is this partition's)."""
+) -> tuple[State, Source, list[Quarantined]]:  # fmt: skip
+    """The partition's state as of `start`; where it came from; the subscriptions set aside while
+    loading it (`mine`: whether a subscription id is this partition's)."""
     cached = _cache.pop(key, None)
     if cached is not None and cached[1] == start:
-        return cached[0], False, []
+        return cached[0], "kept", []
+    source: Source = "caught up" if cached is not None and cached[1] < start else "built"
     if cached is not None and cached[1] < start:
         state = cached[0]
         dropped, added = store.subscription_changes(cached[1], start)
@@ -161,7 +167,11 @@ def checkout(
                 state.remove(sub_id)
                 failed.append(Quarantined(0, KIND_SUBSCRIBE, sub_id, owner, error))
     state.load_bands(store)
-    return state, True, failed
+    return state, source, failed
+
+
+def held(url: str, partitions: int) -> set[int]:
+    return {part for key_url, count, part in _cache if (key_url, count) == (url, partitions)}
 
 
 def checkin(key: Key, state: State, end: int) -> None:

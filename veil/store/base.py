@@ -104,6 +104,7 @@ class Round(NamedTuple):
     took_ms: int | None = None
     start: int | None = None  # where it began: recorded only if the progress is still there
     owner: tuple[int, int] | None = None  # (matcher partition, task token): recorded only while it owns it
+    built: bool = False  # its partition's state was built from the store (counted in `batch_durations`)
 
 
 class QuarantineRecord(NamedTuple):
@@ -145,6 +146,7 @@ class BatchDurations(NamedTuple):
 
     counts: tuple[int, ...] = (0,) * (len(BATCH_BOUNDS_MS) + 1)
     total_ms: int = 0
+    state_builds: int = 0  # rounds recorded whose partition state had to be built from the store
 
 
 class PipelineStatus(NamedTuple):
@@ -545,17 +547,22 @@ class PipelineStore(LogReader):
         """Which task (token) last started or adopted each matcher partition."""
 
     @abstractmethod
-    def start_leases(self, parts: Sequence[int], epoch: int) -> None:
-        """The task given these matcher partitions in `epoch` (a number of its own) has started."""
+    def claim_partitions(self, epoch: int, task: int, wanted: Sequence[int], most: int) -> list[int]:
+        """The matcher partitions task number `task` runs in `epoch` (a number of its own): those it
+        (an earlier attempt of it) claimed already, then of `wanted`, in order, those no task of the
+        epoch claimed, up to `most` in all. The task counts as arrived (`arrivals`)."""
+
+    @abstractmethod
+    def arrivals(self, epoch: int) -> int:
+        """How many tasks of `epoch` have claimed partitions."""
 
     @abstractmethod
     def end_leases(self, parts: Sequence[int], epoch: int) -> None:
-        """The task given these matcher partitions in `epoch` has reached the epoch's deadline."""
+        """The task that claimed these matcher partitions in `epoch` has reached the epoch's deadline."""
 
     @abstractmethod
     def leases(self, epoch: int) -> tuple[set[int], set[int]]:
-        """The matcher partitions whose task of `epoch` has started, and those whose task has
-        reached its deadline."""
+        """The matcher partitions claimed in `epoch`, and those whose task has reached its deadline."""
 
     @abstractmethod
     def matches_per_entry(self) -> int:

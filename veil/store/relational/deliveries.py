@@ -253,6 +253,8 @@ class DeliverySql(Dialect):
             set_least(db, "processed", "processed.")
             if done.took_ms is not None:
                 count_durations(db, [done.took_ms])
+            if done.built:
+                add_status(db, "state_builds", 1)
             if len(pubs) and processed > recorded:
                 set_status(db, "matches_per_entry", -(-len(pubs) // (processed - recorded)))
         return True

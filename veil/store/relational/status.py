@@ -89,11 +89,11 @@ class StatusSql(Dialect):
 
     def batch_durations(self) -> BatchDurations:
         buckets = [f"batch_{i}" for i in range(len(BATCH_BOUNDS_MS) + 1)]
-        names = ", ".join(f"'{name}'" for name in [*buckets, "batch_ms"])
+        names = ", ".join(f"'{name}'" for name in [*buckets, "batch_ms", "state_builds"])
         with self._read() as db:
             kept = dict(db.execute(f"SELECT name, value FROM status WHERE name IN ({names})").fetchall())
         counts = tuple(int(kept.get(name, 0)) for name in buckets)
-        return BatchDurations(counts, int(kept.get("batch_ms", 0)))
+        return BatchDurations(counts, int(kept.get("batch_ms", 0)), int(kept.get("state_builds", 0)))
 
     def processed_offset(self) -> int:
         with self._read() as db:
@@ -181,10 +181,32 @@ class StatusSql(Dialect):
     def partition_owners(self) -> dict[int, int]:
         return self._numbered("owner.")
 
-    def start_leases(self, parts: Sequence[int], epoch: int) -> None:
-        with self._tx() as db:
-            for part in parts:
-                set_status(db, f"started.{part}", epoch)
+    def claim_partitions(self, epoch: int, task: int, wanted: Sequence[int], most: int) -> list[int]:
+        with self._tx() as db:  # write transactions are serialized: two tasks never claim one partition
+            claims = {
+                name: value
+                for name, value in db.execute(
+                    "SELECT name, value FROM status WHERE name LIKE ? OR name LIKE ?", ("started.%", "claimant.%")
+                ).fetchall()
+            }
+            claimed = {int(name[8:]) for name, value in claims.items() if name[:8] == "started." and value == epoch}
+            mine = sorted(part for part in claimed if claims.get(f"claimant.{part}") == task)
+            for part in wanted:
+                if len(mine) >= most:
+                    break
+                if part not in claimed:
+                    set_status(db, f"started.{part}", epoch)
+                    set_status(db, f"claimant.{part}", task)
+                    claimed.add(part)
+                    mine.append(part)
+            set_status(db, f"arrived.{task}", epoch)
+        return sorted(mine)
+
+    def arrivals(self, epoch: int) -> int:
+        with self._read() as db:
+            return db.execute(
+                "SELECT COUNT(*) FROM status WHERE name LIKE ? AND value = ?", ("arrived.%", epoch)
+            ).fetchone()[0]
 
     def end_leases(self, parts: Sequence[int], epoch: int) -> None:
         with self._tx() as db:
