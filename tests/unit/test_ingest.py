@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.helpers import published
+from veil.gateway.delivery import Clients
 from veil.gateway.ingest import Ingest, Overloaded
 from veil.gateway.store_threads import StoreThreads
 from veil.store import open_store
@@ -18,12 +19,12 @@ def threads(tmp_path):
 
 
 async def test_most_clients_behind_refuses_publishes(threads):
-    ingest = Ingest(threads, max_pending=100, max_lag=100, clients_behind=lambda: (5, 8))
+    ingest = Ingest(threads, max_pending=100, max_lag=100, clients_behind=lambda: Clients(5, 8, 0))
     with pytest.raises(Overloaded, match="5 of 8 connected clients"):
         await ingest.append(published(b"{}"))
 
 
 async def test_a_few_slow_subscribers_do_not(threads):
-    for behind in ((4, 8), (3, 3)):  # half of them, or too few connected to judge
+    for behind in (Clients(4, 8, 0), Clients(3, 3, 40)):  # half of them, or too few reading to judge
         ingest = Ingest(threads, max_pending=100, max_lag=100, clients_behind=lambda behind=behind: behind)
         assert len(await ingest.append(published(b"{}"))) == 1

@@ -1,8 +1,7 @@
-import threading
 import time
 
 from tests.unit.helpers import stream_reader
-from veil.pipeline import partition_task, worker_state
+from veil.pipeline import worker_state
 from veil.pipeline.matcher import Matcher
 from veil.pipeline.partition_task import PartitionTask, round_end
 from veil.pipeline.rounds import EpochReader, EventLogSource
@@ -43,36 +42,30 @@ def _task(url: str, task: int, tasks: int, partitions: int = 2) -> PartitionTask
     return PartitionTask(Matcher(url, partitions, False), task, tasks, 100, 1000)
 
 
-def test_an_epochs_tasks_claim_the_partitions_their_workers_hold(tmp_path, monkeypatch):
-    """Spark gave task 0 the worker that holds partition 1's state: it runs partition 1, and task 1
-    (whose worker holds partition 0's) runs 0, however late it starts; neither builds the other's."""
-    url = f"sqlite:///{tmp_path}/veil.db"
-    open_store(url).set_partitions(2)
-    holds = {0: set(), 1: {0}}  # task 0's worker holds nothing: it waits for task 1 to claim
-    monkeypatch.setattr(worker_state, "held", lambda _url, _n: holds[int(threading.current_thread().name)])
-    claimed: dict[int, list[int]] = {}
-
-    def start(task: int) -> threading.Thread:
-        def claim() -> None:
-            claimed[task] = _task(url, task, 2)._claim(store_for(url), 1000, time.time() + 30)
-
-        thread = threading.Thread(target=claim, name=str(task))
-        thread.start()
-        return thread
-
-    first = start(0)
-    time.sleep(0.3)
-    start(1).join()
-    first.join()
-    assert claimed == {0: [1], 1: [0]}
-
-
-def test_a_task_whose_partners_are_slow_to_start_claims_its_share_and_no_more(tmp_path, monkeypatch):
-    """A partner still waiting for a core (or for its Python worker) claims its own share when it
-    comes; one that never comes leaves its partitions to be adopted by their silence."""
+def test_an_epochs_tasks_claim_the_partitions_their_workers_hold(tmp_path):
+    """Spark gave task 0 the worker that holds partition 1's state and task 1 the one that holds
+    partition 0's: each claims what its worker holds first, then its share of the rest (none left
+    here), so neither builds the other's; a task whose worker holds nothing gets what is left."""
     url = f"sqlite:///{tmp_path}/veil.db"
     open_store(url).set_partitions(3)
-    monkeypatch.setattr(partition_task, "ARRIVAL_WAIT", 0.2)
-    monkeypatch.setattr(worker_state, "held", lambda _url, _n: set())
-    assert _task(url, 1, 2, 3)._claim(store_for(url), 1000, time.time() + 30) == [0, 1]
-    assert _task(url, 0, 2, 3)._claim(store_for(url), 1000, time.time() + 30) == [2]
+    store = store_for(url)
+    first, second, third = _task(url, 0, 3, 3), _task(url, 1, 3, 3), _task(url, 2, 3, 3)
+    third._claim(store, 1000, [])  # a new worker: it came first, with nothing to claim yet
+    first._claim(store, 1000, [1])
+    second._claim(store, 1000, [0])
+    for task in (first, second, third):
+        task._claim(store, 1000, range(3))
+    assert (first.parts, second.parts, third.parts) == ([1], [0], [2])
+
+
+def test_a_task_keeps_only_the_states_of_the_partitions_it_claimed(tmp_path):
+    url = f"sqlite:///{tmp_path}/veil.db"
+    open_store(url).set_partitions(2)
+    task = _task(url, 0, 1)
+    for part in (0, 1):
+        worker_state.checkin((url, 2, part), worker_state.State(None, False), 0)
+    worker_state.checkin((url, 3, 0), worker_state.State(None, False), 0)  # before the partitions changed
+    assert worker_state.held(url, 2) == {0, 1}
+    task._claim(store_for(url), 1000, [1])
+    assert task.parts == [1]  # its share is both, but it wanted only the one it holds
+    assert worker_state.held(url, 2) == {1} and worker_state.held(url, 3) == set()

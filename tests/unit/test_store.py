@@ -433,41 +433,31 @@ def test_a_round_is_recorded_only_while_its_task_owns_the_partition(store):
 
 def test_an_epoch_knows_which_partitions_were_claimed_and_which_reached_its_deadline(store):
     store.set_partitions(3)
-    assert store.claim_partitions(1000, 0, [0, 2], 2) == [0, 2]
-    assert store.claim_partitions(1000, 1, [0, 1, 2], 2) == [1]  # what another task claimed is not taken
+    assert store.claim_partitions(1000, 0, 2, 3, [0, 2]) == [0, 2]
+    assert store.claim_partitions(1000, 1, 2, 3, [0, 1, 2]) == [1]  # what another task claimed is not taken
     store.end_leases([0, 2], 1000)
     assert store.leases(1000) == ({0, 1, 2}, {0, 2})
     store.end_leases([1], 1000)
     assert store.leases(1000) == ({0, 1, 2}, {0, 1, 2})
-    store.claim_partitions(2000, 0, [1], 1)
+    store.claim_partitions(2000, 0, 2, 3, [1])
     assert store.leases(2000) == ({1}, set())  # the next epoch's: only its own marks count
     assert store.leases(500) == (set(), set())  # nor a later epoch's for an earlier one
 
 
 def test_a_task_claims_its_own_partitions_again_and_no_more_than_its_share(store):
     """A retried task (a new attempt of the same task number) gets back what its first attempt
-    claimed; a task stops at its share; each claim counts the task as arrived, once."""
-    store.set_partitions(4)
-    assert store.claim_partitions(7, 0, [3], 2) == [3]
-    assert store.claim_partitions(7, 1, [3, 2, 1, 0], 2) == [1, 2]
-    assert store.arrivals(7) == 2
-    assert store.claim_partitions(7, 0, [], 2) == [3]  # a retried attempt: its own again
-    assert store.claim_partitions(7, 0, [0, 1, 2], 2) == [0, 3]
-    assert store.claim_partitions(7, 2, [0, 1, 2, 3], 4) == []  # a late task: nothing is left
-    assert (store.arrivals(7), store.arrivals(8)) == (3, 0)
-    assert store.claim_partitions(8, 1, [0], 2) == [0]  # a new epoch: nothing claimed yet
-
-
-def test_claiming_partitions_leaves_the_ranges_partitions_claimed_alone(store):
-    """Publication partitioning's claims of log ranges and an epoch's claims of partitions are
-    different books: neither reads the other's."""
-    pubs = store.append_publications(published(*[b"{}"] * 4))
-    store.set_partitions(2)
-    assert store.claim_range(2, 1) == (0, pubs[1])
-    assert store.claim_partitions(9, 0, [1, 0], 1) == [1]
-    assert store.claim_partitions(9, 1, [0, 1], 1) == [0]
-    assert store.claim_range(2, 1) == (0, pubs[1])  # still its own, never recorded
-    assert store.claim_range(2, 0) == (pubs[1], pubs[3])
+    claimed; shares are as even as they go, whichever task comes first; each claim counts the task
+    as arrived, once."""
+    store.set_partitions(5)
+    assert store.claim_partitions(7, 0, 4, 5, [3]) == [3]
+    assert store.claim_partitions(7, 1, 4, 5, [4, 0, 1, 2]) == [0, 4]  # 5 on 4 tasks: one runs two
+    assert store.claim_partitions(7, 2, 4, 5, range(5)) == [1]  # the others one each
+    assert store.arrivals(7) == 3
+    assert store.claim_partitions(7, 0, 4, 5, []) == [3]  # a retried attempt: its own again
+    assert store.claim_partitions(7, 3, 4, 5, range(5)) == [2]
+    assert store.claim_partitions(7, 4, 4, 5, range(5)) == []  # an extra task: nothing is left
+    assert (store.arrivals(7), store.arrivals(8)) == (5, 0)
+    assert store.claim_partitions(8, 1, 4, 5, [0]) == [0]  # a new epoch: nothing claimed yet
 
 
 def test_a_claimed_range_never_recorded_is_claimed_again_by_its_partition(store):

@@ -56,9 +56,9 @@ class Probe:
         """Stop publishing (a publish under way is waited for: cut off, it might or might not have
         been logged); wait until every subscription got everything published."""
         self._stopping.set()
-        await self._tasks[-1]  # and a publish that failed fails here
-        sent = len(self.published)
         deadline = time.monotonic() + timeout
+        await asyncio.wait_for(self._tasks[-1], timeout)  # and a publish that failed fails here
+        sent = len(self.published)
         while time.monotonic() < deadline and any(len(got) < sent for got in self.received.values()):
             await asyncio.sleep(0.2)
         await asyncio.sleep(0.5)  # a repeat would have come by now

@@ -29,6 +29,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -100,17 +101,21 @@ class PartitionTask:
         epoch = int(deadline * 1000)
         ended = threading.Event()
         beats = threading.Thread(target=self._beat, args=(store, ended), name="veil-beats", daemon=True)
-        looked = 0.0
-        rounds, failing, leased, over = 0, False, False, False
+        looked = settle_by = 0.0
+        rounds, failing, leased, settled, over = 0, False, False, False, False
         try:
             while True:
                 self._moved = time.monotonic()
                 try:
                     if not leased:
-                        self.parts = self._claim(store, epoch, deadline)
-                        # a worker keeps the states of the partitions it runs, not of every one it ever ran
-                        worker_state.keep({self._key(part) for part in self.parts})
-                        leased = True
+                        self._claim(store, epoch, sorted(worker_state.held(self.matcher.url, self.matcher.partitions)))
+                        leased, settle_by = True, time.monotonic() + ARRIVAL_WAIT
+                    # settled before the deadline's step: the leases it ends are all it claimed
+                    if not settled and (
+                        time.monotonic() > settle_by or time.time() >= deadline or store.arrivals(epoch) >= self.tasks
+                    ):
+                        self._claim(store, epoch, range(self.matcher.partitions))
+                        settled = True
                     if not over and time.time() >= deadline:
                         store.end_leases(self.parts, epoch)
                         over = True
@@ -124,8 +129,8 @@ class PartitionTask:
                     idle = [self._round(store, part, token) for part in sorted(self.held)]
                     rounds += idle.count(None)
                     waiting = [offset for offset in idle if offset is not None]
-                    if not idle:  # none held (fewer partitions than tasks): only looks around
-                        time.sleep(FINISH_POLL if over else max(0.0, min(BEAT, deadline - time.time())))
+                    if not idle:  # none held (yet, or another task runs them all): only looks around
+                        time.sleep(FINISH_POLL if over or not settled else max(0.0, min(BEAT, deadline - time.time())))
                     elif len(waiting) == len(idle):
                         # past the deadline, look often for the epoch's end
                         wait = FINISH_POLL if over else min(BEAT, deadline - time.time())
@@ -141,24 +146,18 @@ class PartitionTask:
             self.held = set()
         return min((_offset_or(store, self.matcher.progress(part), 0) for part in self.parts), default=0), rounds
 
-    def _claim(self, store: PipelineStore, epoch: int, deadline: float) -> list[int]:
-        """The partitions this task runs in the epoch: its share of them, those whose state its worker
-        holds first. Spark hands an epoch's tasks to whichever Python workers are free, and a task
-        given the partition the other worker held would build that state from the store (seconds
-        with 100,000 subscriptions) while the other builds this one's. The rest of its share it
-        claims once every task of the epoch has claimed what its worker holds, or ARRIVAL_WAIT
-        after it came (a task slow to start). What a task that never starts would have claimed
-        is adopted by its silence, as a stopped task's partitions are."""
-        partitions = self.matcher.partitions
-        share = -(-partitions // self.tasks)
-        held = sorted(worker_state.held(self.matcher.url, partitions))
-        mine = store.claim_partitions(epoch, self.task, held, share)
-        if len(mine) < share:
-            waited = time.monotonic() + ARRIVAL_WAIT
-            while store.arrivals(epoch) < self.tasks and time.monotonic() < waited and time.time() < deadline:
-                time.sleep(HEAD_POLL)
-            mine = store.claim_partitions(epoch, self.task, range(partitions), share)
-        return mine
+    def _claim(self, store: PipelineStore, epoch: int, wanted: Sequence[int]) -> None:
+        """Claim the partitions this task runs in the epoch, up to its share, and keep only their
+        states. Spark hands an epoch's tasks to whichever Python workers are free, and a task given
+        the partition the other worker held would build that state from the store (seconds with
+        100,000 subscriptions) while the other built this one's. So a task claims first what its
+        worker holds and starts on it at once, then the rest of its share once every task of the
+        epoch has claimed what its worker holds, or ARRIVAL_WAIT after it came (a task slow to
+        start). What a task that never starts would have claimed is adopted by its silence, as a
+        stopped task's partitions are."""
+        self.parts = store.claim_partitions(epoch, self.task, self.tasks, self.matcher.partitions, wanted)
+        # a worker keeps the states of the partitions it runs, not of every one it ever ran
+        worker_state.keep({self._key(part) for part in self.parts})
 
     @staticmethod
     def _epoch_over(store: PipelineStore, epoch: int) -> bool:

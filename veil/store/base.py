@@ -547,10 +547,11 @@ class PipelineStore(LogReader):
         """Which task (token) last started or adopted each matcher partition."""
 
     @abstractmethod
-    def claim_partitions(self, epoch: int, task: int, wanted: Sequence[int], most: int) -> list[int]:
-        """The matcher partitions task number `task` runs in `epoch` (a number of its own): those it
-        (an earlier attempt of it) claimed already, then of `wanted`, in order, those no task of the
-        epoch claimed, up to `most` in all. The task counts as arrived (`arrivals`)."""
+    def claim_partitions(self, epoch: int, task: int, tasks: int, partitions: int, wanted: Sequence[int]) -> list[int]:
+        """The matcher partitions task number `task` of `tasks` runs in `epoch` (a number of its own):
+        those it (an earlier attempt of it) claimed already, then of `wanted`, in order, those no
+        task of the epoch claimed, up to its share of the `partitions` (as even as shares go: one
+        more for as many tasks as the division leaves over). The task counts as arrived."""
 
     @abstractmethod
     def arrivals(self, epoch: int) -> int:

@@ -220,7 +220,8 @@ class LogSql(Dialect):
             rows = db.execute(
                 "SELECT s.sub_id, n.no, s.body, q.error, COALESCE(c.pub, 0) FROM subscriptions s "
                 "JOIN subscription_numbers n USING (sub_id) "
-                'LEFT JOIN quarantine q ON q."offset" = s.created LEFT JOIN cursors c ON c.sub_id = s.sub_id '
+                'LEFT JOIN quarantine q ON q."offset" = s.created AND q.released IS NULL '
+                "LEFT JOIN cursors c ON c.sub_id = s.sub_id "
                 f"WHERE s.sub_id {self.IN_NAMES} AND s.deleted IS NULL AND s.owner = ?",
                 (self._names(sub_ids), owner),
             ).fetchall()

@@ -3,6 +3,7 @@ top-k/w state it keeps, and the entries it set aside in the quarantine."""
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Sequence
 
@@ -52,8 +53,9 @@ class StatusSql(Dialect):
     def release_quarantined(self, offset: int) -> bool:
         with self._tx() as db:
             return (
-                db.execute(
-                    'UPDATE quarantine SET released = ? WHERE "offset" = ? AND released IS NULL', (time.time(), offset)
+                db.execute(  # what the operator looked at goes: the row only says the entry was dropped
+                    'UPDATE quarantine SET released = ?, body = NULL WHERE "offset" = ? AND released IS NULL',
+                    (time.time(), offset),
                 ).rowcount
                 > 0
             )
@@ -181,7 +183,7 @@ class StatusSql(Dialect):
     def partition_owners(self) -> dict[int, int]:
         return self._numbered("owner.")
 
-    def claim_partitions(self, epoch: int, task: int, wanted: Sequence[int], most: int) -> list[int]:
+    def claim_partitions(self, epoch: int, task: int, tasks: int, partitions: int, wanted: Sequence[int]) -> list[int]:
         with self._tx() as db:  # write transactions are serialized: two tasks never claim one partition
             claims = {
                 name: value
@@ -190,9 +192,14 @@ class StatusSql(Dialect):
                 ).fetchall()
             }
             claimed = {int(name[8:]) for name, value in claims.items() if name[:8] == "started." and value == epoch}
+            holders = collections.Counter(claims.get(f"claimant.{part}") for part in claimed)
             mine = sorted(part for part in claimed if claims.get(f"claimant.{part}") == task)
+            # shares as even as they go: `extra` tasks run one partition more than the others
+            base, extra = divmod(partitions, max(1, tasks))
+            larger = sum(1 for holder, count in holders.items() if holder != task and count > base)
+            share = base + 1 if larger < extra else base
             for part in wanted:
-                if len(mine) >= most:
+                if len(mine) >= share:
                     break
                 if part not in claimed:
                     set_status(db, f"started.{part}", epoch)
