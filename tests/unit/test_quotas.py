@@ -72,7 +72,7 @@ async def test_one_client_with_many_subscriptions_behind_is_one_client_behind(tm
         await hub.attach(silent)
         assert hub.clients_behind() == (1, 8, 1)  # counted apart
         reading = session(25, "reader-16", caught_up=True)
-        reading.watch.slow = True  # a client with one connection that reads is not counted apart
+        reading.watch.slow = True  # a client with another connection that reads is not counted apart
         await hub.attach(reading)
         assert hub.clients_behind() == (1, 8, 1)
 

@@ -113,7 +113,8 @@ class _Figures(Collector):
         yield CounterMetricFamily(
             "veil_pipeline_state_builds",
             "matcher partition states built from the store (a new or restarted Python worker, or a partition "
-            "that moved to another one): each costs a read of the partition's subscriptions",
+            "that moved to another one), counted with the round that used them: each costs a read of the "
+            "partition's subscriptions",
             value=float(batches.state_builds),
         )  # fmt: skip
 

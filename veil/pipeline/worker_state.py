@@ -150,7 +150,7 @@ def checkout(
     if cached is not None and cached[1] == start:
         return cached[0], "kept", []
     source: Source = "caught up" if cached is not None and cached[1] < start else "built"
-    if cached is not None and cached[1] < start:
+    if cached is not None and source == "caught up":
         state = cached[0]
         dropped, added = store.subscription_changes(cached[1], start)
         for sub_id in dropped:

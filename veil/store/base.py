@@ -146,7 +146,9 @@ class BatchDurations(NamedTuple):
 
     counts: tuple[int, ...] = (0,) * (len(BATCH_BOUNDS_MS) + 1)
     total_ms: int = 0
-    state_builds: int = 0  # rounds recorded whose partition state had to be built from the store
+    # not a duration: rounds recorded whose partition state had to be built from the store, kept
+    # beside the durations because the same transaction counts both
+    state_builds: int = 0
 
 
 class PipelineStatus(NamedTuple):

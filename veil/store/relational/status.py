@@ -185,15 +185,10 @@ class StatusSql(Dialect):
 
     def claim_partitions(self, epoch: int, task: int, tasks: int, partitions: int, wanted: Sequence[int]) -> list[int]:
         with self._tx() as db:  # write transactions are serialized: two tasks never claim one partition
-            claims = {
-                name: value
-                for name, value in db.execute(
-                    "SELECT name, value FROM status WHERE name LIKE ? OR name LIKE ?", ("started.%", "claimant.%")
-                ).fetchall()
-            }
-            claimed = {int(name[8:]) for name, value in claims.items() if name[:8] == "started." and value == epoch}
-            holders = collections.Counter(claims.get(f"claimant.{part}") for part in claimed)
-            mine = sorted(part for part in claimed if claims.get(f"claimant.{part}") == task)
+            started, claimant = _numbered(db, "started."), _numbered(db, "claimant.")
+            claimed = {part for part, value in started.items() if value == epoch}
+            holders = collections.Counter(claimant.get(part) for part in claimed)
+            mine = [part for part in claimed if claimant.get(part) == task]
             # shares as even as they go: `extra` tasks run one partition more than the others
             base, extra = divmod(partitions, max(1, tasks))
             larger = sum(1 for holder, count in holders.items() if holder != task and count > base)
@@ -222,21 +217,15 @@ class StatusSql(Dialect):
 
     def leases(self, epoch: int) -> tuple[set[int], set[int]]:
         with self._read() as db:
-            rows = db.execute(
-                "SELECT name, value FROM status WHERE (name LIKE ? OR name LIKE ?) AND value = ?",
-                ("started.%", "ended.%", epoch),
-            ).fetchall()
-        marks: dict[str, set[int]] = {"started": set(), "ended": set()}
-        for name, _ in rows:
-            kind, part = name.split(".")
-            marks[kind].add(int(part))
-        return marks["started"], marks["ended"]
+            started, ended = _numbered(db, "started."), _numbered(db, "ended.")
+        return (
+            {part for part, value in started.items() if value == epoch},
+            {part for part, value in ended.items() if value == epoch},
+        )
 
     def _numbered(self, prefix: str) -> dict[int, int]:
-        """The status rows `prefix`<partition>, by partition."""
         with self._read() as db:
-            rows = db.execute("SELECT name, value FROM status WHERE name LIKE ?", (prefix + "%",)).fetchall()
-        return {int(name.rsplit(".", 1)[1]): value for name, value in rows}
+            return _numbered(db, prefix)
 
     def pipeline_status(self) -> PipelineStatus | None:
         with self._read() as db:
@@ -250,6 +239,12 @@ class StatusSql(Dialect):
             return None
         (pid, registered), beat = rows["pipeline"], rows.get("heartbeat")
         return PipelineStatus(pid, registered, beat[0] if beat else 0, beat[1] if beat else None)
+
+
+def _numbered(db: Db, prefix: str) -> dict[int, int]:
+    """The status rows `prefix`<partition>, by partition."""
+    rows = db.execute("SELECT name, value FROM status WHERE name LIKE ?", (prefix + "%",)).fetchall()
+    return {int(name.rsplit(".", 1)[1]): value for name, value in rows}
 
 
 def set_aside(db: Db, entries: Sequence[Quarantined], processed: int, now: float) -> None:
