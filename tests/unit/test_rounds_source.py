@@ -1,9 +1,11 @@
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 
-from tests.unit.helpers import stream_reader
-from veil.pipeline import worker_state
+from tests.unit.helpers import published, stream_reader
+from veil.matching.stored import encode_subscription
+from veil.pipeline import job, worker_state
 from veil.pipeline.matcher import Matcher
-from veil.pipeline.partition_task import PartitionTask, round_end
+from veil.pipeline.partition_task import BEAT, SILENT_MS, PartitionTask, round_end
 from veil.pipeline.rounds import EpochReader, EventLogSource
 from veil.pipeline.store_handle import store_for
 from veil.store import open_store
@@ -16,8 +18,10 @@ def test_rounds_shrink_to_the_matches_the_last_one_produced():
     assert round_end(100, 102, 50, 60, 0) == 102  # never past the head
 
 
-def test_every_trigger_starts_the_next_epoch_with_a_task_per_partition():
-    reader = stream_reader(EventLogSource, partitions="3", epochSeconds="7", partitionMode="publications")
+def test_every_trigger_starts_the_next_epoch_with_a_task_per_partition(tmp_path):
+    url = f"sqlite:///{tmp_path}/veil.db"
+    open_store(url).cut_epoch(lost=True)
+    reader = stream_reader(EventLogSource, store=url, partitions="3", epochSeconds="7", partitionMode="publications")
     assert isinstance(reader, EpochReader) and reader.by_publication
     assert reader.initialOffset() == {"epoch": 0}
     assert reader.latestOffset({"epoch": 41}, None) == {"epoch": 42}  # type: ignore[arg-type]
@@ -26,13 +30,16 @@ def test_every_trigger_starts_the_next_epoch_with_a_task_per_partition():
     assert [(lease.task.task, lease.task.tasks) for lease in leases] == [(0, 3), (1, 3), (2, 3)]
     (deadline,) = {lease.deadline for lease in leases}  # one for the epoch, however late a task starts
     assert before + 7 <= deadline <= time.time() + 7
+    assert {lease.cuts for lease in leases} == {(1, 1)}  # a cut from before it is not its own
 
 
-def test_with_fewer_cores_than_partitions_each_task_runs_several_from_the_start():
+def test_with_fewer_cores_than_partitions_each_task_runs_several_from_the_start(tmp_path):
     """Not one task per partition, some of them waiting for a core until a running one adopts
     their partitions by silence: as many tasks as cores, each claiming its share when it starts."""
+    url = f"sqlite:///{tmp_path}/veil.db"
+    open_store(url)
     for slots, expected in (("1", 1), ("2", 2), ("8", 3)):
-        reader = stream_reader(EventLogSource, partitions="3", slots=slots)
+        reader = stream_reader(EventLogSource, store=url, partitions="3", slots=slots)
         assert isinstance(reader, EpochReader)
         leases = reader.partitions({"epoch": 0}, {"epoch": 1})
         assert [(lease.task.task, lease.task.tasks) for lease in leases] == [(i, expected) for i in range(expected)]
@@ -69,3 +76,123 @@ def test_a_task_keeps_only_the_states_of_the_partitions_it_claimed(tmp_path):
     task._claim(store_for(url), 1000, [1])
     assert task.parts == [1]  # its share is both, but it wanted only the one it holds
     assert worker_state.held(url, 2) == {1} and worker_state.held(url, 3) == set()
+
+
+def test_with_publication_partitioning_a_top_k_w_subscription_is_set_aside_by_every_partition(tmp_path):
+    """One that predates a switch to publication partitioning: each partition would rank its own
+    slice of the log, so every partition sets it aside alike (loading or meeting it), saying why,
+    and the other subscriptions are matched as before."""
+    url = f"sqlite:///{tmp_path}/veil.db"
+    store = open_store(url)
+    store.set_partitions(2)
+    ranked = encode_subscription([["a", "ge", 0]], topk=(1, 60_000, [["a", 1.0, None, "high"]]))
+    old = store.put_subscription("ranked", "alice", ranked)
+    store.put_subscription("plain", "bob", encode_subscription([["a", "ge", 0]]))
+    (pub,) = store.append_publications(published(b'{"a":1}'))
+    new = store.put_subscription("later", "carol", ranked)
+    end = store.head_offset()
+    matcher = Matcher(url, 2, True, with_authorization=False)
+    for part, (start, until) in enumerate([(0, pub), (pub, end)]):
+        worker_state.discard(matcher.state_key(part))  # each in a worker of its own
+        done = matcher.round(store_for(url), part, start, until)
+        assert {q.sub_id for q in done.quarantined} == ({"ranked"} if part == 0 else {"ranked", "later"})
+        assert {q.error for q in done.quarantined} == {
+            "Unranked: top-k/w subscriptions need the pipeline's --partition-mode subscriptions"
+        }
+        assert list(done.pubs) == ([pub] if part == 0 else []) and old < pub < new
+    again = store.put_subscription("later", "carol", ranked)  # refused whole: the state is not rebuilt for it
+    (last,) = store.append_publications(published(b'{"a":2}'))
+    done = matcher.round(store_for(url), 0, end, last)
+    assert not done.built and {q.offset for q in done.quarantined} == {again} and list(done.pubs) == [last]
+
+
+def test_with_publication_partitioning_a_worker_holds_one_state_for_every_partition(tmp_path):
+    """Each partition holds every subscription: the state one partition's range left is caught up
+    to the next range whichever partition's it is, so a worker that runs several builds one."""
+    url = f"sqlite:///{tmp_path}/veil.db"
+    store = open_store(url)
+    store.set_partitions(3)
+    store.put_subscription("plain", "bob", encode_subscription([["a", "ge", 0]]))
+    offsets = store.append_publications(published(*[b'{"a":%d}' % i for i in range(6)]))
+    matcher = Matcher(url, 3, True, with_authorization=False)
+    rounds = [matcher.round(store_for(url), part, start, end) for part, start, end in [
+        (0, 0, offsets[1]), (1, offsets[1], offsets[3]), (2, offsets[3], offsets[5]),
+    ]]  # fmt: skip
+    assert [done.built for done in rounds] == [True, False, False] and worker_state.held(url, 3) == {0}
+    task = PartitionTask(matcher, 1, 2, 100, 1000)
+    assert task._warm() == [0, 1, 2]  # any partition's state is at hand
+    task._claim(store_for(url), 1000, task._warm())
+    assert task.parts == [0, 1] and worker_state.held(url, 3) == {0}
+
+
+def test_the_driver_says_which_partitions_have_no_running_task(tmp_path, monkeypatch, caplog):
+    """A partition whose sign of life has not changed for as long as tasks wait before adopting it,
+    by the driver's clock, is reported dark (store, log) until it beats again."""
+    url = f"sqlite:///{tmp_path}/veil.db"
+    store = open_store(url)
+    store.set_partitions(2)
+    store.register_pipeline(1)
+    clock = [1000.0]
+    monkeypatch.setattr(job.time, "monotonic", lambda: clock[0])
+    heartbeat = job.Heartbeat(store, 2, tasks=True)
+    store.partition_beat([0, 1])
+    heartbeat.beat()
+    clock[0] += 3.0
+    store.partition_beat([0])
+    heartbeat.beat()
+    assert store.pipeline_status().dark == ()
+    clock[0] += 2.5  # partition 1 silent 5.5 s, partition 0 2.5 s
+    with caplog.at_level("INFO", logger="veil.pipeline"):
+        heartbeat.beat()
+        assert store.pipeline_status().dark == (1,)
+        time.sleep(0.002)  # a beat is a millisecond clock's value: make it another one
+        store.partition_beat([1])
+        heartbeat.beat()
+    assert store.pipeline_status().dark == ()
+    assert "matcher partition 1 has no running task (no sign of life for 5.5 s)" in caplog.text
+    assert "matcher partition 1 runs again" in caplog.text
+    assert job.Heartbeat(store, 2, tasks=False).beat() is None and store.pipeline_status().dark == ()
+
+
+def test_an_epoch_cut_when_executors_join_ends_at_once(tmp_path):
+    """The driver saw an executor join: the epoch's tasks end within a look around instead of at
+    the deadline, so the next epoch places tasks on it; one planned after the cut is not cut."""
+    url = f"sqlite:///{tmp_path}/veil.db"
+    open_store(url).set_partitions(2)
+    store = store_for(url)
+    cuts = store.epoch_cuts()
+    with ThreadPoolExecutor(2) as pool:
+        running = [pool.submit(_task(url, i, 2).run, time.time() + 60, cuts) for i in range(2)]
+        time.sleep(1.0)
+        cut = time.monotonic()
+        store.cut_epoch(lost=False)
+        wait(running, timeout=10)
+        assert all(future.done() for future in running) and time.monotonic() - cut <= 2 * BEAT + 1
+        later = time.time()
+        pool.submit(_task(url, 0, 1).run, later + 1.5, store.epoch_cuts()).result(timeout=10)
+        assert time.time() >= later + 1.5  # planned after the cut: it ran to its deadline
+
+
+def test_an_epoch_cut_when_executors_are_lost_does_not_wait_for_the_lost_task(tmp_path):
+    """A task whose executor was lost started its lease and will never end it; its retry needs a
+    core the others hold. After the driver's cut they stop waiting for it once its partition is
+    silent for SILENT_MS (or adopted), instead of running until the retry gets a core; the retry,
+    planned before the cut, ends at once with what its first attempt claimed."""
+    url = f"sqlite:///{tmp_path}/veil.db"
+    open_store(url).set_partitions(3)
+    store = store_for(url)
+    cuts, deadline = store.epoch_cuts(), time.time() + 60
+    lost = _task(url, 2, 3, 3)
+    lost._claim(store, int(deadline * 1000), range(3))  # its lease started, then its executor was lost
+    with ThreadPoolExecutor(2) as pool:
+        began = time.monotonic()
+        running = [pool.submit(_task(url, i, 3, 3).run, deadline, cuts) for i in range(2)]
+        time.sleep(1.0)
+        store.cut_epoch(lost=True)
+        wait(running, timeout=15)
+        took = time.monotonic() - began
+        assert all(future.done() for future in running) and took <= SILENT_MS / 1000 + 4 * BEAT + 1, took
+        retry = _task(url, 2, 3, 3)
+        retried = time.monotonic()
+        retry.run(deadline, cuts)
+        assert retry.parts == lost.parts and time.monotonic() - retried < 2 * BEAT + 1

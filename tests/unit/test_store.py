@@ -505,9 +505,12 @@ def test_subscribe_entries_carry_the_number_their_matches_use(store):
 def test_the_pipeline_status_is_what_it_registered_and_beat(store):
     assert store.pipeline_status() is None
     store.register_pipeline(4242)
-    store.heartbeat(1234)
+    store.heartbeat(1234, [2, 0])
     status = store.pipeline_status()
     assert (status.pid, status.quiet_since) == (4242, 1234) and abs(status.heartbeat - time.time()) < 5
+    assert status.dark == (0, 2)
+    store.heartbeat(1235)
+    assert store.pipeline_status().dark == ()
     assert store.batch_durations() == BatchDurations()
     for took in (40, 50, 51, 70_000, 100):  # a bucket holds durations up to its bound, inclusive
         store.record_round(Round([], [], 0, took_ms=took))
@@ -681,3 +684,26 @@ def test_a_dropped_publication_quarantine_does_not_come_back(store):
     assert store.release_quarantined(record.offset) and not store.release_quarantined(record.offset)
     store.record_round(Round([], [], pub, quarantined=[failure], part=1))
     assert store.quarantine_count() == 0 and store.quarantine() == [] and store.quarantined_at(pub) is None
+
+
+def test_a_set_aside_subscription_gets_nothing_from_partitions_that_still_held_it(store):
+    """Publication partitioning: partition 0 sets a subscription aside while another partition,
+    matching a later slice at the same time, still held it and matched it. The later round's
+    matches for it are dropped; another subscription's, and a later version's of the id, are not."""
+    store.put_subscription("poison", "alice", b"[]")
+    store.put_subscription("other", "bob", b"[]")
+    bad, good = store.subscription_number("poison"), store.subscription_number("other")
+    first, second = store.append_publications(published(b'{"a":1}', b'{"a":2}'))
+    failure = Quarantined(0, KIND_SUBSCRIBE, "poison", None, "TimeoutError: took too long")
+    assert store.record_round(Round([bad, good], [first, first], first, quarantined=[failure], start=0))
+    copies = [(bad, second, b'{"a":2}')]
+    assert store.record_round(Round([bad, good, bad], [second, second, second], second, copies, start=first))
+    assert store.subscription_refusal("poison") == "TimeoutError: took too long"
+    assert [pub for pub, *_ in store.backlog(good, 0, 10)[0]] == [first, second]
+    assert store.backlog(bad, 0, 10)[0] == []
+    again = store.put_subscription("poison", "alice", b"[]")  # a new version, same number: not set aside
+    (third,) = store.append_publications(published(b'{"a":3}'))
+    initials = StatefulBatch([], [(bad, first, None)], [], None, None)  # older than it, and its own
+    assert store.record_round(Round([bad], [third], third, stateful=initials, start=second))
+    assert store.subscription_number("poison") == bad and again > second
+    assert [pub for pub, *_ in store.backlog(bad, 0, 10)[0]] == [first, third]

@@ -83,6 +83,7 @@ class Background:
         of the micro-batch it is in)."""
         gateway, pipeline = self.gateway, self.pipeline
         health = gateway.health
+        health.dark = []  # known only from a pipeline that beats
         if pipeline is not None and not pipeline.alive:
             health.pipeline_state = "restarting"
             exited = "" if pipeline.exited is None else f" (exit code {pipeline.exited})"
@@ -98,10 +99,13 @@ class Background:
             silent = now - (status.heartbeat or status.registered)
             health.pipeline_state = "stuck"
             return [f"no heartbeat from the pipeline for {silent:.0f} s"]
+        health.dark = list(status.dark)
         if status.quiet_since and now - status.quiet_since / 1000 > gateway.config.stall_timeout:
             health.pipeline_state = "stuck"
             return [f"a matcher partition has given no sign of life for {now - status.quiet_since / 1000:.0f} s"]
         health.pipeline_state = "running"
+        if status.dark:  # until a running task adopts them: a few seconds, unless no task can
+            return [f"matcher partitions without a running task: {', '.join(map(str, status.dark))}"]
         return []
 
     async def _follow_quarantine(self) -> None:

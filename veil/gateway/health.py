@@ -22,6 +22,7 @@ class Health:
         self.pipeline_state = "starting"  # starting | running | restarting | stuck
         self.problems: list[str] = []  # why the pipeline side is degraded, as the progress loop last saw it
         self.quarantined = 0
+        self.dark: list[int] = []  # matcher partitions without a running task, as the pipeline's driver saw it
         self.connections = 0  # open delivery connections (TCP and WebSocket)
 
     @contextlib.contextmanager
@@ -44,6 +45,7 @@ class Health:
             "processed": self._ingest.processed,
             "lag": self._ingest.lag,
             "quarantined": self.quarantined,
+            "darkPartitions": self.dark,
             "connections": self.connections,
             "subscriptionsConnected": len(self._hub.holders),
         }

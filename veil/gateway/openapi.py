@@ -158,10 +158,11 @@ SCHEMAS: dict[str, Schema] = {
             "problems": {"type": "array", "items": STRING},
             "pipeline": {"type": "string", "enum": ["starting", "running", "restarting", "stuck"]},
             "head": INTEGER, "processed": INTEGER, "lag": INTEGER, "quarantined": INTEGER,
+            "darkPartitions": {"type": "array", "items": INTEGER},
             "connections": INTEGER, "subscriptionsConnected": INTEGER,
         },
-        ("status", "problems", "pipeline", "head", "processed", "lag", "quarantined", "connections",
-         "subscriptionsConnected"),
+        ("status", "problems", "pipeline", "head", "processed", "lag", "quarantined", "darkPartitions",
+         "connections", "subscriptionsConnected"),
     ),
     "Registry": {"type": "object", "description": "the registry document (SPEC §6)"},
     "Quarantine": _object(

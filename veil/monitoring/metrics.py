@@ -53,6 +53,11 @@ class _Figures(Collector):
             ("veil_subscriptions_connected", "subscriptionsConnected", "subscriptions with a delivery connection"),
         ):
             yield GaugeMetricFamily(name, text, value=float(report[key]))  # type: ignore[arg-type]
+        dark = report["darkPartitions"]
+        yield GaugeMetricFamily(
+            "veil_pipeline_partitions_dark", "matcher partitions without a running task (the driver's view)",
+            value=float(len(dark) if isinstance(dark, list) else 0),
+        )  # fmt: skip
         state = GaugeMetricFamily("veil_pipeline_state", "the pipeline's state (gateway's view)", labels=["state"])
         for name in PIPELINE_STATES:
             state.add_metric([name], 1.0 if report["pipeline"] == name else 0.0)

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from veil.config import Config
+from veil.pipeline.partition_task import SILENT_MS
 from veil.store import PipelineStore, StoreUnavailable
 from veil.store.credentials import PASSWORD_ENV, without_password
 
@@ -205,25 +206,80 @@ def _exit_with_parent(parent: int) -> None:
 
 
 class Heartbeat:
-    """What the gateway's health check reads: that this process is alive, and the last sign of life
-    of the matcher partition heard from least recently, written every HEARTBEAT seconds."""
+    """What the gateway's health check reads: that this process is alive, the last sign of life of
+    the matcher partition heard from least recently, and (with `tasks`, the rounds trigger) the
+    partitions that have no running task, written every HEARTBEAT seconds.
 
-    def __init__(self, store: PipelineStore, partitions: int) -> None:
+    A partition has no running task when its sign of life has not changed for as long as the tasks
+    wait before adopting it (SILENT_MS), timed by this process's clock as the tasks time it: its
+    task's worker died or is stopped, or it waits for a core. The driver says so in its log when it
+    starts and ends, and the gateway shows it in /health and its metrics."""
+
+    def __init__(self, store: PipelineStore, partitions: int, tasks: bool) -> None:
         self.store = store
         self.partitions = partitions
+        self.tasks = tasks
+        self._heard: dict[int, tuple[int | None, float]] = {}  # partition -> (its last beat, seen since)
+        self._dark: set[int] = set()
         self._failing = False
 
     def beat(self) -> None:
         try:
             beats = self.store.partition_beats()
             quiet_since = min(beats.get(part, 0) for part in range(self.partitions))
-            self.store.heartbeat(quiet_since)
+            self.store.heartbeat(quiet_since, sorted(self._darkness(beats)) if self.tasks else ())
         except StoreUnavailable as exc:  # the gateway sees the silence; the matchers go on
             if not self._failing:
                 log.error("cannot write the pipeline's heartbeat: %s", exc)
             self._failing = True
         else:
             self._failing = False
+
+    def _darkness(self, beats: dict[int, int]) -> set[int]:
+        now = time.monotonic()
+        dark = set()
+        for part in range(self.partitions):
+            heard = self._heard.get(part)
+            if heard is None or heard[0] != beats.get(part):
+                self._heard[part] = heard = (beats.get(part), now)
+            if (now - heard[1]) * 1000 > SILENT_MS:
+                dark.add(part)
+        for part in sorted(dark - self._dark):
+            log.warning("matcher partition %d has no running task (no sign of life for %.1f s)", part,
+                        now - self._heard[part][1])  # fmt: skip
+        for part in sorted(self._dark - dark):
+            log.info("matcher partition %d runs again", part)
+        self._dark = dark
+        return dark
+
+
+class Executors:
+    """Cuts the `rounds` trigger's epoch short when executors come or go: an epoch's tasks are
+    placed when it starts, so a new executor would otherwise run none until the next epoch (up to
+    --epoch-seconds later), and a lost one's retried task could wait for a core the epoch's
+    running tasks hold until its deadline."""
+
+    def __init__(self, spark, store: PipelineStore) -> None:
+        self._tracker = spark.sparkContext._jsc.sc().statusTracker()  # Scala's, with the executors
+        self._store = store
+        self._known = self._executors()
+
+    def _executors(self) -> set[str]:
+        return {f"{info.host()}:{info.port()}" for info in self._tracker.getExecutorInfos()}
+
+    def watch(self) -> None:
+        now = self._executors()
+        if now == self._known:
+            return
+        try:
+            self._store.cut_epoch(lost=bool(self._known - now))
+        except StoreUnavailable:  # tried again at the next heartbeat; the heartbeat says why
+            return
+        log.info(
+            "executors changed (%s joined, %s left): the epoch ends now",
+            ", ".join(sorted(now - self._known)) or "none", ", ".join(sorted(self._known - now)) or "none",
+        )  # fmt: skip
+        self._known = now
 
 
 def _open_store(config: Config, stop: threading.Event, patient: bool) -> PipelineStore | None:
@@ -320,7 +376,8 @@ def _run_query(config: Config, store: PipelineStore, stop: threading.Event) -> i
     spark = build_session(config)
     _stop_on_signals(stop)  # SparkContext replaced SIGINT's handler with one that raises mid-call into the JVM
     query = start_query(spark, config)
-    heartbeat = Heartbeat(store, config.partitions)
+    heartbeat = Heartbeat(store, config.partitions, tasks=config.trigger == "rounds")
+    executors = Executors(spark, store) if config.trigger == "rounds" else None
     _warm_up(store, query, stop)
     if query.isActive:  # one that failed while warming up is reported below, not announced
         store.register_pipeline(os.getpid())
@@ -331,6 +388,8 @@ def _run_query(config: Config, store: PipelineStore, stop: threading.Event) -> i
     try:
         while not stop.is_set():
             heartbeat.beat()
+            if executors is not None:
+                executors.watch()
             if not _still_claimed(store):
                 log.error("this pipeline lost its claim on the store (its connection to it broke); it stops")
                 return 1

@@ -29,7 +29,7 @@ from veil.matching import matches
 from veil.matching.stored import decode_subscription
 from veil.matching.topkw import NumericColumns, score, score_many
 from veil.pipeline.guard import FAULTS, attempt, isolate, rearm
-from veil.pipeline.worker_state import State
+from veil.pipeline.worker_state import State, Unranked
 from veil.protocol import flatten
 from veil.store import KIND_PUBLICATION, KIND_REGISTRY, KIND_SUBSCRIBE, KIND_TICK, LogEntry, Quarantined, Round
 
@@ -71,14 +71,20 @@ def _apply(state: State, out: _Output, entry: LogEntry, valid: Valid, entry_time
     """A subscription or registry change (`entry.time`: the clock of the log at it); one that fails
     (or runs past the bound) is set aside and leaves the subscription out (the registry as it was)."""
     kind, sub_id, body = entry.kind, entry.sub_id, entry.body
+    unranked = False
 
     def change() -> None:
+        nonlocal unranked
         if kind == KIND_REGISTRY:
             state.set_registry(body)
         elif kind == KIND_SUBSCRIBE:
             FAULTS.check(body)  # type: ignore[arg-type]
             number: int = entry.number  # type: ignore[assignment]
-            state.add(sub_id, number, entry.client, body)  # type: ignore[arg-type]
+            try:
+                state.add(sub_id, number, entry.client, body)  # type: ignore[arg-type]
+            except Unranked:
+                unranked = True  # refused whole: nothing to rebuild the state for
+                raise
             if not state.is_topk[number]:
                 out.initial(state, number, body, valid)  # type: ignore[arg-type]
         else:
@@ -86,7 +92,7 @@ def _apply(state: State, out: _Output, entry: LogEntry, valid: Valid, entry_time
 
     _, error = attempt(entry_timeout, change)
     if error is not None:
-        state.suspect = True
+        state.suspect = state.suspect or not unranked
         if kind == KIND_SUBSCRIBE:
             state.remove(sub_id)  # type: ignore[arg-type]
         out.quarantine(Quarantined(entry.offset, kind, sub_id, entry.client, error))

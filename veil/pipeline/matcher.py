@@ -46,6 +46,13 @@ class Matcher:
         """The partition whose progress records `part`'s rounds (publication partitioning: one for all)."""
         return 0 if self.by_publication else part
 
+    def state_key(self, part: int) -> worker_state.Key:
+        """Where a worker keeps `part`'s state. With publication partitioning one state serves every
+        partition: each holds all subscriptions (and ranks none), and a worker's ranges come in log
+        order, so the state of the range before is caught up to the next whichever partition's it
+        is, and a worker holds one copy of the index instead of one per partition it ever ran."""
+        return self.url, self.partitions, 0 if self.by_publication else part
+
     def round(self, store: PipelineStore, part: int, start: int, end: int) -> Round:
         """Partition `part`'s round of the log range (start, end], to be recorded as the progress of
         `progress(part)` if that is still at `start`."""
@@ -53,10 +60,11 @@ class Matcher:
         # the pipeline's own output (copies) and withdrawals are not its input
         entries = [e for e in store.log_range(start, end, (KIND_COPY, KIND_CANCEL)) if self._wanted(e, part)]
         trace.mark("read", start, end)
-        key = (self.url, self.partitions, part)
+        key = self.state_key(part)
         state, source, failed = worker_state.checkout(
-            key, start, store, self._routed_here(part), self.with_authorization, self.entry_timeout
-        )
+            key, start, store, self._routed_here(part), self.with_authorization, self.entry_timeout,
+            ranks=not self.by_publication,
+        )  # fmt: skip
         fresh = source != "kept"
         replaying = fresh and store.partition_offset(self.progress(part)) > start
         trace.mark("state", start, end)

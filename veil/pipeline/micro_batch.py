@@ -143,7 +143,9 @@ class RangeReader(DataSourceStreamReader):
 class MatchRanges:
     """The mapInArrow function: each range's round, by the matcher of its partition. A range whose
     partition already recorded past its start (a batch replayed after its rounds were recorded)
-    starts where the partition is."""
+    starts where the partition is. Spark gives a batch's ranges to whichever workers are free, so
+    a worker keeps the states of the partitions it ran: with subscription partitioning at most the
+    whole index in parts, with publication partitioning one state for all (`Matcher.state_key`)."""
 
     def __init__(self, matcher: Matcher) -> None:
         self.matcher = matcher

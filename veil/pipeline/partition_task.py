@@ -89,16 +89,23 @@ class PartitionTask:
         self._heard: dict[int, tuple[int | None, float]] = {}  # partition -> (its last beat, seen since)
         self._moved = time.monotonic()  # when the task's loop last went round
 
-    def run(self, deadline: float) -> tuple[int, int]:
+    def run(self, deadline: float, cuts: tuple[int, int] | None = None) -> tuple[int, int]:
         """Follow the log until the epoch ends: `deadline` (Unix time, the same for all the epoch's
         tasks) has passed and every partition's task has reached it. A task past it goes on with
         its partitions, and adopts silent ones, until then: the epoch's next tasks start only when
         all of this one's have ended, and a task stopped or waiting for a core past the deadline
-        would otherwise leave every partition dark until it came back. Returns (the least offset
-        its partitions processed, rounds recorded)."""
+        would otherwise leave every partition dark until it came back.
+
+        The driver cuts the epoch (`cuts`: the store's count of cuts when it was planned) when
+        executors come or go, so that a new one runs tasks without waiting for the deadline: the
+        tasks then end at once. When executors were lost, a task also stops waiting for the lease
+        of a partition it adopted or that has been silent for SILENT_MS: its task was on a lost
+        executor, and its retry needs the cores the waiting tasks hold to run and end it. Returns
+        (the least offset its partitions processed, rounds recorded)."""
         store = store_for(self.matcher.url)
         token = secrets.randbits(62)
         epoch = int(deadline * 1000)
+        lost = False  # its epoch was cut because executors were lost
         ended = threading.Event()
         beats = threading.Thread(target=self._beat, args=(store, ended), name="veil-beats", daemon=True)
         looked = settle_by = 0.0
@@ -108,7 +115,7 @@ class PartitionTask:
                 self._moved = time.monotonic()
                 try:
                     if not leased:
-                        self._claim(store, epoch, sorted(worker_state.held(self.matcher.url, self.matcher.partitions)))
+                        self._claim(store, epoch, self._warm())
                         leased, settle_by = True, time.monotonic() + ARRIVAL_WAIT
                     # settled before the deadline's step: the leases it ends are all it claimed
                     if not settled and (
@@ -119,11 +126,17 @@ class PartitionTask:
                     if not over and time.time() >= deadline:
                         store.end_leases(self.parts, epoch)
                         over = True
-                    if over and self._epoch_over(store, epoch):
+                    if over and self._epoch_over(store, epoch, lost):
                         break
                     if time.monotonic() - looked > BEAT:
                         self._look_around(store, token)
                         looked = time.monotonic()
+                        if cuts is not None and not lost:
+                            now = store.epoch_cuts()
+                            if now[0] > cuts[0] and deadline > time.time():
+                                deadline = time.time()
+                                continue  # it ends now: no round first
+                            lost = now[1] > cuts[1]
                         if beats.ident is None:
                             beats.start()
                     idle = [self._round(store, part, token) for part in sorted(self.held)]
@@ -157,18 +170,25 @@ class PartitionTask:
         stopped task's partitions are."""
         self.parts = store.claim_partitions(epoch, self.task, self.tasks, self.matcher.partitions, wanted)
         # a worker keeps the states of the partitions it runs, not of every one it ever ran
-        worker_state.keep({self._key(part) for part in self.parts})
+        worker_state.keep({self.matcher.state_key(part) for part in self.parts})
 
-    @staticmethod
-    def _epoch_over(store: PipelineStore, epoch: int) -> bool:
+    def _warm(self) -> list[int]:
+        """The partitions whose state this task's worker holds (one state serves them all with
+        publication partitioning)."""
+        held = worker_state.held(self.matcher.url, self.matcher.partitions)
+        return list(range(self.matcher.partitions)) if held and self.matcher.by_publication else sorted(held)
+
+    def _epoch_over(self, store: PipelineStore, epoch: int, lost: bool) -> bool:
         """Whether every task of the epoch that started has reached the deadline. One that never
         started (it waits for a core the running tasks hold) is not waited for: it starts once they
-        end, past the deadline, and ends at once."""
+        end, past the deadline, and ends at once. With executors `lost`, nor is one whose
+        partitions have been silent for SILENT_MS."""
         started, ended = store.leases(epoch)
+        if lost:  # adopted here, or silent: its task is not coming back in this epoch
+            now = time.monotonic()
+            heard = {part: self._heard.get(part, (None, now))[1] for part in started - self.held}
+            started = {part for part, since in heard.items() if (now - since) * 1000 <= SILENT_MS}
         return started <= ended
-
-    def _key(self, part: int) -> worker_state.Key:
-        return (self.matcher.url, self.matcher.partitions, part)
 
     def _beat(self, store: PipelineStore, ended: threading.Event) -> None:
         """Say every BEAT seconds that the held partitions are alive, until the task ends or its
@@ -208,8 +228,10 @@ class PartitionTask:
             if part not in held and silent * 1000 > SILENT_MS and store.adopt_partition(part, token, beat):
                 log.warning("partitions %s adopt partition %d, silent for %.1f s", self.parts, part, silent)
                 held.add(part)
-        for part in self.held - held:  # another task took it: its state here is not kept up
-            worker_state.discard(self._key(part))
+        # another task took it: its state here is not kept up (unless it serves one still held)
+        kept = {self.matcher.state_key(part) for part in held}
+        for key in {self.matcher.state_key(part) for part in self.held - held} - kept:
+            worker_state.discard(key)
         self.held = held
 
     def _round(self, store: PipelineStore, part: int, token: int) -> int | None:
@@ -270,7 +292,7 @@ class PartitionTask:
         if not store.record_round(done._replace(took_ms=took_ms, owner=(part, token))):
             # another task recorded past it, or owns the partition now: this worker's state of it
             # went where the round did, which the store did not take
-            worker_state.discard(self._key(part))
+            worker_state.discard(self.matcher.state_key(part))
         reached = len(np.unique(np.asarray(done.sub_nos)))
         growth = min(GAP_GROWTH, max(1.0, reached / PACED_SUBSCRIPTIONS))
         self._gap[part] = (self.round_gap * growth, reached >= PACED_SUBSCRIPTIONS)

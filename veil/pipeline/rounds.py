@@ -25,6 +25,7 @@ from pyspark.sql.streaming.datasource import ReadLimit
 
 from veil.pipeline.matcher import Matcher
 from veil.pipeline.partition_task import PartitionTask
+from veil.pipeline.store_handle import store_for
 
 EPOCH_SCHEMA = "parts STRING, processed LONG, rounds LONG"
 
@@ -34,10 +35,11 @@ class Lease(InputPartition):
     tasks, so that one started late (it waited for a core while another task adopted its
     partitions) does not hold the epoch open for a whole epoch more."""
 
-    def __init__(self, index: int, task: PartitionTask, deadline: float) -> None:
+    def __init__(self, index: int, task: PartitionTask, deadline: float, cuts: tuple[int, int]) -> None:
         super().__init__(index)
         self.task = task
         self.deadline = deadline
+        self.cuts = cuts  # the store's count of epoch cuts when it was planned: a later one cuts it
 
 
 class EventLogSource(DataSource):
@@ -75,7 +77,8 @@ class EpochReader(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         deadline = time.time() + self.seconds
         tasks = min(self.slots, self.partitions_n)
-        return [Lease(i, self._task(i, tasks), deadline) for i in range(tasks)]
+        cuts = store_for(self.url).epoch_cuts()
+        return [Lease(i, self._task(i, tasks), deadline, cuts) for i in range(tasks)]
 
     def _task(self, task: int, tasks: int) -> PartitionTask:
         matcher = Matcher(self.url, self.partitions_n, self.by_publication, self.with_authorization, self.entry_timeout)
@@ -83,7 +86,7 @@ class EpochReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, Lease)
-        processed, rounds = partition.task.run(partition.deadline)
+        processed, rounds = partition.task.run(partition.deadline, partition.cuts)
         yield pa.RecordBatch.from_pydict(
             {"parts": [",".join(map(str, partition.task.parts))], "processed": [processed], "rounds": [rounds]},
             schema=pa.schema([("parts", pa.string()), ("processed", pa.int64()), ("rounds", pa.int64())]),

@@ -4,7 +4,8 @@ catch-up contract.
 A partition's state (`State`) is what its matcher holds at one log offset: the subscription index,
 who owns each subscription, the registry version compiled for authorization, and the top-k/w
 skybands. The cache keeps it per (store URL, partitions, partition) in the worker process, tagged
-with the offset it reflects.
+with the offset it reflects (with publication partitioning one state serves every partition:
+`Matcher.state_key`).
 
 Contract
 --------
@@ -15,8 +16,9 @@ checkout(key, start, ...)
     registry version between the two are applied from the store; if it holds nothing (another worker
     had the partition, the worker is new) or holds it past `start` (a retried or replayed round), the
     state is built from the store's subscriptions and registry in force at `start`. Either way the
-    skybands are read back as of the processed offset. A subscription that fails to load is left out
-    and returned for the quarantine.
+    skybands are read back as of the processed offset. A subscription that fails to load (or a top-k/w
+    subscription, where the partition does not rank them) is left out and returned for the
+    quarantine.
 held(url, partitions)
     The partitions whose state the cache holds: a task claims these first, so that an epoch's tasks
     find the states their workers already hold instead of building each other's.
@@ -53,16 +55,20 @@ from veil.security.registry import registry_from_json
 from veil.store import KIND_SUBSCRIBE, PipelineStore, Quarantined, StatefulBatch
 
 LATEST_DUE = 2**62  # ms: later expiries are reported as this one (msgpack and SQLite hold int64)
-Key = tuple[str, int, int]  # (store URL, partitions, partition)
+Key = tuple[str, int, int]  # (store URL, partitions, partition or 0 for all: `Matcher.state_key`)
 Source = Literal["kept", "caught up", "built"]  # where a checked-out state came from
 
 _cache: dict[Key, tuple[State, int]] = {}
 
 
+class Unranked(ValueError):
+    """A top-k/w subscription where the partition ranks none: refused before the state changes."""
+
+
 class State:
     """What a matcher partition holds: its subscriptions, their owners and scopes, the registry in force."""
 
-    def __init__(self, registry_body: bytes | None, with_authorization: bool) -> None:
+    def __init__(self, registry_body: bytes | None, with_authorization: bool, ranks: bool = True) -> None:
         self.index = SubscriptionIndex()
         self.owners = np.full(1024, -1, np.int64)  # subscription number -> owner's user number
         self.scopes = np.zeros(1024, np.int64)  # subscription number -> its scope's number (0: the world)
@@ -70,6 +76,9 @@ class State:
         self.with_authorization = with_authorization
         self.registry_body = registry_body
         self.authorizer = Authorizer(registry_from_json(registry_body), with_authorization)
+        # top-k/w subscriptions are ranked by the one partition holding each, in log order: with
+        # publication partitioning every partition holds them and ranks a slice of the log
+        self.ranks = ranks
         self.topk = TopKWSet()
         self.topk_numbers: dict[str, int] = {}  # id -> number of the top-k/w subscriptions
         self.is_topk = np.zeros(1024, bool)  # by subscription number
@@ -79,6 +88,8 @@ class State:
 
     def add(self, sub_id: str, number: int, owner: str, body: bytes) -> None:
         predicates, topk, scope, admitted = decode_subscription(body)  # a bad body changes nothing
+        if topk is not None and not self.ranks:
+            raise Unranked("top-k/w subscriptions need the pipeline's --partition-mode subscriptions")
         if number >= len(self.owners):
             grow = max(number + 1, 2 * len(self.owners)) - len(self.owners)
             self.owners = np.concatenate([self.owners, np.full(grow, -1, np.int64)])
@@ -142,10 +153,11 @@ class State:
 
 def checkout(
     key: Key, start: int, store: PipelineStore, mine: Callable[[str], bool], with_authorization: bool,
-    entry_timeout: float,
+    entry_timeout: float, ranks: bool = True,
 ) -> tuple[State, Source, list[Quarantined]]:  # fmt: skip
     """The partition's state as of `start`; where it came from; the subscriptions set aside while
-    loading it (`mine`: whether a subscription id is this partition's)."""
+    loading it (`mine`: whether a subscription id is this partition's; `ranks`: whether it ranks
+    top-k/w subscriptions or sets them aside)."""
     cached = _cache.pop(key, None)
     if cached is not None and cached[1] == start:
         return cached[0], "kept", []
@@ -157,7 +169,7 @@ def checkout(
             state.remove(sub_id)
         state.set_registry(store.registry_at(start))
     else:
-        state = State(store.registry_at(start), with_authorization)
+        state = State(store.registry_at(start), with_authorization, ranks)
         added = store.subscriptions_at(start)
     failed = []
     for sub_id, number, owner, body in added:

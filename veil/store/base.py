@@ -154,12 +154,14 @@ class BatchDurations(NamedTuple):
 class PipelineStatus(NamedTuple):
     """What the pipeline last said of itself: the process id it registered (0: none runs, or one is
     expected to start) and when, and at its last heartbeat (when: unix seconds) the last sign of
-    life of the matcher partition heard from least recently (milliseconds; 0: not every one yet)."""
+    life of the matcher partition heard from least recently (milliseconds; 0: not every one yet)
+    and the partitions that had no running task."""
 
     pid: int
     registered: float
     quiet_since: int
     heartbeat: float | None
+    dark: tuple[int, ...] = ()
 
 
 class Admission(NamedTuple):
@@ -568,6 +570,15 @@ class PipelineStore(LogReader):
         """The matcher partitions claimed in `epoch`, and those whose task has reached its deadline."""
 
     @abstractmethod
+    def cut_epoch(self, lost: bool) -> None:
+        """The epoch in progress ends now: executors joined, or (`lost`) left."""
+
+    @abstractmethod
+    def epoch_cuts(self) -> tuple[int, int]:
+        """How many times `cut_epoch` was called, and how many of those with executors lost: an
+        epoch planned when these were less is cut."""
+
+    @abstractmethod
     def matches_per_entry(self) -> int:
         """Matches per log entry in the last batch that had any (0 before the first)."""
 
@@ -586,9 +597,10 @@ class PipelineStore(LogReader):
         """A pipeline process (`pid`) is running the query; 0 when it stops."""
 
     @abstractmethod
-    def heartbeat(self, quiet_since: int) -> None:
+    def heartbeat(self, quiet_since: int, dark: Sequence[int] = ()) -> None:
         """The pipeline is alive; the matcher partition heard from least recently last gave a sign of
-        life at `quiet_since` (ms; 0 before every one has)."""
+        life at `quiet_since` (ms; 0 before every one has); `dark`: the matcher partitions that, as
+        far as the pipeline's driver can tell, have no running task."""
 
 
 class EventStore(GatewayStore, PipelineStore):

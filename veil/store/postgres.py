@@ -166,6 +166,10 @@ CREATE INDEX subscriptions_owner_id ON subscriptions(owner, sub_id) WHERE delete
     """
 ALTER TABLE quarantine ADD COLUMN released DOUBLE PRECISION;
 """,
+    # the subscription versions set aside, looked up for every round recorded (kind 1: KIND_SUBSCRIBE)
+    """
+CREATE INDEX quarantined_subscriptions ON quarantine("offset") WHERE kind = 1;
+""",
 )
 
 

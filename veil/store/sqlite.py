@@ -140,6 +140,8 @@ CREATE TABLE IF NOT EXISTS quarantine (  -- log entries the pipeline could not p
     time REAL NOT NULL,
     released REAL  -- when an operator dropped it: kept, so that meeting the entry again does not bring it back
 );
+-- the subscription versions set aside, looked up for every round recorded (kind 1: KIND_SUBSCRIBE)
+CREATE INDEX IF NOT EXISTS quarantined_subscriptions ON quarantine(offset) WHERE kind = 1;
 CREATE TABLE IF NOT EXISTS gateways (  -- the gateways sharing the store, while they renew their row
     gateway TEXT PRIMARY KEY,
     incarnation TEXT NOT NULL DEFAULT '',  -- of the process that holds the name

@@ -27,7 +27,7 @@ from veil.store.relational.dialect import (
     set_status,
 )
 from veil.store.relational.log import append_entry
-from veil.store.relational.status import set_aside
+from veil.store.relational.status import set_aside, set_aside_pairs
 
 ORIGIN = "COALESCE(client, ''), key_id, signature, copy_of, cropped"  # the columns of an Origin
 
@@ -222,6 +222,14 @@ class DeliverySql(Dialect):
             fresh = pubs > recorded
             sub_nos, pubs = sub_nos[fresh], pubs[fresh]
             copies = [copy for copy in done.copies if copy[1] > recorded]
+            if processed > recorded:
+                set_aside(db, done.quarantined, processed, now)
+            dropped = set_aside_pairs(db, sub_nos, pubs, recorded) if len(pubs) else None
+            if dropped is not None:
+                sub_nos, pubs = sub_nos[~dropped], pubs[~dropped]
+                if copies:
+                    kept = set(zip(sub_nos.tolist(), pubs.tolist(), strict=True))
+                    copies = [copy for copy in copies if (copy[0], copy[1]) in kept]
             if stateful is not None and processed > recorded:
                 logged = self._record_stateful(db, stateful, part) + [(n, p) for n, p, _ in stateful.initials]
                 sub_nos = np.concatenate([sub_nos, np.array([n for n, _ in logged], np.int64)])
@@ -242,8 +250,6 @@ class DeliverySql(Dialect):
                     "ON CONFLICT (sub_no, pub) DO UPDATE SET body = excluded.body",
                     copies,
                 )
-            if processed > recorded:
-                set_aside(db, done.quarantined, processed, now)
             db.execute(
                 "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE "
                 f"SET value = {self.GREATEST}(status.value, excluded.value), updated = excluded.updated",

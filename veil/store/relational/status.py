@@ -7,6 +7,8 @@ import collections
 import time
 from collections.abc import Sequence
 
+import numpy as np
+
 from veil.store.base import (
     BATCH_BOUNDS_MS,
     KIND_SUBSCRIBE,
@@ -19,6 +21,7 @@ from veil.store.base import (
 from veil.store.relational.dialect import (
     Db,
     Dialect,
+    add_status,
     get_status,
     now_ms,
     partition_progress,
@@ -116,9 +119,12 @@ class StatusSql(Dialect):
     def expect_pipeline(self) -> None:
         self.register_pipeline(0)
 
-    def heartbeat(self, quiet_since: int) -> None:
+    def heartbeat(self, quiet_since: int, dark: Sequence[int] = ()) -> None:
         with self._tx() as db:
             set_status(db, "heartbeat", quiet_since)
+            db.execute("DELETE FROM status WHERE name LIKE ?", ("dark.%",))
+            for part in dark:
+                set_status(db, f"dark.{part}", 1)
 
     def set_partitions(self, partitions: int) -> list[int]:
         with self._tx() as db:
@@ -223,6 +229,16 @@ class StatusSql(Dialect):
             {part for part, value in ended.items() if value == epoch},
         )
 
+    def cut_epoch(self, lost: bool) -> None:
+        with self._tx() as db:
+            add_status(db, "epoch_cuts", 1)
+            if lost:
+                add_status(db, "epoch_losses", 1)
+
+    def epoch_cuts(self) -> tuple[int, int]:
+        with self._read() as db:
+            return get_status(db, "epoch_cuts") or 0, get_status(db, "epoch_losses") or 0
+
     def _numbered(self, prefix: str) -> dict[int, int]:
         with self._read() as db:
             return _numbered(db, prefix)
@@ -235,10 +251,11 @@ class StatusSql(Dialect):
                     "SELECT name, value, updated FROM status WHERE name IN ('pipeline', 'heartbeat')"
                 )
             }
+            dark = tuple(sorted(_numbered(db, "dark.")))
         if "pipeline" not in rows:
             return None
         (pid, registered), beat = rows["pipeline"], rows.get("heartbeat")
-        return PipelineStatus(pid, registered, beat[0] if beat else 0, beat[1] if beat else None)
+        return PipelineStatus(pid, registered, beat[0] if beat else 0, beat[1] if beat else None, dark)
 
 
 def _numbered(db: Db, prefix: str) -> dict[int, int]:
@@ -274,3 +291,32 @@ def set_aside(db: Db, entries: Sequence[Quarantined], processed: int, now: float
             'VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT ("offset") DO NOTHING',
             (offset, entry.kind, entry.sub_id, owner, entry.error, body, now),
         )
+
+
+def set_aside_pairs(db: Db, sub_nos: np.ndarray, pubs: np.ndarray, since: int) -> np.ndarray | None:
+    """Which matches go to a subscription version that is set aside (None: none do): with
+    publication partitioning every matcher partition holds every subscription, and one that failed
+    on a version sets it aside while the others, matching later ranges at the same time, still
+    hold it. Their matches for it are dropped here, so a set-aside subscription gets nothing from
+    any round recorded after it. `since`: the partition's recorded progress (older versions are
+    done). Only plain matches are given: a later version of the id (same number) has initial
+    matches older than itself, which are its own."""
+    versions = db.execute(
+        # CROSS JOIN: SQLite's planner, without statistics, would walk every live subscription; the
+        # kind as a literal, which the partial index covers
+        "SELECT l.number, s.created, s.deleted FROM quarantine q CROSS JOIN subscriptions s CROSS JOIN log l "
+        f'WHERE s.created = q."offset" AND l."offset" = s.created AND q.kind = {KIND_SUBSCRIBE} '
+        "AND (s.deleted IS NULL OR s.deleted > ?)",
+        (since,),
+    ).fetchall()
+    if not versions:
+        return None
+    hit = np.isin(sub_nos, [number for number, _, _ in versions])
+    if not hit.any():
+        return None
+    present = set(np.unique(sub_nos[hit]).tolist())
+    dropped = np.zeros(len(pubs), bool)
+    for number, created, deleted in versions:
+        if number in present:
+            dropped |= (sub_nos == number) & (pubs > created) & (pubs < (deleted or np.iinfo(np.int64).max))
+    return dropped
