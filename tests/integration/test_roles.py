@@ -139,7 +139,11 @@ async def test_on_a_standalone_cluster_survive_a_worker_and_a_gateway(tmp_path, 
         "--spark-conf", "spark.executor.memory=768m", *DYNAMIC_ALLOCATION,
     )  # fmt: skip
     try:
-        a, b, _ = processes
+        a, b, pipeline = processes
         await run_through_failures(a, b, kill_worker=cluster.kill_worker)
+        with open(pipeline.log_path, errors="replace") as log:
+            said = log.read()
+        # the epoch ended when the second executor joined, and when the killed worker's left
+        assert "joined, none left): the epoch ends now" in said and "none joined," in said, pipeline.tail()
     finally:
         stop_deployment(processes)
