@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from veil.config import Config
-from veil.pipeline.partition_task import SILENT_MS
+from veil.pipeline.partition_task import SILENT_MS, Silence
 from veil.store import PipelineStore, StoreUnavailable
 from veil.store.credentials import PASSWORD_ENV, without_password
 
@@ -219,7 +219,7 @@ class Heartbeat:
         self.store = store
         self.partitions = partitions
         self.tasks = tasks
-        self._heard: dict[int, tuple[int | None, float]] = {}  # partition -> (its last beat, seen since)
+        self._silence = Silence()
         self._dark: set[int] = set()
         self._failing = False
 
@@ -236,17 +236,10 @@ class Heartbeat:
             self._failing = False
 
     def _darkness(self, beats: dict[int, int]) -> set[int]:
-        now = time.monotonic()
-        dark = set()
-        for part in range(self.partitions):
-            heard = self._heard.get(part)
-            if heard is None or heard[0] != beats.get(part):
-                self._heard[part] = heard = (beats.get(part), now)
-            if (now - heard[1]) * 1000 > SILENT_MS:
-                dark.add(part)
+        silent = self._silence.hear(beats, range(self.partitions))
+        dark = {part for part, seconds in silent.items() if seconds * 1000 > SILENT_MS}
         for part in sorted(dark - self._dark):
-            log.warning("matcher partition %d has no running task (no sign of life for %.1f s)", part,
-                        now - self._heard[part][1])  # fmt: skip
+            log.warning("matcher partition %d has no running task (no sign of life for %.1f s)", part, silent[part])
         for part in sorted(self._dark - dark):
             log.info("matcher partition %d runs again", part)
         self._dark = dark

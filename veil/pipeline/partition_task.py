@@ -29,7 +29,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -66,6 +66,29 @@ PACED_SUBSCRIPTIONS = 1_000
 GAP_GROWTH = 10
 
 
+class Silence:
+    """How long each matcher partition's sign of life has stayed the same, by this process's clock
+    from the moment it saw the value change: a beat is another machine's clock reading, compared
+    only for change."""
+
+    def __init__(self) -> None:
+        self._heard: dict[int, tuple[int | None, float]] = {}  # partition -> (its last beat, seen since)
+
+    def hear(self, beats: Mapping[int, int], parts: Iterable[int]) -> dict[int, float]:
+        """Take in the beats just read; returns each of `parts`' silence in seconds."""
+        now = time.monotonic()
+        for part in parts:
+            heard = self._heard.get(part)
+            if heard is None or heard[0] != beats.get(part):
+                self._heard[part] = (beats.get(part), now)
+        return {part: now - self._heard[part][1] for part in parts}
+
+    def seconds(self, part: int) -> float:
+        """`part`'s silence as of now, from what was last heard (0 if nothing was)."""
+        heard = self._heard.get(part)
+        return 0.0 if heard is None else time.monotonic() - heard[1]
+
+
 class PartitionTask:
     """Picklable: built on the driver, run in an executor's Python worker."""
 
@@ -86,7 +109,7 @@ class PartitionTask:
         # publication partitioning: a claimed range matched and waiting for the ranges before it
         self._waiting: dict[int, Round] = {}
         self.held: set[int] = set()  # the partitions this task owns now
-        self._heard: dict[int, tuple[int | None, float]] = {}  # partition -> (its last beat, seen since)
+        self._silence = Silence()
         self._moved = time.monotonic()  # when the task's loop last went round
 
     def run(self, deadline: float, cuts: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -185,9 +208,7 @@ class PartitionTask:
         partitions have been silent for SILENT_MS."""
         started, ended = store.leases(epoch)
         if lost:  # adopted here, or silent: its task is not coming back in this epoch
-            now = time.monotonic()
-            heard = {part: self._heard.get(part, (None, now))[1] for part in started - self.held}
-            started = {part for part, since in heard.items() if (now - since) * 1000 <= SILENT_MS}
+            started = {part for part in started - self.held if self._silence.seconds(part) * 1000 <= SILENT_MS}
         return started <= ended
 
     def _beat(self, store: PipelineStore, ended: threading.Event) -> None:
@@ -218,14 +239,9 @@ class PartitionTask:
                 store.own_partition(part, token)
                 owners[part] = token
         held = {part for part in (*self.held, *self.parts) if owners.get(part) == token}
-        beats, now = store.partition_beats(), time.monotonic()
-        for part in range(self.matcher.partitions):
-            beat = beats.get(part)
-            heard = self._heard.get(part)
-            if heard is None or heard[0] != beat:
-                self._heard[part] = (beat, now)
-            silent = now - self._heard[part][1]
-            if part not in held and silent * 1000 > SILENT_MS and store.adopt_partition(part, token, beat):
+        beats = store.partition_beats()
+        for part, silent in self._silence.hear(beats, range(self.matcher.partitions)).items():
+            if part not in held and silent * 1000 > SILENT_MS and store.adopt_partition(part, token, beats.get(part)):
                 log.warning("partitions %s adopt partition %d, silent for %.1f s", self.parts, part, silent)
                 held.add(part)
         # another task took it: its state here is not kept up (unless it serves one still held)
