@@ -200,3 +200,27 @@ def test_an_epoch_cut_when_executors_are_lost_does_not_wait_for_the_lost_task(tm
         retried = time.monotonic()
         retry.run(deadline, cuts)
         assert retry.parts == lost.parts and time.monotonic() - retried < 2 * BEAT + 1
+
+
+def test_a_round_is_paced_only_once_publications_keep_coming(tmp_path):
+    """A commit that lands while a round runs goes in the next round at once; only a partition that
+    found work waiting after two rounds in a row waits for the round gap (publications keep coming)."""
+    url = f"sqlite:///{tmp_path}/veil.db"
+    store = open_store(url)
+    store.put_subscription("plain", "bob", encode_subscription([["a", "ge", 0]]))
+    task = PartitionTask(Matcher(url, 1, False, with_authorization=False), 0, 1, 100, 1000, round_gap=2.0)
+    handle = store_for(url)
+    handle.own_partition(0, 7)
+
+    def round_after_a_commit() -> float:
+        store.append_publications(published(b'{"a":1}'))
+        began = time.monotonic()
+        assert task._round(handle, 0, 7) is None  # recorded
+        return time.monotonic() - began
+
+    assert task._round(handle, 0, 7) is None and task._round(handle, 0, 7) is not None  # the state built
+    assert round_after_a_commit() < 1.0
+    assert round_after_a_commit() < 1.0  # a commit during the last round: not paced yet
+    assert round_after_a_commit() > 1.0  # the third in a row: paced
+    assert task._round(handle, 0, 7) is not None  # caught up
+    assert round_after_a_commit() < 1.0

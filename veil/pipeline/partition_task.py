@@ -103,7 +103,7 @@ class PartitionTask:
         self.max_matches = max_matches
         self.round_gap = round_gap
         self._began: dict[int, float] = {}  # when each held partition's last round began (monotonic)
-        self._caught_up: dict[int, bool] = {}  # whether its last look found nothing to do
+        self._busy: dict[int, int] = {}  # rounds it recorded in a row, with no look finding nothing between
         # the gap before its next round, and whether it applies even when caught up
         self._gap: dict[int, tuple[float, bool]] = {}
         # publication partitioning: a claimed range matched and waiting for the ranges before it
@@ -256,16 +256,20 @@ class PartitionTask:
             idle = self._claimed_round(store, part, token)
         else:
             idle = self._own_round(store, part, token)
-        self._caught_up[part] = idle is not None
+        self._busy[part] = 0 if idle is not None else self._busy.get(part, 0) + 1
         return idle
 
     def _paced(self, part: int) -> float:
         """Wait, while publications keep coming, until the gap has passed since `part`'s last round
         began: at a high rate a round per commit would make a feed entry, and a write to every
-        subscriber it matches, every few milliseconds; a partition that caught up starts at once,
-        unless its last round reached many subscriptions. Returns when this round begins."""
+        subscriber it matches, every few milliseconds. Publications keep coming when the last two
+        rounds each found work waiting as soon as they ended: at a low rate a commit often lands
+        while a round runs, and pacing the round after it made that commit's publications (1-2 %
+        of them at 200 publications/s with 512 subscriptions) wait the whole gap. A partition that
+        caught up starts at once, unless its last round reached many subscriptions. Returns when
+        this round begins."""
         gap, wide = self._gap.get(part, (self.round_gap, False))
-        if wide or not self._caught_up.get(part, True):
+        if wide or self._busy.get(part, 0) >= 2:
             time.sleep(max(0.0, self._began.get(part, 0.0) + gap - time.monotonic()))
         self._began[part] = began = time.monotonic()
         return began
