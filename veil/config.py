@@ -114,8 +114,7 @@ class Config:
         100, "least milliseconds between the starts of a matcher partition's rounds while publications keep "
         "coming (once two rounds in a row found more waiting; one that found the log idle starts at once; "
         "longer after a round that reached over 1,000 subscriptions): rounds carry more, for fewer writes "
-        "downstream; with --trigger micro-batch, the "
-        "least time between the starts of micro-batches",
+        "downstream; with --trigger micro-batch, the least time between the starts of micro-batches",
         ("VEIL_ROUND_GAP_MS",),
     )  # fmt: skip
     max_batch_matches: int = _opt(

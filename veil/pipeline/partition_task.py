@@ -263,11 +263,11 @@ class PartitionTask:
         """Wait, while publications keep coming, until the gap has passed since `part`'s last round
         began: at a high rate a round per commit would make a feed entry, and a write to every
         subscriber it matches, every few milliseconds. Publications keep coming when the last two
-        rounds each found work waiting as soon as they ended: at a low rate a commit often lands
-        while a round runs, and pacing the round after it made that commit's publications (1-2 %
-        of them at 200 publications/s with 512 subscriptions) wait the whole gap. A partition that
-        caught up starts at once, unless its last round reached many subscriptions. Returns when
-        this round begins."""
+        looks at the partition each found work and recorded a round: at a low rate a commit often
+        lands while a round runs, and pacing the round after it made that commit's publications
+        (over 1 % of them at 200 publications/s with 512 subscriptions) wait the whole gap. A
+        partition whose last look found the log idle starts at once, unless its last round reached
+        many subscriptions. Returns when this round begins."""
         gap, wide = self._gap.get(part, (self.round_gap, False))
         if wide or self._busy.get(part, 0) >= 2:
             time.sleep(max(0.0, self._began.get(part, 0.0) + gap - time.monotonic()))
