@@ -111,10 +111,10 @@ class Config:
     )  # fmt: skip
     max_batch_rows: int = _opt(50000, "most log entries per matching round", ("VEIL_MAX_BATCH_ROWS",))
     round_gap_ms: int = _opt(
-        100, "least milliseconds between the starts of a matcher partition's rounds while publications keep "
-        "coming (once two rounds in a row found more waiting; one that found the log idle starts at once; "
-        "longer after a round that reached over 1,000 subscriptions): rounds carry more, for fewer writes "
-        "downstream; with --trigger micro-batch, the least time between the starts of micro-batches",
+        100, "least milliseconds between the starts of a matcher partition's rounds while publications come "
+        "fast (its rounds took in 500 log entries a second or more over the last second; slower, a round starts "
+        "at once; longer after a round that reached over 1,000 subscriptions): rounds carry more, for fewer "
+        "writes downstream; with --trigger micro-batch, the least time between the starts of micro-batches",
         ("VEIL_ROUND_GAP_MS",),
     )  # fmt: skip
     max_batch_matches: int = _opt(

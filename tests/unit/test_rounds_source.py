@@ -3,7 +3,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 from tests.unit.helpers import published, stream_reader
 from veil.matching.stored import encode_subscription
-from veil.pipeline import job, worker_state
+from veil.pipeline import job, partition_task, worker_state
 from veil.pipeline.matcher import Matcher
 from veil.pipeline.partition_task import BEAT, SILENT_MS, PartitionTask, round_end
 from veil.pipeline.rounds import EpochReader, EventLogSource
@@ -202,25 +202,28 @@ def test_an_epoch_cut_when_executors_are_lost_does_not_wait_for_the_lost_task(tm
         assert retry.parts == lost.parts and time.monotonic() - retried < 2 * BEAT + 1
 
 
-def test_a_round_is_paced_only_once_publications_keep_coming(tmp_path):
-    """A commit that lands while a round runs goes in the next round at once; only a partition that
-    found work waiting after two rounds in a row waits for the round gap (publications keep coming)."""
+def test_a_round_is_paced_only_while_publications_come_fast(tmp_path, monkeypatch):
+    """At a low rate a commit that lands while a round runs goes in the next round at once; once the
+    partition's rounds took in PACED_RATE entries a second, the next waits for the round gap, and
+    it goes at once again when the rate has fallen."""
+    monkeypatch.setattr(partition_task, "RATE_WINDOW", 0.5)
     url = f"sqlite:///{tmp_path}/veil.db"
     store = open_store(url)
     store.put_subscription("plain", "bob", encode_subscription([["a", "ge", 0]]))
-    task = PartitionTask(Matcher(url, 1, False, with_authorization=False), 0, 1, 100, 1000, round_gap=2.0)
+    task = PartitionTask(Matcher(url, 1, False, with_authorization=False), 0, 1, 1000, 100000, round_gap=2.0)
     handle = store_for(url)
     handle.own_partition(0, 7)
 
-    def round_after_a_commit() -> float:
-        store.append_publications(published(b'{"a":1}'))
+    def round_after(publications: int) -> float:
+        store.append_publications(published(*[b'{"a":1}'] * publications))
         began = time.monotonic()
         assert task._round(handle, 0, 7) is None  # recorded
         return time.monotonic() - began
 
     assert task._round(handle, 0, 7) is None and task._round(handle, 0, 7) is not None  # the state built
-    assert round_after_a_commit() < 1.0
-    assert round_after_a_commit() < 1.0  # a commit during the last round: not paced yet
-    assert round_after_a_commit() > 1.0  # the third in a row: paced
-    assert task._round(handle, 0, 7) is not None  # caught up
-    assert round_after_a_commit() < 1.0
+    assert round_after(1) < 1.0
+    assert round_after(1) < 1.0  # a commit during the last round: not paced
+    assert round_after(partition_task.PACED_RATE) < 1.0  # the rate is known once this round is in
+    assert round_after(1) > 1.0  # fast: paced
+    time.sleep(0.6)  # the fast rounds leave the window
+    assert round_after(1) < 1.0
