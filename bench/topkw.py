@@ -1,7 +1,7 @@
 """Top-k/w kernel: cost per publication against the window size and k, one core.
 
 One subscription receives a stream of matching readings, one per millisecond, with uniformly random
-scores; its window holds `window` of them. The k-skyband (S4 §4.4.2, veil.matching.topkw) is timed
+scores; its window holds `window` of them. The k-skyband (S4 §4.4.2, veil.matching.kinds.topkw) is timed
 against the approach it replaces: keep the whole window and take its k best again at every arrival
 and expiry (heapq.nsmallest, which is cheaper than a full sort). Both must deliver the same readings
 at the same moments, which is checked on the readings the baseline gets through.
@@ -20,7 +20,8 @@ from collections import deque
 
 from bench.brokers import subscription_counts
 from bench.report import add_plot_argument, print_table, save_figure
-from veil.matching.topkw import Delivery, Skyband
+from veil.matching.kinds import Selected
+from veil.matching.kinds.topkw import Skyband
 
 BUDGET = 2.0  # seconds per measurement
 
@@ -33,13 +34,13 @@ class Resorting:
         self.held: deque[tuple[float, int, float]] = deque()  # (arrival, seq, score)
         self.delivered: set[int] = set()
 
-    def _judge(self, now: float) -> list[Delivery]:
+    def _judge(self, now: float) -> list[Selected]:
         best = heapq.nsmallest(self.k, self.held, key=lambda item: (item[2], -item[1]))
-        fresh = [Delivery(seq, now) for _, seq, _ in best if seq not in self.delivered]
+        fresh = [Selected(seq, now) for _, seq, _ in best if seq not in self.delivered]
         self.delivered.update(d.seq for d in fresh)
         return fresh
 
-    def arrive(self, seq: int, time: float, score: float) -> list[Delivery]:
+    def arrive(self, seq: int, time: float, score: float) -> list[Selected]:
         delivered = []
         while self.held and self.held[0][0] + self.window <= time:
             moment = self.held[0][0] + self.window
@@ -49,17 +50,17 @@ class Resorting:
         self.held.append((time, seq, score))
         return delivered + self._judge(time)
 
-    def fill(self, scores: list[float], delivered: list[Delivery]) -> None:
+    def fill(self, scores: list[float], delivered: list[Selected]) -> None:
         """Take the window as the skyband left it after the same readings, without judging each:
         filling by `arrive` is quadratic in the window (hours at 100,000)."""
         self.held.extend((seq, seq, score) for seq, score in enumerate(scores))
         self.delivered.update(d.seq for d in delivered)
 
 
-def timed(matcher: Skyband | Resorting, scores: list[float], window: int) -> tuple[float, list[Delivery], int]:
+def timed(matcher: Skyband | Resorting, scores: list[float], window: int) -> tuple[float, list[Selected], int]:
     """Microseconds per reading over the stream after the window first fills (until the budget or
     the stream ends); the deliveries after it filled; the time of the last reading."""
-    delivered: list[Delivery] = []
+    delivered: list[Selected] = []
     started = time.perf_counter()
     done = window
     while done < len(scores) and time.perf_counter() - started < BUDGET:

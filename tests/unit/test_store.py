@@ -353,14 +353,14 @@ def test_top_k_deliveries_are_logged_copies_recorded_once_with_their_skybands(st
         (b'{"cut":1}', Origin("", None, None, copy_of=new, cropped=True)),
     ]
     assert all(pub > new for pub, _, _ in rows)  # queued under their own offsets, in decision order
-    assert store.topk_bands([s, 999]) == {s: b"band"}
-    assert store.topk_due() == 123
+    assert store.subscription_states([s, 999]) == {s: b"band"}
+    assert store.due() == 123
     store.save_cursors({store.subscription_number("s"): rows[-1][0]})
     store.compact(1000, store.last_feed_seq(), time.time() + 10)
     assert store.bodies(np.array([old]))  # a skyband still holds it
     store.record_round(Round([], [], rows[-1][0], stateful=StatefulBatch([], [], [(s, None)], None, None)))
     store.compact(1000, store.last_feed_seq(), time.time() + 10)
-    assert not store.bodies(np.array([old])) and store.topk_bands([s]) == {}
+    assert not store.bodies(np.array([old])) and store.subscription_states([s]) == {}
 
 
 def test_each_partition_records_its_own_progress_and_the_pipeline_is_at_the_least(store):
@@ -378,9 +378,9 @@ def test_each_partition_records_its_own_progress_and_the_pipeline_is_at_the_leas
     held = StatefulBatch([], [], [], pubs[0], 500)
     store.record_round(Round([], [], pubs[3], stateful=held, part=1))
     store.record_round(Round([], [], pubs[3], stateful=StatefulBatch([], [], [], None, 900), part=0))
-    assert store.topk_due() == 500 and store.processed_offset() == pubs[3]
+    assert store.due() == 500 and store.processed_offset() == pubs[3]
     store.record_round(Round([], [], pubs[3] + 1, stateful=StatefulBatch([], [], [], None, None), part=1))
-    assert store.topk_due() == 900
+    assert store.due() == 900
     assert set(store.partition_beats()) == {0, 1}
     assert store.set_partitions(2) == [pubs[3], pubs[3] + 1]  # a restart keeps each one's progress
     assert store.set_partitions(3) == [pubs[3]] * 3  # a new count: all from the least
@@ -410,7 +410,7 @@ def test_a_round_that_began_behind_the_recorded_progress_is_dropped_whole(store)
     # another task matched from 0 as well and got further: its round is not recorded at all
     late = StatefulBatch([(s, pubs[1], None)], [], [(s, b"band")], None, None)
     store.record_round(Round([s, s], pubs[:2], pubs[1], stateful=late, part=0, start=0))
-    assert store.partition_offset(0) == pubs[0] and store.topk_bands([s]) == {}
+    assert store.partition_offset(0) == pubs[0] and store.subscription_states([s]) == {}
     store.record_round(Round([s], [pubs[1]], pubs[1], part=0, start=pubs[0]))
     assert [p for p, *_ in store.backlog(store.subscription_number("s"), 0, 10)[0]] == pubs[:2]
 
@@ -426,7 +426,7 @@ def test_a_round_is_recorded_only_while_its_task_owns_the_partition(store):
     assert store.adopt_partition(1, 22, store.partition_beats()[1])
     stale = StatefulBatch([(s, pubs[0], None)], [], [(s, b"band")], None, None)
     assert not store.record_round(Round([s], [pubs[0]], pubs[1], stateful=stale, part=1, start=0, owner=(1, 11)))
-    assert store.partition_offset(1) == 0 and store.topk_bands([s]) == {} and store.quarantine_count() == 0
+    assert store.partition_offset(1) == 0 and store.subscription_states([s]) == {} and store.quarantine_count() == 0
     assert store.record_round(Round([s], [pubs[0]], pubs[1], part=1, start=0, owner=(1, 22)))
     assert [p for p, *_ in store.backlog(s, 0, 10)[0]] == pubs[:1]
 

@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from veil.matching import topkw
-from veil.matching.topkw import Delivery, NumericColumns, Skyband, Term, TopKW, TopKWSet, score, score_many
+from veil.matching.kinds import Arrivals, KindStates, NumericColumns, topkw
+from veil.matching.kinds import Selected as Delivery
+from veil.matching.kinds.scoring import Term, ranked, score, score_many
+from veil.matching.kinds.topkw import Skyband
 
 
 def brute_force(k: int, window: float, events: list[tuple]) -> dict[int, float]:
@@ -62,13 +64,24 @@ def streams(draw):
     return subscriptions, events
 
 
+def arrivals(seqs: list[int], times: list[float], values: list[object]) -> Arrivals:
+    """Matches whose documents hold `v`."""
+    return Arrivals(seqs, times, NumericColumns([{"v": v} for v in values]), np.arange(len(seqs)), {})
+
+
+def restored(engine: KindStates) -> None:
+    """Each state from its snapshot, through msgpack: as after a restart."""
+    for number, state in list(engine.states.items()):
+        engine.restore(number, msgspec.msgpack.decode(msgspec.msgpack.encode(state.snapshot())))
+
+
 @settings(max_examples=2000, deadline=None)
 @given(streams())
 def test_the_skyband_delivers_what_the_definition_does(case):
     subscriptions, events = case
-    engine = TopKWSet()
+    engine = KindStates()
     for number, (k, window) in enumerate(subscriptions):
-        engine.add(number, TopKW(k, window, (Term("v", prefer="low"),)))
+        engine.add(number, *engine.spec({"k": k, "w": window, "score": [{"key": "v", "prefer": "low"}]}))
     got: dict[int, list[Delivery]] = {number: [] for number in range(len(subscriptions))}
     for event in events:
         if event[0] == "arrive":
@@ -76,14 +89,13 @@ def test_the_skyband_delivers_what_the_definition_does(case):
             for number, delivery in engine.advance(time):  # the broker advances before each batch
                 got[number].append(delivery)
             for number in wanted:
-                got[number].extend(engine.arrive_many(number, [seq], [time], np.array([float(value)])))
-        elif event[0] == "restore":  # as after a restart: each skyband from its saved state
-            for number, band in list(engine.bands.items()):
-                engine.restore(number, Skyband.restore(msgspec.msgpack.decode(msgspec.msgpack.encode(band.state()))))
+                got[number].extend(engine.arrive(number, arrivals([seq], [time], [float(value)])))
+        elif event[0] == "restore":
+            restored(engine)
         else:
             for number, delivery in engine.advance(event[1]):
                 got[number].append(delivery)
-    assert engine.next_expiry() is None  # the last advance is past every expiry
+    assert engine.next_due() is None  # the last advance is past every expiry
     for number, (k, window) in enumerate(subscriptions):
         own = [
             ("arrive", e[1], e[2], e[3]) if e[0] == "arrive" else e
@@ -163,3 +175,10 @@ def test_scores_by_column_match_scores_one_by_one():
     for value, document in zip(got.tolist(), documents, strict=True):
         expected = score(terms, document)
         assert (math.isnan(value) and expected is None) or value == pytest.approx(expected)
+
+
+def test_unrankable_and_cropped_matches_are_judged_on_what_the_subscriber_sees():
+    terms = (Term("v", prefer="low"),)
+    documents = [{"v": 1}, {"v": "x"}, {"v": 3}, {"w": 1}]
+    got = ranked(terms, Arrivals([10, 11, 12, 13], [0, 1, 2, 3], NumericColumns(documents), np.arange(4), {2: {}}))
+    assert got[0] == [10] and got[1] == [0] and got[2].tolist() == [1.0]  # 11, 13 unrankable; 12 cropped of v

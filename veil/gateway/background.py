@@ -1,7 +1,7 @@
 """The gateway's loops besides serving requests, started and stopped as one: fanning out the
-pipeline's feed, saving cursors, following the pipeline's progress and health, logging clock ticks
-for top-k/w windows, compacting the store, renewing this gateway's row among those sharing the
-store, adopting registry versions other gateways stored, and supervising the pipeline process."""
+pipeline's feed, saving cursors, following the pipeline's progress and health, compacting the
+store, renewing this gateway's row among those sharing the store, adopting registry versions other
+gateways stored, and supervising the pipeline process."""
 
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ class Background:
         self.pipeline = pipeline
         self._quarantine_seq = 0  # the last quarantined entry whose subscriber was told
         self._quarantine_checked = 0.0
-        self._tick = 0  # the offset of the last clock tick logged
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -71,7 +70,6 @@ class Background:
                 if health.quarantined:
                     problems.append(f"{health.quarantined} log entries quarantined (see GET /admin/quarantine)")
                 health.problems = problems
-                await self._tick_when_due()
             except Exception as exc:
                 log.exception("reading pipeline progress failed")
                 health.problems = [f"cannot read the store: {exc}"]
@@ -118,14 +116,6 @@ class Background:
             if record.kind == KIND_SUBSCRIBE and record.sub_id is not None:
                 reason = ProtocolError("subscriptionId", f"quarantined by the broker: {record.error}", 422)
                 self.gateway.hub.kick(record.sub_id, reason.to_json())
-
-    async def _tick_when_due(self) -> None:
-        """A top-k/w window whose best publication expires promotes the next one at that moment,
-        even if nothing is published: log the time once it is due, one tick per pipeline step."""
-        threads = self.gateway.threads
-        due = await threads.read(threads.store.topk_due)
-        if due is not None and due <= time.time() * 1000 and self._tick <= self.gateway.ingest.processed:
-            self._tick = await threads.write(threads.store.append_tick)
 
     async def _compact(self) -> None:
         """Keep the store's size proportional to what is still queued, not to everything ever sent.

@@ -36,11 +36,7 @@ def described(sub_id: str, created: int, body: bytes) -> dict[str, Any]:
     if stored.scope:
         doc["scope"] = stored.scope
     if stored.topk is not None:
-        terms = [
-            {"key": t.key, "weight": t.weight, **({"prefer": t.prefer} if t.target is None else {"target": t.target})}
-            for t in stored.topk.terms
-        ]
-        doc["topk"] = {"k": stored.topk.k, "w": stored.topk.window, "score": terms}
+        doc["topk"] = stored.topk
     return doc
 
 

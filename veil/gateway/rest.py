@@ -140,7 +140,7 @@ async def subscribe(request: web.Request) -> web.Response:
     principal = principal_of(gateway, request, req.auth_hash)
     owner = principal.identity
     if req.topk is not None and gateway.config.partition_mode == "publications":
-        raise ProtocolError("topk", "top-k/w subscriptions need the broker's --partition-mode subscriptions")
+        raise ProtocolError("topk", "top-k subscriptions need the broker's --partition-mode subscriptions")
     registry = gateway.registry.current
     admitted = await sized(gateway, len(raw), admit_subscription, registry, principal, predicates, req.scope)
     body = encode_subscription(req.predicates, req.topk, req.scope, admitted)

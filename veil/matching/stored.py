@@ -1,37 +1,35 @@
 """How a subscription is kept in the event log: its predicates as a JSON array, or an object with
-the predicates (a top-k/w subscription's Boolean filter) and what else it has: the top-k/w part,
-the scope it was made in and whether its owner was admitted to that scope by the attributes of its
-credentials rather than by the registry. Plain subscriptions keep the bare array, the form the log
-has always held."""
+the predicates (a stateful subscription's Boolean filter) and what else it has: its `topk` document
+(as the protocol validated it: the kind's spec, `veil.matching.kinds`), the scope it was made in and
+whether its owner was admitted to that scope by the attributes of its credentials rather than by the
+registry. Plain subscriptions keep the bare array, the form the log has always held."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import orjson
 
 from veil.matching.predicates import Predicate
-from veil.matching.topkw import Term, TopKW
 
 
 class Stored(NamedTuple):
     predicates: list[Predicate]
-    topk: TopKW | None = None
+    topk: dict[str, Any] | None = None  # a stateful subscription's spec, as /subscribe took it
     scope: str = ""  # "" for the world
     admitted: bool = False  # a member of its scope by its credentials' attributes
 
 
 def encode_subscription(
-    predicates: Sequence[Sequence], topk: tuple | None = None, scope: str | None = None, admitted: bool = False
-) -> bytes:
-    """`topk` is (k, window, terms) with terms (key, weight, target, prefer)."""
+    predicates: Sequence[Sequence[Any]], topk: Mapping[str, Any] | None = None, scope: str | None = None,
+    admitted: bool = False,
+) -> bytes:  # fmt: skip
     if topk is None and not scope:
         return orjson.dumps(predicates)
     doc: dict[str, object] = {"data": predicates}
     if topk is not None:
-        k, window, terms = topk
-        doc["topk"] = [k, window, terms]
+        doc["topk"] = topk
     if scope:
         doc["scope"] = scope
         doc["admitted"] = admitted
@@ -43,7 +41,11 @@ def decode_subscription(body: bytes) -> Stored:
     if isinstance(doc, list):
         return Stored([Predicate(*p) for p in doc])
     topk = doc.get("topk")
-    if topk is not None:
+    if isinstance(topk, list):  # logged before kinds: [k, window, [[key, weight, target, prefer], ...]]
         k, window, terms = topk
-        topk = TopKW(k, window, tuple(Term(*t) for t in terms))
+        topk = {"k": k, "w": window, "score": [_term(*term) for term in terms]}
     return Stored([Predicate(*p) for p in doc["data"]], topk, doc.get("scope", ""), doc.get("admitted", False))
+
+
+def _term(key: str, weight: float, target: float | None, prefer: str | None) -> dict[str, Any]:
+    return {"key": key, "weight": weight, **({"prefer": prefer} if target is None else {"target": target})}

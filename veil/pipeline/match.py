@@ -6,11 +6,12 @@
 and the registry that preceded them in the log, and the state is brought to `end`. It reads no store
 and knows no Spark, so both triggers (`rounds`, `micro-batch`) and the tests run the same code.
 
-Top-k/w subscriptions (SPEC §5) are matched by the same index (their Boolean filter); the pairs it
-finds for them, once authorized, go through their skybands in log order instead of being delivered,
-and the log's times drive the windows (tick entries move the clock when nothing is published).
-Their deliveries, the skybands that changed, the oldest publication still held and the next expiry
-are the round's `stateful` part, which the store records with the matches, atomically.
+Stateful subscriptions (SPEC §5, `veil.matching.kinds`) are matched by the same index (their
+Boolean filter); the pairs it finds for them, once authorized, go to their states in log order
+instead of being delivered, and the log's times are their clock (tick entries move it when nothing
+is published). What they select, the states that changed, the oldest publication still held and
+the next due moment are the round's `stateful` part, which the store records with the matches,
+atomically.
 
 An entry whose processing raises, or runs past `entry_timeout` seconds, is set aside (`guard`): it
 goes to the round's quarantine, a publication among them delivers to nobody, and everything else in
@@ -19,15 +20,14 @@ the round is processed as usual.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import orjson
 
 from veil.matching import matches
+from veil.matching.kinds import Arrivals, NumericColumns
 from veil.matching.stored import decode_subscription
-from veil.matching.topkw import NumericColumns, score, score_many
 from veil.pipeline.guard import FAULTS, attempt, isolate, rearm
 from veil.pipeline.worker_state import State, Unranked
 from veil.protocol import flatten
@@ -85,7 +85,7 @@ def _apply(state: State, out: _Output, entry: LogEntry, valid: Valid, entry_time
             except Unranked:
                 unranked = True  # refused whole: nothing to rebuild the state for
                 raise
-            if not state.is_topk[number]:
+            if not state.is_stateful[number]:
                 out.initial(state, number, body, valid)  # type: ignore[arg-type]
         else:
             state.remove(sub_id)  # type: ignore[arg-type]
@@ -154,8 +154,8 @@ class _Run:
                 crops.update((pair + shift, copy) for pair, copy in piece[3])
                 shift += len(piece[0])
             offsets = np.asarray(self.offsets, np.int64)
-            if state.topk_numbers:
-                ranked = state.is_topk[sub_nos]
+            if state.stateful:
+                ranked = state.is_stateful[sub_nos]
                 self._rank(state, out, pubs, sub_nos, np.flatnonzero(ranked & keep), crops, seconds)
                 keep &= ~ranked
                 crops = {pair: copy for pair, copy in crops.items() if not ranked[pair]}
@@ -171,33 +171,28 @@ class _Run:
         self, state: State, out: _Output, pubs: np.ndarray, sub_nos: np.ndarray, pairs: np.ndarray,
         crops: dict[int, bytes], seconds: float,
     ) -> None:  # fmt: skip
-        """Authorized matches of top-k/w subscriptions through their skybands, each subscription's
-        in log order; a cropped copy is ranked on what its subscriber would see, and kept while the
-        skyband holds it. A subscription whose ranking fails (or runs past the bound) is set aside."""
+        """Authorized matches of stateful subscriptions to their states, each subscription's in log
+        order; a cropped copy is judged on what its subscriber would see, and kept while the state
+        holds it. A subscription whose state fails (or runs past the bound) is set aside."""
         pairs = pairs[np.argsort(sub_nos[pairs] * len(self.offsets) + pubs[pairs])]  # each pair once
         numbers = sub_nos[pairs]
         columns = NumericColumns([document or {} for document in self.documents])
         bounds = np.flatnonzero(np.diff(numbers)) + 1
         all_offsets, all_times = np.asarray(self.offsets, np.int64), np.asarray(self.times, np.int64)
 
-        def rank(mine: np.ndarray) -> list[tuple[int, int, bytes | None]]:
+        def arrive(mine: np.ndarray) -> list[tuple[int, int, bytes | None]]:
             number = int(sub_nos[mine[0]])
             positions = pubs[mine]
-            terms = state.topk.specs[number].terms
-            scores = score_many(terms, columns, positions)
             offsets = all_offsets[positions].tolist()
+            replaced = {}
             for i, pair in enumerate(mine.tolist() if crops else ()):
                 copy = crops.get(pair)
                 if copy is not None:
-                    ranked = score(terms, flatten(orjson.loads(copy)))
-                    scores[i] = math.nan if ranked is None else ranked
+                    replaced[i] = flatten(orjson.loads(copy))
                     state.crops.setdefault(number, {})[offsets[i]] = copy
-            times = all_times[positions].tolist()
+            arrivals = Arrivals(offsets, all_times[positions].tolist(), columns, positions, replaced)
             kept = state.crops.get(number, {})
-            return [
-                (number, delivery.seq, kept.get(delivery.seq))
-                for delivery in state.topk.arrive_many(number, offsets, times, scores)
-            ]
+            return [(number, selected.seq, kept.get(selected.seq)) for selected in state.kinds.arrive(number, arrivals)]
 
         groups = np.split(pairs, bounds) if len(pairs) else []
         done = 0
@@ -206,7 +201,7 @@ class _Run:
             nonlocal done
             for mine in groups[done:]:
                 rearm()  # each subscription has the bound to itself
-                out.logged.extend(rank(mine))
+                out.logged.extend(arrive(mine))
                 done += 1
 
         while done < len(groups):
@@ -214,15 +209,15 @@ class _Run:
             if error is None or done >= len(groups):
                 break
             number = int(sub_nos[groups[done][0]])  # the subscription that failed: set aside, the rest go on
-            sub_id = next(sub_id for sub_id, n in state.topk_numbers.items() if n == number)
+            sub_id = next(sub_id for sub_id, n in state.stateful.items() if n == number)
             state.remove(sub_id)
             out.quarantine(Quarantined(0, KIND_SUBSCRIBE, sub_id, None, error))
             done += 1
 
 
 class _Output:
-    """A round's output as it grows: plain matches as columns, cropped copies beside them, top-k/w
-    deliveries (`logged`), initial matches and what was set aside."""
+    """A round's output as it grows: plain matches as columns, cropped copies beside them, what
+    stateful subscriptions selected (`logged`), initial matches and what was set aside."""
 
     def __init__(self) -> None:
         self.offsets: list[np.ndarray] = []
@@ -257,9 +252,9 @@ class _Output:
             self.initials.append((number, valid[int(positions[pair])][0], crops.get(pair)))
 
     def expired(self, state: State, now: int) -> None:
-        """What the expiries up to `now` promote into the top k of their subscriptions."""
-        for number, delivery in state.topk.advance(now):
-            self.logged.append((number, delivery.seq, state.crops.get(number, {}).get(delivery.seq)))
+        """What the clock's move to `now` selects."""
+        for number, selected in state.kinds.advance(now):
+            self.logged.append((number, selected.seq, state.crops.get(number, {}).get(selected.seq)))
 
     def quarantine(self, entry: Quarantined) -> None:
         self.quarantined[entry.offset, entry.sub_id] = entry

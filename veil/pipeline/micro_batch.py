@@ -101,6 +101,7 @@ class RangeReader(DataSourceStreamReader):
         self.max_rows = int(options.get("maxRowsPerRound", "50000"))
         self.max_matches = int(options.get("maxMatchesPerRound", "2000000"))
         self._beaten = 0.0
+        self._ticked = 0  # the tick last logged for stateful subscriptions that were due
 
     @property
     def store(self) -> PipelineStore:
@@ -113,10 +114,17 @@ class RangeReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         """The next batch's end: from the store's progress, if it is past Spark's (a checkpoint
-        older than the store: the entries between were matched by the other trigger)."""
+        older than the store: the entries between were matched by the other trigger). With nothing
+        new, a tick once stateful subscriptions are due: the clock moves their windows even when
+        nothing is published."""
         store = self.store
         begin = max(start["offset"], store.processed_offset())
-        end = round_end(begin, store.head_offset(), self.max_rows, self.max_matches, store.matches_per_entry())
+        head = store.head_offset()
+        if head <= begin and self._ticked <= begin:
+            due = store.due()
+            if due is not None and due <= time.time() * 1000:
+                self._ticked = head = store.append_tick()
+        end = round_end(begin, head, self.max_rows, self.max_matches, store.matches_per_entry())
         if end == start["offset"] and time.monotonic() - self._beaten > BEAT:
             # nothing to match: the partitions are alive, waiting for the log
             store.partition_beat(range(self.partitions_n))

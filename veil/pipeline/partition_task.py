@@ -26,6 +26,7 @@ holding it (it was paused and came back), so two tasks never both decide a parti
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 import time
@@ -115,6 +116,9 @@ class PartitionTask:
         self._recent: dict[int, deque[tuple[float, int]]] = {}  # its rounds in the last RATE_WINDOW: (when, entries)
         # the gap before its next round, and whether it applies even when caught up
         self._gap: dict[int, tuple[float, bool]] = {}
+        # when each held partition's stateful subscriptions are next due (ms), and the tick logged for it
+        self._due: dict[int, int | None] = {}
+        self._ticked: dict[int, int] = {}
         # publication partitioning: a claimed range matched and waiting for the ranges before it
         self._waiting: dict[int, Round] = {}
         self.held: set[int] = set()  # the partitions this task owns now
@@ -178,7 +182,7 @@ class PartitionTask:
                         time.sleep(FINISH_POLL if over or not settled else max(0.0, min(BEAT, deadline - time.time())))
                     elif len(waiting) == len(idle):
                         # past the deadline, look often for the epoch's end
-                        wait = FINISH_POLL if over else min(BEAT, deadline - time.time())
+                        wait = FINISH_POLL if over else min(BEAT, deadline - time.time(), self._until_due())
                         self._head_after(store, min(waiting, default=0), wait)
                     failing = False
                 except StoreUnavailable as exc:
@@ -279,9 +283,16 @@ class PartitionTask:
         return began
 
     def _own_round(self, store: PipelineStore, part: int, token: int) -> int | None:
-        """Subscription partitioning: the partition's next range, from its own progress to the head."""
+        """Subscription partitioning: the partition's next range, from its own progress to the head.
+        With nothing new, a tick once its stateful subscriptions are due: the clock moves their
+        windows even when nothing is published."""
         start = store.partition_offset(part)
         if store.head_offset() <= start:
+            if part not in self._due:
+                self._due[part] = store.due()  # until its first round here says
+            due = self._due[part]
+            if due is not None and due <= time.time() * 1000 and self._ticked.get(part, 0) <= start:
+                self._ticked[part] = store.append_tick()
             return start
         began = self._paced(part)
         head = store.head_offset()
@@ -327,10 +338,16 @@ class PartitionTask:
             # another task recorded past it, or owns the partition now: this worker's state of it
             # went where the round did, which the store did not take
             worker_state.discard(self.matcher.state_key(part))
+        self._due[part] = None if done.stateful is None else done.stateful.due
         reached = len(np.unique(np.asarray(done.sub_nos)))
         growth = min(GAP_GROWTH, max(1.0, reached / PACED_SUBSCRIPTIONS))
         self._gap[part] = (self.round_gap * growth, reached >= PACED_SUBSCRIPTIONS)
         trace.mark("recorded", done.start or 0, done.end)
+
+    def _until_due(self) -> float:
+        """Seconds until the held partitions' stateful subscriptions are next due (at least 0)."""
+        due = min((self._due.get(part) or math.inf for part in self.held), default=math.inf)
+        return max(0.0, due / 1000 - time.time())
 
     @staticmethod
     def _head_after(store: PipelineStore, offset: int, wait: float) -> int:

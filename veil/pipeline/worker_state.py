@@ -2,10 +2,10 @@
 catch-up contract.
 
 A partition's state (`State`) is what its matcher holds at one log offset: the subscription index,
-who owns each subscription, the registry version compiled for authorization, and the top-k/w
-skybands. The cache keeps it per (store URL, partitions, partition) in the worker process, tagged
-with the offset it reflects (with publication partitioning one state serves every partition:
-`Matcher.state_key`).
+who owns each subscription, the registry version compiled for authorization, and the states of its
+stateful subscriptions (`veil.matching.kinds`). The cache keeps it per (store URL, partitions,
+partition) in the worker process, tagged with the offset it reflects (with publication partitioning
+one state serves every partition: `Matcher.state_key`).
 
 Contract
 --------
@@ -16,9 +16,9 @@ checkout(key, start, ...)
     registry version between the two are applied from the store; if it holds nothing (another worker
     had the partition, the worker is new) or holds it past `start` (a retried or replayed round), the
     state is built from the store's subscriptions and registry in force at `start`. Either way the
-    skybands are read back as of the processed offset. A subscription that fails to load (or a top-k/w
-    subscription, where the partition does not rank them) is left out and returned for the
-    quarantine.
+    stateful subscriptions' states are read back as of the processed offset. A subscription that
+    fails to load (or a stateful one, where the partition does not rank them) is left out and
+    returned for the quarantine.
 held(url, partitions)
     The partitions whose state the cache holds: a task claims these first, so that an epoch's tasks
     find the states their workers already hold instead of building each other's.
@@ -26,7 +26,7 @@ checkin(key, state, end)
     Puts the state back, at the offset `end` that the round brought it to.
 discard(key)
     Forgets the state: the next task builds it from the store (a replayed round, whose effects on
-    the skybands were already recorded, a round the store did not take, or a change that failed
+    the stateful subscriptions were already recorded, a round the store did not take, or a change that failed
     half-way).
 keep(keys)
     Forgets the states of all other partitions (a task keeps only what it runs).
@@ -46,8 +46,8 @@ import msgspec
 import numpy as np
 
 from veil.matching import SubscriptionIndex
+from veil.matching.kinds import KindStates
 from veil.matching.stored import decode_subscription
-from veil.matching.topkw import Skyband, TopKWSet
 from veil.pipeline.authorize import Authorizer
 from veil.pipeline.guard import attempt
 from veil.pipeline.numbering import scope_number, user_number
@@ -62,7 +62,7 @@ _cache: dict[Key, tuple[State, int]] = {}
 
 
 class Unranked(ValueError):
-    """A top-k/w subscription where the partition ranks none: refused before the state changes."""
+    """A stateful subscription where the partition ranks none: refused before the state changes."""
 
 
 class State:
@@ -76,74 +76,75 @@ class State:
         self.with_authorization = with_authorization
         self.registry_body = registry_body
         self.authorizer = Authorizer(registry_from_json(registry_body), with_authorization)
-        # top-k/w subscriptions are ranked by the one partition holding each, in log order: with
+        # stateful subscriptions are ranked by the one partition holding each, in log order: with
         # publication partitioning every partition holds them and ranks a slice of the log
         self.ranks = ranks
-        self.topk = TopKWSet()
-        self.topk_numbers: dict[str, int] = {}  # id -> number of the top-k/w subscriptions
-        self.is_topk = np.zeros(1024, bool)  # by subscription number
-        self.crops: dict[int, dict[int, bytes]] = {}  # number -> publication -> cropped copy a skyband holds
+        self.kinds = KindStates()
+        self.stateful: dict[str, int] = {}  # id -> number of the stateful subscriptions
+        self.is_stateful = np.zeros(1024, bool)  # by subscription number
+        self.crops: dict[int, dict[int, bytes]] = {}  # number -> publication -> cropped copy its state holds
         # set when applying a change failed half-way: the next round rebuilds from the store instead
         self.suspect = False
 
     def add(self, sub_id: str, number: int, owner: str, body: bytes) -> None:
         predicates, topk, scope, admitted = decode_subscription(body)  # a bad body changes nothing
-        if topk is not None and not self.ranks:
-            raise Unranked("top-k/w subscriptions need the pipeline's --partition-mode subscriptions")
+        kind = None if topk is None else self.kinds.spec(topk)
+        if kind is not None and not self.ranks:
+            raise Unranked(f"{kind[0].name} subscriptions need the pipeline's --partition-mode subscriptions")
         if number >= len(self.owners):
             grow = max(number + 1, 2 * len(self.owners)) - len(self.owners)
             self.owners = np.concatenate([self.owners, np.full(grow, -1, np.int64)])
             self.scopes = np.concatenate([self.scopes, np.zeros(grow, np.int64)])
             self.admitted = np.concatenate([self.admitted, np.zeros(grow, bool)])
-            self.is_topk = np.concatenate([self.is_topk, np.zeros(grow, bool)])
+            self.is_stateful = np.concatenate([self.is_stateful, np.zeros(grow, bool)])
         self.owners[number] = user_number(owner)
         self.scopes[number] = scope_number(scope)
         self.admitted[number] = admitted
         self.remove(sub_id)
         self.index.add(sub_id, predicates, number)
-        if topk is not None:
-            self.topk.add(number, topk)
-            self.topk_numbers[sub_id] = number
-            self.is_topk[number] = True
+        if kind is not None:
+            self.kinds.add(number, *kind)
+            self.stateful[sub_id] = number
+            self.is_stateful[number] = True
 
     def remove(self, sub_id: str) -> None:
         self.index.remove(sub_id)
-        number = self.topk_numbers.pop(sub_id, None)
+        number = self.stateful.pop(sub_id, None)
         if number is not None:
-            self.topk.remove(number)
-            self.is_topk[number] = False
+            self.kinds.remove(number)
+            self.is_stateful[number] = False
             self.crops.pop(number, None)
 
-    def load_bands(self, store: PipelineStore) -> None:
-        """Put back the skybands saved with the last recorded round."""
-        for number, blob in store.topk_bands(list(self.topk_numbers.values())).items():
-            band, crops = msgspec.msgpack.decode(blob)
-            self.topk.restore(number, Skyband.restore(band))
+    def load_states(self, store: PipelineStore) -> None:
+        """Put back the stateful subscriptions' states saved with the last recorded round."""
+        for number, blob in store.subscription_states(list(self.stateful.values())).items():
+            snapshot, crops = msgspec.msgpack.decode(blob)
+            self.kinds.restore(number, snapshot)
             if crops:
                 self.crops[number] = {int(pub): copy for pub, copy in crops.items()}
-        self.topk.touched.clear()
+        self.kinds.touched.clear()
 
     def stateful_output(
         self, deliveries: list[tuple[int, int, bytes | None]], initials: list[tuple[int, int, bytes | None]]
     ) -> StatefulBatch | None:
-        """The round's stateful output; the touched skybands are saved with their cropped copies."""
-        if not deliveries and not initials and not self.topk_numbers and not self.topk.touched:
+        """The round's stateful output; the touched states are saved with the cropped copies they hold."""
+        if not deliveries and not initials and not self.stateful and not self.kinds.touched:
             return None
-        bands: list[tuple[int, bytes | None]] = []
-        for number in sorted(self.topk.touched):
-            band = self.topk.bands.get(number)
-            if band is None:
-                bands.append((number, None))
+        states: list[tuple[int, bytes | None]] = []
+        for number in sorted(self.kinds.touched):
+            state = self.kinds.states.get(number)
+            if state is None:
+                states.append((number, None))
                 continue
             crops = self.crops.get(number, {})
-            held = {pub: crops[pub] for pub in band.seqs if pub in crops}
+            held = {pub: crops[pub] for pub in state.held() if pub in crops} if crops else {}
             if len(held) < len(crops):
                 self.crops[number] = held
-            bands.append((number, msgspec.msgpack.encode([band.state(), held])))
-        self.topk.touched.clear()
-        due = self.topk.next_expiry()
+            states.append((number, msgspec.msgpack.encode([state.snapshot(), held])))
+        self.kinds.touched.clear()
+        due = self.kinds.next_due()
         due = None if due is None else min(math.ceil(due), LATEST_DUE)
-        return StatefulBatch(deliveries, initials, bands, self.topk.oldest_held(), due)
+        return StatefulBatch(deliveries, initials, states, self.kinds.oldest_held(), due)
 
     def set_registry(self, body: bytes | None) -> None:
         if body != self.registry_body:  # compiling a large registry costs: only when it changed
@@ -178,7 +179,7 @@ def checkout(
             if error is not None:
                 state.remove(sub_id)
                 failed.append(Quarantined(0, KIND_SUBSCRIBE, sub_id, owner, error))
-    state.load_bands(store)
+    state.load_states(store)
     return state, source, failed
 
 

@@ -11,14 +11,13 @@ from veil.protocol.publications import (
     parse_unpublish,
     parse_valid_for,
 )
-from veil.protocol.subscriptions import SubscribeRequest, TopK, UnsubscribeRequest, parse_subscribe, parse_unsubscribe
+from veil.protocol.subscriptions import SubscribeRequest, UnsubscribeRequest, parse_subscribe, parse_unsubscribe
 
 __all__ = [
     "AnnounceRequest",
     "Handshake",
     "ProtocolError",
     "SubscribeRequest",
-    "TopK",
     "UnpublishRequest",
     "UnsubscribeRequest",
     "flatten",

@@ -7,7 +7,7 @@ types are checked against the operators here, satisfiability is the matcher's bu
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from veil.protocol.errors import ProtocolError
 from veil.protocol.limits import DEFAULT, Limits, load_json
@@ -39,21 +39,11 @@ WILDCARD = "*"
 PREFERENCES = ("high", "low")
 
 
-class TopK(NamedTuple):
-    """The top-k/w part of a subscription (SPEC §5): the k best of a window of `window` ms, ranked by
-    a weighted sum of terms (key, weight, target, prefer): |value - target|, or the value itself
-    when `prefer` is "low" and its negation when "high"; lower sums rank better."""
-
-    k: int
-    window: float
-    terms: list[tuple[str, float, float | None, str | None]]
-
-
 class SubscribeRequest(NamedTuple):
     auth_hash: str | None  # what the client claims; the gateway decides whether that is proved
     subscription_id: str | None
     predicates: list[tuple[str, str, object]]
-    topk: TopK | None = None
+    topk: dict[str, Any] | None = None  # a stateful subscription's spec, canonical: `parse_topk`
     scope: str | None = None  # the scope it is made in; None for the world
 
 
@@ -99,9 +89,10 @@ def _identity(predicate: tuple[str, str, object]) -> tuple:
     return (key, op, type(value), value)
 
 
-def parse_topk(doc: object, limits: Limits = DEFAULT) -> TopK:
+def parse_topk(doc: object, limits: Limits = DEFAULT) -> dict[str, Any]:
     """`{"k": 3, "w": 60000, "score": [{"key": "NO2", "prefer": "high"}, {"key": "lat", "target": 45.8,
-    "weight": 2}]}`: the window `w` in milliseconds."""
+    "weight": 2}]}`: the window `w` in milliseconds. Returned canonical (every term with its weight,
+    numbers as floats), the form the log keeps and the matcher's kinds read."""
     if not isinstance(doc, dict):
         raise ProtocolError("topk", 'expected {"k": K, "w": MILLISECONDS, "score": [TERM, ...]}')
     k = doc.get("k")
@@ -115,10 +106,10 @@ def parse_topk(doc: object, limits: Limits = DEFAULT) -> TopK:
         raise ProtocolError(
             "topk.score", f"a non-empty array of at most {limits.constraints} terms {{key, target | prefer, weight}}"
         )
-    return TopK(k, float(window), [_term(term, f"topk.score[{i}]") for i, term in enumerate(score)])  # type: ignore[arg-type]
+    return {"k": k, "w": float(window), "score": [_term(term, f"topk.score[{i}]") for i, term in enumerate(score)]}
 
 
-def _term(item: object, where: str) -> tuple[str, float, float | None, str | None]:
+def _term(item: object, where: str) -> dict[str, Any]:
     if not isinstance(item, dict):
         raise ProtocolError(where, "each term is an object {key, target | prefer, weight}")
     key = item.get("key")
@@ -134,7 +125,8 @@ def _term(item: object, where: str) -> tuple[str, float, float | None, str | Non
         raise ProtocolError(f"{where}.target", f"a number from {-MAX_TERM_VALUE:g} to {MAX_TERM_VALUE:g}")
     if prefer is not None and prefer not in PREFERENCES:
         raise ProtocolError(f"{where}.prefer", "high or low")
-    return (key, float(weight), None if target is None else float(target), prefer)
+    ranking = {"prefer": prefer} if target is None else {"target": float(target)}
+    return {"key": key, "weight": float(weight), **ranking}
 
 
 def _number(value: object) -> bool:

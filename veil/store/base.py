@@ -22,8 +22,8 @@ KIND_PUBLICATION = 0
 KIND_SUBSCRIBE = 1
 KIND_UNSUBSCRIBE = 2
 KIND_REGISTRY = 3  # a new registry version: later publications are authorized under it
-KIND_TICK = 4  # the clock moved: top-k/w windows expire up to its time even when nothing is published
-KIND_COPY = 5  # a delivery decided after its publication was matched (top-k/w, initial matches): a copy
+KIND_TICK = 4  # the clock moved: stateful subscriptions' windows move with it even when nothing is published
+KIND_COPY = 5  # a delivery decided after its publication was matched (stateful kinds, initial matches): a copy
 KIND_CANCEL = 6  # a publisher withdrew a valid publication: later subscriptions do not get it
 
 
@@ -64,15 +64,16 @@ class FeedEntry(NamedTuple):
 
 
 class StatefulBatch(NamedTuple):
-    """What a micro-batch decided beyond matching its own publications, each delivery as (subscription
-    number, publication, cropped copy or None): top-k/w deliveries in the order they were decided;
-    new subscriptions' initial matches (older, still-valid publications); the new state of each
-    top-k/w subscription whose skyband changed (None for one that is gone); the oldest publication
-    any skyband still holds and the next moment an expiry is due (milliseconds), or None."""
+    """What a round decided beyond matching its own publications, each delivery as (subscription
+    number, publication, cropped copy or None): what stateful subscriptions selected, in the order
+    they did; new subscriptions' initial matches (older, still-valid publications); the saved state
+    of each stateful subscription whose state changed (None for one that is gone); the oldest
+    publication any of them may still select and the next moment the clock alone may select one
+    (milliseconds), or None."""
 
     deliveries: list[tuple[int, int, bytes | None]]
     initials: list[tuple[int, int, bytes | None]]
-    bands: list[tuple[int, bytes | None]]
+    states: list[tuple[int, bytes | None]]
     held: int | None
     due: int | None
 
@@ -220,16 +221,10 @@ class NotOwner(PermissionError):
 
 
 class LogReader(ABC):
-    """What both clients read: the log's extent and the subscriptions and registry in force (and
-    the one entry both write: the time)."""
+    """What both clients read: the log's extent and the subscriptions and registry in force."""
 
     @abstractmethod
     def head_offset(self) -> int: ...
-
-    @abstractmethod
-    def append_tick(self) -> int:
-        """Log the current time: the gateway when a top-k/w expiry is due, so that the pipeline
-        applies it; the pipeline once at start, to run its first micro-batch before it says it runs."""
 
     @abstractmethod
     def processed_offset(self) -> int:
@@ -300,10 +295,6 @@ class GatewayStore(LogReader):
     @abstractmethod
     def announcement(self, ann_id: str) -> tuple[str, bytes] | None:
         """(owner, body) of an announcement."""
-
-    @abstractmethod
-    def topk_due(self) -> int | None:
-        """When (ms) the next top-k/w expiry is due, as of the processed offset; None if none is."""
 
     @abstractmethod
     def put_subscription(self, sub_id: str, owner: str, body: bytes, most: int | None = None) -> int:
@@ -475,7 +466,7 @@ class GatewayStore(LogReader):
 
 
 class PipelineStore(LogReader):
-    """The pipeline's part: it reads the log by offset and records what each micro-batch decided."""
+    """The pipeline's part: it reads the log by offset and records what each round decided."""
 
     @abstractmethod
     def log_range(self, start: int, end: int, without: tuple[int, ...] = ()) -> list[LogEntry]:
@@ -496,16 +487,16 @@ class PipelineStore(LogReader):
         offset, its oldest held publication and next expiry are the least of its partitions';
         `took_ms`, how long the round took, is counted in `batch_durations`. A round with matches
         also records its matches per log entry (`matches_per_entry`), by which the next rounds are
-        sized. Top-k/w deliveries are logged as copies (KIND_COPY) of their publications, so that
-        each subscription's queue stays in the order they were decided; initial matches queue as
-        plain matches (they precede the subscription's others); the skybands' new states are kept
+        sized. What stateful subscriptions selected is logged as copies (KIND_COPY) of the
+        publications, so that each subscription's queue stays in the order it was decided; initial
+        matches queue as plain matches (they precede the subscription's others); the new states are kept
         with them: all of it only when the round is new, since a replay recomputes them. Entries the
         round could not process are set aside in the quarantine.
 
         A round that says where it `start`-ed is recorded only if the partition's progress is still
         there, and one that names its `owner` only while that task owns the matcher partition: a
         round that another task recorded past meanwhile, or made by a task that lost the partition
-        (paused while another adopted it), is dropped whole, since its top-k/w deliveries were
+        (paused while another adopted it), is dropped whole, since its stateful deliveries were
         decided from a state that the recorded rounds no longer match. False if it was dropped."""
 
     @abstractmethod
@@ -583,8 +574,18 @@ class PipelineStore(LogReader):
         """Matches per log entry in the last batch that had any (0 before the first)."""
 
     @abstractmethod
-    def topk_bands(self, numbers: Sequence[int]) -> dict[int, bytes]:
-        """The saved skyband states of these top-k/w subscriptions, as of the processed offset."""
+    def append_tick(self) -> int:
+        """Log the current time: when a stateful subscription is due (every partition's next round
+        moves its clock there), and once at start, to run the first rounds before saying it runs."""
+
+    @abstractmethod
+    def subscription_states(self, numbers: Sequence[int]) -> dict[int, bytes]:
+        """The saved states of these stateful subscriptions, as of the processed offset."""
+
+    @abstractmethod
+    def due(self) -> int | None:
+        """When (ms) the clock alone may next select something for a stateful subscription, as of
+        the processed offset; None if nothing will."""
 
     @abstractmethod
     def claim_pipeline(self) -> bool:

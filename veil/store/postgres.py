@@ -25,7 +25,7 @@ from psycopg_pool import ConnectionPool
 
 from veil.store.base import Publication, StoreMissing, StoreUnavailable
 from veil.store.credentials import redacted
-from veil.store.relational import LAST_FEED_SEQ, Cursor, Db, RelationalStore, Transaction
+from veil.store.relational import LAST_FEED_SEQ, STATUS_WITHOUT_TOPK, Cursor, Db, RelationalStore, Transaction
 
 WRITE_LOCK = 0x7665696C  # the advisory lock every write transaction takes ("veil")
 PIPELINE_LOCK = WRITE_LOCK + 1  # held by the one pipeline of the store
@@ -169,6 +169,11 @@ ALTER TABLE quarantine ADD COLUMN released DOUBLE PRECISION;
     # the subscription versions set aside, looked up for every round recorded (kind 1: KIND_SUBSCRIBE)
     """
 CREATE INDEX quarantined_subscriptions ON quarantine("offset") WHERE kind = 1;
+""",
+    # stateful subscriptions are of several kinds: their state and status rows are named for none
+    f"""
+ALTER TABLE topk_bands RENAME TO subscription_state;
+{STATUS_WITHOUT_TOPK};
 """,
 )
 

@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 
 from veil.store.base import KIND_PUBLICATION, KIND_SUBSCRIBE, Publication, StoreMissing, StoreUnavailable
-from veil.store.relational import Db, RelationalStore, Transaction
+from veil.store.relational import STATUS_WITHOUT_TOPK, Db, RelationalStore, Transaction
 
 FAILURES = (sqlite3.OperationalError,)  # full disks, I/O errors, locks held too long
 ADDED_COLUMNS = (  # (table, column, declaration) added since the first release
@@ -117,7 +117,7 @@ CREATE TABLE IF NOT EXISTS validity (  -- publications kept while valid, for the
     until INTEGER NOT NULL,  -- milliseconds since the epoch
     cancelled INTEGER  -- the offset of the publisher's withdrawal
 );
-CREATE TABLE IF NOT EXISTS topk_bands (  -- each top-k/w subscription's skyband as of the processed offset
+CREATE TABLE IF NOT EXISTS subscription_state (  -- each stateful subscription's state at the processed offset
     number INTEGER PRIMARY KEY,
     blob BLOB NOT NULL
 );
@@ -262,6 +262,10 @@ def _migrate(db: sqlite3.Connection) -> None:
             db.execute(NUMBERED, (KIND_SUBSCRIBE,))
             db.execute("ALTER TABLE log DROP COLUMN meta")
         db.execute(FEED_SEQ)
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'topk_bands'").fetchone():
+            db.execute("INSERT INTO subscription_state SELECT number, blob FROM topk_bands")
+            db.execute("DROP TABLE topk_bands")
+            db.execute(STATUS_WITHOUT_TOPK)
         if "reset" in {row[1] for row in db.execute("PRAGMA table_info(subscription_numbers)")}:
             db.execute(RESET_AS_CURSOR)
             db.execute("ALTER TABLE subscription_numbers DROP COLUMN reset")

@@ -16,7 +16,7 @@ when it goes, is `veil.store.queues`'s policy: here is its SQL.
 
 from veil.store.relational.compaction import CompactionSql
 from veil.store.relational.deliveries import DeliverySql
-from veil.store.relational.dialect import LAST_FEED_SEQ, Cursor, Db, Transaction
+from veil.store.relational.dialect import LAST_FEED_SEQ, STATUS_WITHOUT_TOPK, Cursor, Db, Transaction
 from veil.store.relational.gateways import GatewaySql
 from veil.store.relational.log import LogSql
 from veil.store.relational.status import StatusSql
@@ -26,4 +26,4 @@ class RelationalStore(LogSql, DeliverySql, StatusSql, CompactionSql, GatewaySql)
     """The whole store interface; a dialect subclasses it."""
 
 
-__all__ = ["LAST_FEED_SEQ", "Cursor", "Db", "RelationalStore", "Transaction"]
+__all__ = ["LAST_FEED_SEQ", "STATUS_WITHOUT_TOPK", "Cursor", "Db", "RelationalStore", "Transaction"]

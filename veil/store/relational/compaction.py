@@ -67,7 +67,7 @@ class CompactionSql(Dialect):
         # Nor are the publications a top-k/w skyband holds: a later expiry may deliver them.
         processed, oldest_spilled, oldest_fed, held = db.execute(
             f"SELECT {PROCESSED}, {OLDEST_QUEUED}, (SELECT MIN(first) FROM feed), "
-            "(SELECT value FROM status WHERE name = 'topk_held')"
+            "(SELECT value FROM status WHERE name = 'held')"
         ).fetchone()
         below = horizon(processed, oldest_spilled, oldest_fed, held)
         # Valid publications stay for the subscriptions to come, until the pipeline has passed the

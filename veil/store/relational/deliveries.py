@@ -288,14 +288,15 @@ class DeliverySql(Dialect):
             )
             logged.append((number, offset))
         db.executemany(
-            "INSERT INTO topk_bands(number, blob) VALUES (?, ?) "
+            "INSERT INTO subscription_state(number, blob) VALUES (?, ?) "
             "ON CONFLICT (number) DO UPDATE SET blob = excluded.blob",
-            [(number, blob) for number, blob in batch.bands if blob is not None],
+            [(number, blob) for number, blob in batch.states if blob is not None],
         )
         db.executemany(
-            "DELETE FROM topk_bands WHERE number = ?", [(number,) for number, blob in batch.bands if blob is None]
+            "DELETE FROM subscription_state WHERE number = ?",
+            [(number,) for number, blob in batch.states if blob is None],
         )
-        for name, value in (("topk_held", batch.held), ("topk_due", batch.due)):
+        for name, value in (("held", batch.held), ("due", batch.due)):
             if value is None:
                 db.execute("DELETE FROM status WHERE name = ?", (f"{name}.{part}",))
             else:

@@ -121,10 +121,15 @@ def partition_progress(db: Db, part: int) -> int:
     return own if own is not None else get_status(db, "processed") or 0
 
 
+# Status rows of an earlier release, named for the one stateful kind there was
+STATUS_WITHOUT_TOPK = "UPDATE status SET name = substr(name, 6) WHERE name LIKE 'topk%'"
+
+
 def set_least(db: Db, name: str, prefix: str) -> None:
     """Status `name` becomes the least of the rows named `prefix`<partition> (gone when there are
-    none): each partition records its own progress and top-k/w state, the gateway and compaction
-    read the whole pipeline's. Write transactions are serialized, so every row read is current."""
+    none): each partition records its own progress and its stateful subscriptions' due and held
+    moments, the gateway and compaction read the whole pipeline's. Write transactions are
+    serialized, so every row read is current."""
     least = db.execute("SELECT MIN(value) FROM status WHERE name LIKE ?", (prefix + "%",)).fetchone()[0]
     if least is None:
         db.execute("DELETE FROM status WHERE name = ?", (name,))

@@ -72,10 +72,10 @@ class StatusSql(Dialect):
             ).fetchone()
         return row[0] if row else None
 
-    def topk_bands(self, numbers: Sequence[int]) -> dict[int, bytes]:
+    def subscription_states(self, numbers: Sequence[int]) -> dict[int, bytes]:
         with self._read() as db:
             rows = db.execute(
-                f"SELECT number, blob FROM topk_bands WHERE number {self.IN_IDS}", (self._ids(numbers),)
+                f"SELECT number, blob FROM subscription_state WHERE number {self.IN_IDS}", (self._ids(numbers),)
             ).fetchall()
         return dict(rows)
 
@@ -108,9 +108,9 @@ class StatusSql(Dialect):
         with self._read() as db:
             return get_status(db, "matches_per_entry") or 0
 
-    def topk_due(self) -> int | None:
+    def due(self) -> int | None:
         with self._read() as db:
-            return get_status(db, "topk_due")
+            return get_status(db, "due")
 
     def register_pipeline(self, pid: int) -> None:
         with self._tx() as db:

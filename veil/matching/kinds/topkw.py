@@ -1,4 +1,5 @@
-"""Top-k/w subscriptions (SPEC §5): the k best matching publications of a sliding time window.
+"""Top-k/w by time (SPEC §5): the k best matching publications of a sliding time window, and the
+k-skyband that decides them (which the count-window kind ranks with too).
 
 A publication is in a subscription's window from its arrival (after the subscription was activated)
 until `w` has passed; it ranks by its score (lower is better), ties going to the more recent one.
@@ -10,7 +11,7 @@ than k younger ones outrank. A publication outranked by k younger ones can never
 again (those k stay in the window longer than it does), so it is dropped at once; the top k of the
 window are always the first k of the skyband. An arrival costs a binary search and one pass over the
 skyband's worse part, an expiry a removal and a look at the first k: nothing ever re-sorts the window.
-Many arrivals at once (a micro-batch's matches of one subscription) are counted together between
+Many arrivals at once (a round's matches of one subscription) are counted together between
 expiries, in two linear passes, which gives the same skyband and deliveries as taking them one by one.
 
 Expiries and arrivals of the same instant: expiries apply first. The moments at which the top k are
@@ -24,83 +25,15 @@ import heapq
 import math
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from veil.matching.kinds.base import Arrivals, Selected
+from veil.matching.kinds.scoring import Term, ranked, terms_of
+
 VECTOR_FROM = 8  # arrivals in a segment from which counting them together beats one pass per arrival
-
-
-class Term(NamedTuple):
-    """One scoring term: the distance of `key`'s value to `target`, or the value itself when
-    `prefer` is "low" (its negation when "high"), times `weight`."""
-
-    key: str
-    weight: float = 1.0
-    target: float | None = None
-    prefer: str | None = None
-
-
-class TopKW(NamedTuple):
-    k: int
-    window: float  # the same unit as the clock the caller passes (the broker uses milliseconds)
-    terms: tuple[Term, ...]
-
-
-class Delivery(NamedTuple):
-    seq: int  # the publication, as the caller numbered it (arrival order)
-    time: float  # the moment it first ranked among the k best
-
-
-def score(terms: Iterable[Term], attributes: Mapping[str, object]) -> float | None:
-    """Weighted sum of the terms; None when a term's key is missing or not a finite number, since
-    such a publication cannot be ranked (it does not enter the window)."""
-    total = 0.0
-    for key, weight, target, prefer in terms:
-        value = attributes.get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            return None
-        if target is not None:
-            total += weight * abs(value - target)
-        elif prefer == "high":
-            total -= weight * value
-        else:
-            total += weight * value
-    return total
-
-
-class NumericColumns:
-    """The numeric values of one key across a batch of documents (NaN where absent or not a number),
-    built on first use: scoring a subscription's matches is then a few numpy calls."""
-
-    def __init__(self, documents: list[Mapping[str, object]]) -> None:
-        self.documents = documents
-        self._columns: dict[str, np.ndarray] = {}
-
-    def __getitem__(self, key: str) -> np.ndarray:
-        column = self._columns.get(key)
-        if column is None:
-            values = [doc.get(key) for doc in self.documents]
-            column = self._columns[key] = np.array(
-                [v if isinstance(v, int | float) and not isinstance(v, bool) else math.nan for v in values], np.float64
-            )
-            column[~np.isfinite(column)] = math.nan
-        return column
-
-
-def score_many(terms: Iterable[Term], columns: NumericColumns, positions: np.ndarray) -> np.ndarray:
-    """`score` of the documents at these positions; NaN for those that cannot be ranked."""
-    total = np.zeros(len(positions), np.float64)
-    for key, weight, target, prefer in terms:
-        values = columns[key][positions]
-        if target is not None:
-            total += weight * np.abs(values - target)
-        elif prefer == "high":
-            total -= weight * values
-        else:
-            total += weight * values
-    return total
 
 
 class Skyband:
@@ -149,7 +82,7 @@ class Skyband:
         self._forget_dropped()
         return self.arrivals[0][0] if self.arrivals else None
 
-    def arrive(self, seq: int, time: float, score: float) -> list[Delivery]:
+    def arrive(self, seq: int, time: float, score: float) -> list[Selected]:
         """Add a publication; return what is delivered up to and at `time`, in time order. Sequence
         numbers must increase; a time before the last arrival's counts as that one (a clock that
         stepped back must not reorder the window)."""
@@ -177,15 +110,15 @@ class Skyband:
         self.arrivals.append((time + self.window, seq, score))
         self._bound_arrivals()
         if in_top:
-            delivered.append(Delivery(seq, time))
+            delivered.append(Selected(seq, time))
         return delivered
 
-    def arrive_many(self, seqs: list[int], times: list[float], scores: np.ndarray) -> list[Delivery]:
+    def arrive_many(self, seqs: list[int], times: list[float], scores: np.ndarray) -> list[Selected]:
         """`arrive` for consecutive publications, the same result, computed by segment: between two
         expiries, arrivals only push publications down, so which arrive in the top k and which end
         dominated follows from counting, for each one, the better ones before and after it (up to
         k), in two passes over the segment instead of a pass over the skyband per arrival."""
-        delivered: list[Delivery] = []
+        delivered: list[Selected] = []
         times = np.maximum.accumulate(np.asarray(times)).tolist() if times else []
         early = bisect_left(times, self.latest)  # before the last arrival: counts as that one
         times[:early] = [self.latest] * early
@@ -202,7 +135,7 @@ class Skyband:
             i = end
         return delivered
 
-    def _segment(self, seqs: list[int], times: list[float], scores: np.ndarray) -> list[Delivery]:
+    def _segment(self, seqs: list[int], times: list[float], scores: np.ndarray) -> list[Selected]:
         """Arrivals with no expiry among or before them. Ties rank the younger first, so a held
         publication is outranked by an arrival scoring at most as much, an arrival by an earlier one
         scoring less, and by a later one scoring at most as much. Two passes that keep the k lowest
@@ -259,12 +192,12 @@ class Skyband:
         self.arrivals.extend((times[j] + self.window, seqs[j], values[j]) for j in keep_new)
         self._bound_arrivals()
         self.latest = times[-1]
-        return [Delivery(seqs[j], times[j]) for j in in_top]
+        return [Selected(seqs[j], times[j]) for j in in_top]
 
-    def advance(self, now: float) -> list[Delivery]:
+    def advance(self, now: float) -> list[Selected]:
         """Apply the expiries up to `now`; return the publications they promoted into the top k,
         each at the expiry time that promoted it."""
-        delivered: list[Delivery] = []
+        delivered: list[Selected] = []
         while True:
             self._forget_dropped()
             if not self.arrivals or self.arrivals[0][0] > now:
@@ -279,7 +212,7 @@ class Skyband:
             for i in range(min(self.k, len(self.delivered))):
                 if not self.delivered[i]:
                     self.delivered[i] = True
-                    delivered.append(Delivery(self.seqs[i], moment))
+                    delivered.append(Selected(self.seqs[i], moment))
 
     def _bound_arrivals(self) -> None:
         """Dropped publications linger in `arrivals` until they come up: rebuild it from what is
@@ -319,84 +252,54 @@ def _block_bounds(scores: np.ndarray, k: int, held: float) -> tuple[np.ndarray, 
     return np.repeat(before, size)[: len(scores)], np.repeat(after, size)[: len(scores)]
 
 
-class TopKWSet:
-    """The top-k/w subscriptions of one matcher, by number: arrivals of their matches, and the clock
-    advanced for all of them at once through a heap of their next expiries."""
+class TopKW(NamedTuple):
+    """The spec: the k best of the last `window` milliseconds of the log's clock."""
 
-    def __init__(self) -> None:
-        self.specs: dict[int, TopKW] = {}
-        self.bands: dict[int, Skyband] = {}
-        self._due: list[tuple[float, int]] = []  # (next expiry, number), with stale entries
-        self._scheduled: dict[int, float] = {}  # number -> its entry in _due that is not stale
-        self.touched: set[int] = set()  # numbers whose skyband changed (or went) since the caller cleared it
+    k: int
+    window: float
+    terms: tuple[Term, ...]
 
-    def __len__(self) -> int:
-        return len(self.specs)
 
-    def __contains__(self, number: int) -> bool:
-        return number in self.specs
+class TimeWindow:
+    """One subscription's window: its skyband, whose clock is the log's."""
 
-    def add(self, number: int, spec: TopKW) -> None:
-        """Activate (or replace) a subscription: its window starts empty."""
-        self.specs[number] = spec
-        self.bands[number] = Skyband(spec.k, spec.window)
-        self._scheduled.pop(number, None)
-        self.touched.add(number)
+    __slots__ = ("band", "terms")
 
-    def restore(self, number: int, band: Skyband) -> None:
-        """Put back a saved skyband of a subscription added before."""
-        self.bands[number] = band
-        self._scheduled.pop(number, None)
-        self._schedule(number, band)
+    def __init__(self, spec: TopKW, band: Skyband | None = None) -> None:
+        self.terms = spec.terms
+        self.band = Skyband(spec.k, spec.window) if band is None else band
 
-    def remove(self, number: int) -> None:
-        self.specs.pop(number, None)
-        self.bands.pop(number, None)
-        self._scheduled.pop(number, None)
-        self.touched.add(number)
+    def arrive(self, arrivals: Arrivals) -> list[Selected]:
+        return self.band.arrive_many(*ranked(self.terms, arrivals))
 
-    def arrive_many(self, number: int, seqs: list[int], times: list[float], scores: np.ndarray) -> list[Delivery]:
-        """Consecutive publications that passed one subscription's filter, with their scores (NaN:
-        not rankable, they do not enter the window); what they deliver to it."""
-        band = self.bands[number]
-        rankable = np.flatnonzero(~np.isnan(scores)).tolist()
-        if len(rankable) < len(seqs):
-            seqs, times, scores = [seqs[i] for i in rankable], [times[i] for i in rankable], scores[rankable]
-        delivered = band.arrive_many(seqs, times, scores)
-        self._schedule(number, band)
-        self.touched.add(number)
-        return delivered
+    def advance(self, now: float) -> list[Selected]:
+        return self.band.advance(now)
 
-    def advance(self, now: float) -> list[tuple[int, Delivery]]:
-        """Expiries up to `now` across all subscriptions: (number, delivery) pairs in time order."""
-        delivered: list[tuple[int, Delivery]] = []
-        while self._due and self._due[0][0] <= now:
-            due, number = heapq.heappop(self._due)
-            if self._scheduled.get(number) != due:
-                continue
-            del self._scheduled[number]
-            band = self.bands[number]
-            delivered.extend((number, d) for d in band.advance(now))
-            self._schedule(number, band)
-            self.touched.add(number)
-        delivered.sort(key=lambda pair: pair[1].time)
-        return delivered
+    def snapshot(self) -> list[Any]:
+        return self.band.state()
 
-    def oldest_held(self) -> int | None:
-        """The lowest sequence number any skyband holds: what may still be delivered later."""
-        return min((min(band.seqs) for band in self.bands.values() if band.seqs), default=None)
+    def next_due(self) -> float | None:
+        return self.band.next_expiry()
 
-    def next_expiry(self) -> float | None:
-        """The earliest moment an expiry may deliver something: the clock must be advanced to it
-        even when no publication arrives."""
-        while self._due and self._scheduled.get(self._due[0][1]) != self._due[0][0]:
-            heapq.heappop(self._due)
-        return self._due[0][0] if self._due else None
+    def held(self) -> list[int]:
+        return self.band.seqs
 
-    def _schedule(self, number: int, band: Skyband) -> None:
-        due = band.next_expiry()
-        if due is None:
-            self._scheduled.pop(number, None)
-        elif self._scheduled.get(number) != due:
-            self._scheduled[number] = due
-            heapq.heappush(self._due, (due, number))
+
+class TimeWindows:
+    """The kind: a `topk` document with a window `w` in milliseconds."""
+
+    name = "top-k/w by time"
+
+    def parse(self, doc: Mapping[str, Any]) -> TopKW | None:
+        if "w" not in doc:
+            return None
+        return TopKW(int(doc["k"]), float(doc["w"]), terms_of(doc))
+
+    def start(self, spec: TopKW) -> TimeWindow:
+        return TimeWindow(spec)
+
+    def restore(self, spec: TopKW, snapshot: list[Any]) -> TimeWindow:
+        return TimeWindow(spec, Skyband.restore(snapshot))
+
+
+KIND = TimeWindows()
