@@ -245,7 +245,8 @@ async def _subscribe(args: argparse.Namespace) -> int:
         data = orjson.loads(args.data) if args.data else [parse_constraint(c) for c in args.constraint]
         topk = None
         if args.top_k is not None:
-            topk = {"k": args.top_k, "w": args.window, "score": [parse_score_term(t) for t in args.score]}
+            extent = {"w": args.window} if args.last is None else {"n": args.last}
+            topk = {"k": args.top_k, **extent, "score": [parse_score_term(t) for t in args.score]}
         # without --id the subscription is this command's alone: an id of its own, known before the
         # request, so that a stop at any moment removes what was made
         subscription_id = args.id or uuid.uuid4().hex
@@ -571,6 +572,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--window", type=float, default=60000, help="top-k/w window in milliseconds (default: 60000)"
     )
     subscribe.add_argument(
+        "--last", type=int, help="top-k of the last N matching publications, instead of a --window (default: none)"
+    )
+    subscribe.add_argument(
         "--score",
         action="append",
         default=[],
@@ -671,6 +675,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("subscribe: give constraints, --data, --top-k, or --existing --id ID")
     if args.command == "subscribe" and args.top_k is not None and not args.score:
         parser.error("subscribe --top-k needs at least one --score term")
+    if args.command == "subscribe" and args.last is not None and args.top_k is None:
+        parser.error("subscribe --last: the window of a --top-k subscription (give --top-k K)")
+    if args.command == "subscribe" and args.last is not None and args.last < 1:
+        parser.error("subscribe --last: at least 1 publication")
     if args.command == "subscribe" and args.existing and not args.id:
         parser.error("subscribe --existing needs --id")
     if args.command == "subscribe" and args.id == "":

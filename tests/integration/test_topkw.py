@@ -46,6 +46,30 @@ async def test_the_k_best_of_the_window_and_a_late_promotion(broker):
             await nothing_more(stream, 2)
 
 
+async def test_a_count_window_counts_only_what_enters_it(broker):
+    """k=1 of the last 2: 9 is best until the second reading after it arrives; a reading the terms
+    cannot rank, or another subscription's, moves nothing."""
+    rid = run_id()
+    async with client_for(broker, "tina") as client:
+        topk = {"k": 1, "n": 2, "score": [{"key": "v", "prefer": "high"}]}
+        sub = (await client.subscribe([{"key": "run", "val": rid, "op": "eq"}], topk=topk))["subscriptionId"]
+        async with client.deliveries(sub) as stream:
+            nine = await client.publish({"run": rid, "v": 9})
+            five = await client.publish({"run": rid, "v": 5})
+            await client.publish({"run": rid, "w": 3})
+            await client.publish({"run": "someone else's", "v": 100})
+            (first,) = await take(stream, 1)
+            assert first.id == nine
+            await nothing_more(stream, 2)  # 9 is still one of the last two rankable readings
+            await client.publish({"run": rid, "v": 1})
+            (promoted,) = await take(stream, 1)  # 9 left as 1 came: 5 is the best of {5, 1}
+            assert promoted.id == five and promoted.publication["v"] == 5
+            await nothing_more(stream, 2)
+        listed = await client.subscriptions()
+        assert [s["topk"] for s in listed if s["subscriptionId"] == sub] == [topk | {"score": [
+            {"key": "v", "weight": 1.0, "prefer": "high"}]}]  # fmt: skip
+
+
 async def test_bad_top_k_requests_name_the_field(broker):
     async with client_for(broker, "tina") as client:
         for topk, field in (
@@ -54,6 +78,8 @@ async def test_bad_top_k_requests_name_the_field(broker):
             ({"k": 1, "w": 10, "score": []}, "topk.score"),
             ({"k": 1, "w": 10, "score": [{"key": "v", "prefer": "up"}]}, "topk.score[0].prefer"),
             ({"k": 1, "w": 10, "score": [{"key": "v"}]}, "topk.score[0]"),
+            ({"k": 1, "n": 0, "score": [{"key": "v", "prefer": "high"}]}, "topk.n"),
+            ({"k": 1, "n": 10, "w": 10, "score": [{"key": "v", "prefer": "high"}]}, "topk"),
         ):
             with pytest.raises(VeilError) as caught:
                 await client.subscribe([], topk=topk)

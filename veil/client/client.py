@@ -314,8 +314,9 @@ class VeilClient:
         topk: dict | None = None,
         scope: str | None = None,
     ) -> dict:
-        """`topk` makes it a top-k/w subscription: {"k": K, "w": MILLISECONDS, "score": [TERM, ...]};
-        `scope` makes it in that scope (the world by default)."""
+        """`topk` makes it a top-k subscription: {"k": K, "w": MILLISECONDS, "score": [TERM, ...]}, or
+        "n": COUNT instead of "w" for the last COUNT matches; `scope` makes it in that scope (the
+        world by default)."""
         doc: dict[str, Any] = {"data": data}
         if topk is not None:
             doc["topk"] = topk

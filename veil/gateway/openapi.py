@@ -17,7 +17,7 @@ from aiohttp import web
 
 from veil import __version__
 from veil.protocol.limits import DEFAULT
-from veil.protocol.subscriptions import MAX_CREDENTIAL_LENGTH, MAX_ID_LENGTH, OPERATORS
+from veil.protocol.subscriptions import MAX_CREDENTIAL_LENGTH, MAX_ID_LENGTH, MAX_WINDOW_COUNT, OPERATORS
 
 JSON = "application/json"
 Schema = dict[str, object]
@@ -82,6 +82,10 @@ SCHEMAS: dict[str, Schema] = {
         {
             "k": {"type": "integer", "minimum": 1, "maximum": DEFAULT.k},
             "w": {"type": "number", "minimum": 1, "maximum": DEFAULT.window_ms, "description": "window, ms"},
+            "n": {
+                "type": "integer", "minimum": 1, "maximum": MAX_WINDOW_COUNT,
+                "description": "window, the last n matching publications (instead of w)",
+            },
             "score": {
                 "type": "array", "minItems": 1, "maxItems": DEFAULT.constraints,
                 "items": _object(
@@ -96,7 +100,7 @@ SCHEMAS: dict[str, Schema] = {
                 ),
             },
         },
-        ("k", "w", "score"),
+        ("k", "score"),
         closed=False,
     ),
     "SubscribeRequest": _object(

@@ -7,7 +7,7 @@ types are checked against the operators here, satisfiability is the matcher's bu
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from veil.protocol.errors import ProtocolError
 from veil.protocol.limits import DEFAULT, Limits, load_json
@@ -16,6 +16,7 @@ from veil.protocol.values import Scalar, canonical_type, convert, type_of
 MAX_ID_LENGTH = 256
 MAX_CREDENTIAL_LENGTH = 16 * 1024  # an authHash or a bearer token
 MIN_WINDOW_MS = 1  # below a millisecond, `time + w == time` for the log's clock
+MAX_WINDOW_COUNT = 1_000_000  # a count window of more publications holds as many as a 30-day one
 MAX_TERM_VALUE = 1e15  # weights and targets: sums of terms stay far from overflow
 
 OPERATORS = {
@@ -91,22 +92,31 @@ def _identity(predicate: tuple[str, str, object]) -> tuple:
 
 def parse_topk(doc: object, limits: Limits = DEFAULT) -> dict[str, Any]:
     """`{"k": 3, "w": 60000, "score": [{"key": "NO2", "prefer": "high"}, {"key": "lat", "target": 45.8,
-    "weight": 2}]}`: the window `w` in milliseconds. Returned canonical (every term with its weight,
-    numbers as floats), the form the log keeps and the matcher's kinds read."""
+    "weight": 2}]}`: the window `w` in milliseconds, or `"n": 100` instead, the last 100 matching
+    publications. Returned canonical (every term with its weight, numbers as floats), the form the
+    log keeps and the matcher's kinds read."""
     if not isinstance(doc, dict):
-        raise ProtocolError("topk", 'expected {"k": K, "w": MILLISECONDS, "score": [TERM, ...]}')
+        raise ProtocolError("topk", 'expected {"k": K, "w": MILLISECONDS | "n": COUNT, "score": [TERM, ...]}')
     k = doc.get("k")
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limits.k:
         raise ProtocolError("topk.k", f"an integer from 1 to {limits.k}")
-    window = doc.get("w")
-    if not _number(window) or not MIN_WINDOW_MS <= window <= limits.window_ms:  # type: ignore[operator]
+    window, count = doc.get("w"), doc.get("n")
+    if (window is None) == (count is None):
+        raise ProtocolError("topk", "give either a window w (milliseconds) or a count n (publications)")
+    if count is not None:
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_WINDOW_COUNT:
+            raise ProtocolError("topk.n", f"the window as a count of publications: from 1 to {MAX_WINDOW_COUNT}")
+        extent: dict[str, Any] = {"n": count}
+    elif _number(window) and MIN_WINDOW_MS <= window <= limits.window_ms:
+        extent = {"w": float(window)}
+    else:
         raise ProtocolError("topk.w", f"the window in milliseconds: from {MIN_WINDOW_MS} to {limits.window_ms}")
     score = doc.get("score")
     if not isinstance(score, list) or not score or len(score) > limits.constraints:
         raise ProtocolError(
             "topk.score", f"a non-empty array of at most {limits.constraints} terms {{key, target | prefer, weight}}"
         )
-    return {"k": k, "w": float(window), "score": [_term(term, f"topk.score[{i}]") for i, term in enumerate(score)]}
+    return {"k": k, **extent, "score": [_term(term, f"topk.score[{i}]") for i, term in enumerate(score)]}
 
 
 def _term(item: object, where: str) -> dict[str, Any]:
@@ -129,7 +139,7 @@ def _term(item: object, where: str) -> dict[str, Any]:
     return {"key": key, "weight": float(weight), **ranking}
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
