@@ -567,12 +567,12 @@ def test_admissions_read_only_the_owners_live_subscriptions_with_refusal_and_cur
     store.record_round(Round([], [], created, quarantined=[Quarantined(0, KIND_SUBSCRIBE, "q", None, "ValueError: x")]))
     (pub,) = store.append_publications(published(b'{"n":1}'))
     store.save_cursors({store.subscription_number("a"): pub})
-    a, q, b, nobody = store.admissions(["a", "q", "b", "nobody"], "alice")
+    a, q, b, nobody = store.live_subscriptions(["a", "q", "b", "nobody"], "alice")
     assert a == (store.subscription_number("a"), b'[["n","ge",1]]', None, pub)
     assert q is not None and (q.refusal, q.cursor) == ("ValueError: x", 0)
     assert b is None and nobody is None  # someone else's, and nobody's, alike
     store.remove_subscription("a", "alice")
-    assert store.admissions(["a"], "alice") == [None]
+    assert store.live_subscriptions(["a"], "alice") == [None]
     assert store.live_numbers(["a", "b"]) == [None, store.subscription_number("b")]
 
 

@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from veil.matching.kinds import Arrivals, KindStates, NumericColumns, topkw
-from veil.matching.kinds import Selected as Delivery
+from veil.matching.kinds import Arrivals, KindStates, NumericColumns, Selected, topkw
 from veil.matching.kinds.scoring import Term, ranked, score, score_many
 from veil.matching.kinds.topkw import Skyband
 
@@ -82,7 +81,7 @@ def test_the_skyband_delivers_what_the_definition_does(case):
     engine = KindStates()
     for number, (k, window) in enumerate(subscriptions):
         engine.add(number, *engine.spec({"k": k, "w": window, "score": [{"key": "v", "prefer": "low"}]}))
-    got: dict[int, list[Delivery]] = {number: [] for number in range(len(subscriptions))}
+    got: dict[int, list[Selected]] = {number: [] for number in range(len(subscriptions))}
     for event in events:
         if event[0] == "arrive":
             _, seq, time, value, wanted = event
@@ -111,11 +110,11 @@ def test_the_skyband_delivers_what_the_definition_does(case):
 
 def test_a_better_reading_leaving_the_window_promotes_the_next():
     band = Skyband(k=1, window=10)
-    assert band.arrive(1, 0, 5.0) == [Delivery(1, 0)]
+    assert band.arrive(1, 0, 5.0) == [Selected(1, 0)]
     assert band.arrive(2, 1, 9.0) == []  # not the best while 1 is in the window
     assert band.next_expiry() == 10
     assert band.advance(9.9) == []
-    assert band.advance(30) == [Delivery(2, 10)]  # at the moment 1 left, not when noticed
+    assert band.advance(30) == [Selected(2, 10)]  # at the moment 1 left, not when noticed
 
 
 def test_dominated_readings_are_dropped():
@@ -140,7 +139,7 @@ def test_many_dropped_readings_do_not_hide_an_expiry():
         band.arrive(seq, seq, 100.0 - seq)
     assert sorted(band.seqs) == [1, 49] and len(band.arrivals) < 14
     assert band.next_expiry() == 1000
-    assert band.advance(1000) == [Delivery(49, 1000)]
+    assert band.advance(1000) == [Selected(49, 1000)]
 
 
 @settings(max_examples=500, deadline=None)

@@ -78,7 +78,7 @@ class Background:
     async def _pipeline_problems(self) -> list[str]:
         """The pipeline's state from what can be seen of it: its process (when this gateway runs it),
         the process id it registered, and its heartbeat (written every half second, with the start
-        of the micro-batch it is in)."""
+        of the batch it is in: an epoch of rounds, or a micro-batch)."""
         gateway, pipeline = self.gateway, self.pipeline
         health = gateway.health
         health.dark = []  # known only from a pipeline that beats

@@ -11,7 +11,7 @@ import logging
 import ssl
 import time
 
-from veil.gateway import membership, memory
+from veil.gateway import membership, memory, monitor
 from veil.gateway.channel import FAILED, Close, Receive, Send, failure_line, read_while
 from veil.gateway.context import Gateway
 from veil.gateway.delivery import Session
@@ -19,7 +19,6 @@ from veil.gateway.edge import run_edge
 from veil.gateway.multiplex import serve_multiplexed
 from veil.gateway.quotas import Client
 from veil.gateway.subscriber import admit
-from veil.monitoring import selis as monitoring
 from veil.protocol import Handshake, ProtocolError, parse_ack, parse_handshake
 from veil.protocol.errors import unknown
 from veil.security.identity import Credentials, Principal
@@ -64,8 +63,8 @@ async def serve_connection(
 ) -> None:
     """Serve one delivery connection until either side ends it; `certificate` is the client's
     verified certificate (DER), if it showed one."""
-    if monitoring.is_monitor(gateway, handshake):
-        await monitoring.serve(gateway, send, close, receive)
+    if monitor.is_monitor(gateway, handshake):
+        await monitor.serve(gateway, send, close, receive)
         return
     try:
         parsed = parse_handshake(handshake)

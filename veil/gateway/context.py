@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from veil.config import Config
-from veil.gateway.admission import Admission
 from veil.gateway.channel import EdgeChannels
 from veil.gateway.credential_watch import CredentialWatch
 from veil.gateway.delivery import DeliveryHub
@@ -19,6 +18,7 @@ from veil.gateway.health import Health
 from veil.gateway.ingest import Ingest
 from veil.gateway.registry import CurrentRegistry
 from veil.gateway.store_threads import StoreThreads
+from veil.gateway.unproven import Unproven
 from veil.monitoring.metrics import Metrics
 from veil.protocol.limits import Limits
 from veil.security.identity import Authenticator
@@ -33,7 +33,7 @@ class Gateway:
     hub: DeliveryHub  # connected subscriptions and their queues
     auth: Authenticator
     registry: CurrentRegistry
-    admission: Admission  # connections that have yet to send anything
+    unproven: Unproven  # connections that have yet to send anything
     parsing: ThreadPoolExecutor  # large bodies are parsed here, off the event loop
     edges: EdgeChannels
     credentials: CredentialWatch  # open delivery connections, ended when their credentials are revoked

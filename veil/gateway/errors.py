@@ -130,9 +130,9 @@ async def errors(request: web.Request, handler: Callable[[web.Request], Awaitabl
     keep-alive connection counts as waiting again (untimed: the keep-alive timer closes it), so that
     the bound on waiting connections also covers those that send one request and idle."""
     gateway = request.app[GATEWAY]
-    admission = gateway.admission
+    unproven = gateway.unproven
     connection = request.protocol
-    admission.settle(connection)
+    unproven.settle(connection)
     try:
         response = await handler(request)
     except web.HTTPException as exc:
@@ -144,7 +144,7 @@ async def errors(request: web.Request, handler: Callable[[web.Request], Awaitabl
     finally:
         transport = request.transport
         if transport is not None and not transport.is_closing():
-            admission.admit(connection, lambda _: transport.close(), timed=False)
+            unproven.watch(connection, lambda _: transport.close(), timed=False)
     resource = request.match_info.route.resource  # counted by route: paths carry ids, routes do not
     gateway.metrics.responses.labels(resource.canonical if resource else "unmatched", str(response.status)).inc()
     return response

@@ -75,7 +75,7 @@ def where_delivered(gateway: Gateway, **reply: object) -> web.Response:
     return json_response({"host": config.hostname, "port": config.tcp, "ws-port": config.ws, **reply})
 
 
-STALE_ATTEMPTS = 4  # admissions of one publish request while other gateways keep changing the registry
+STALE_ATTEMPTS = 4  # attempts at one publish request while other gateways keep changing the registry
 
 
 @routes.post("/publish")

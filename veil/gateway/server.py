@@ -16,7 +16,6 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from veil.config import Config
 from veil.gateway import membership, memory
-from veil.gateway.admission import Admission
 from veil.gateway.background import Background
 from veil.gateway.channel import EdgeChannels
 from veil.gateway.context import Gateway
@@ -25,16 +24,16 @@ from veil.gateway.delivery import DeliveryHub
 from veil.gateway.errors import json_parse_errors
 from veil.gateway.health import Health
 from veil.gateway.ingest import Ingest
+from veil.gateway.monitor import read_hash, store_figures
 from veil.gateway.pipeline_process import PipelineProcess
 from veil.gateway.quotas import Quotas
 from veil.gateway.registry import CurrentRegistry
 from veil.gateway.rest import create_app
 from veil.gateway.store_threads import StoreThreads
 from veil.gateway.tcp import start_tcp
+from veil.gateway.unproven import Unproven
 from veil.gateway.websocket import create_ws_app
-from veil.monitoring.figures import store_figures
 from veil.monitoring.metrics import Metrics
-from veil.monitoring.selis import read_hash
 from veil.security.identity import Authenticator, TokenVerifier
 from veil.security.revocation import RevocationList
 from veil.security.tls import server_context
@@ -65,7 +64,7 @@ def build_gateway(config: Config) -> Gateway:
         hub=hub,
         auth=Authenticator(config.auth_methods, config.anonymous, tokens, lambda: registry.current, revoked),
         registry=registry,
-        admission=Admission(config.max_unauthenticated, config.read_timeout),
+        unproven=Unproven(config.max_unauthenticated, config.read_timeout),
         parsing=parsing,
         edges=EdgeChannels(),
         credentials=CredentialWatch(),
@@ -118,7 +117,7 @@ class Broker:
             await runner.setup()
             assert runner.server is not None
             server = await loop.create_server(
-                gateway.admission.tracking(json_parse_errors(runner.server)),
+                gateway.unproven.tracking(json_parse_errors(runner.server)),
                 config.bind,
                 port,
                 ssl=context,

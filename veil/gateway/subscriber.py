@@ -16,7 +16,7 @@ from veil.protocol import Handshake, ProtocolError
 from veil.protocol.errors import unknown
 from veil.security.admission import admit_subscription
 from veil.security.identity import Principal
-from veil.store.base import Admission
+from veil.store.base import LiveSubscription
 
 
 class Admitted(NamedTuple):
@@ -39,47 +39,47 @@ async def admit(gateway: Gateway, handshake: Handshake, principal: Principal) ->
     multiplexed = range(len(handshake.subscription_ids))
     each = [handshake.for_subscription(place) for place in multiplexed] if multiplexed else [handshake]
     ids = [h.subscription_id for h in each]
-    found = await threads.read(store.admissions, ids, principal.identity)
+    found = await threads.read(store.live_subscriptions, ids, principal.identity)
     # checking 2,048 large filters takes time a client chose: off the event loop then, as request bodies are
-    size = sum(len(admission.body) for admission in found if admission is not None)
+    size = sum(len(live.body) for live in found if live is not None)
     await sized(gateway, size, _check_all, gateway, principal, handshake, ids, found)
     try:
-        numbers = [admission.number for admission in found if admission is not None]  # all are: checked above
+        numbers = [live.number for live in found if live is not None]  # all are: checked above
         claimed = await membership.claim(gateway, ids, numbers)
     except membership.Held as exc:
         raise _naming(handshake, exc.sub_id, exc.error or unknown("subscription")) from None
     admitted = []
-    for one, admission in zip(each, found, strict=True):
-        assert admission is not None  # checked above
+    for one, live in zip(each, found, strict=True):
+        assert live is not None  # checked above
         start = one.resume_after
         if start is None:
-            start = max(admission.cursor, hub.unsaved_cursor(one.subscription_id, admission.number))
-        admitted.append(Admitted(one.subscription_id, admission.number, start, claimed))
+            start = max(live.cursor, hub.unsaved_cursor(one.subscription_id, live.number))
+        admitted.append(Admitted(one.subscription_id, live.number, start, claimed))
     return admitted
 
 
 def _check_all(
-    gateway: Gateway, principal: Principal, handshake: Handshake, ids: list[str], found: list[Admission | None]
+    gateway: Gateway, principal: Principal, handshake: Handshake, ids: list[str], found: list[LiveSubscription | None]
 ) -> None:
-    for sub_id, admission in zip(ids, found, strict=True):
+    for sub_id, live in zip(ids, found, strict=True):
         try:
-            _check(gateway, principal, admission)
+            _check(gateway, principal, live)
         except ProtocolError as exc:
             raise _naming(handshake, sub_id, exc) from None
 
 
-def _check(gateway: Gateway, principal: Principal, admission: Admission | None) -> None:
+def _check(gateway: Gateway, principal: Principal, live: LiveSubscription | None) -> None:
     # one answer for an id nobody holds and one someone else holds: a client learns nothing of others'
-    if admission is None:
+    if live is None:
         raise unknown("subscription")
-    stored = decode_subscription(admission.body)
+    stored = decode_subscription(live.body)
     try:
         admit_subscription(gateway.registry.current, principal, stored.predicates, stored.scope)
     except ProtocolError as exc:
         problem = f"these credentials no longer admit this subscription ({exc.field}: {exc.problem})"
         raise ProtocolError("subscriptionId", problem, 403) from None
-    if admission.refusal is not None:
-        raise ProtocolError("subscriptionId", f"quarantined by the broker: {admission.refusal}", 422)
+    if live.refusal is not None:
+        raise ProtocolError("subscriptionId", f"quarantined by the broker: {live.refusal}", 422)
 
 
 def _naming(handshake: Handshake, sub_id: str, exc: ProtocolError) -> ProtocolError:

@@ -16,14 +16,14 @@ from veil.security.tls import peer_certificate
 
 async def start_tcp(gateway: Gateway, host: str, port: int, context: ssl.SSLContext | None) -> asyncio.Server:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        gateway.admission.admit(writer, lambda reason: _refuse(writer, ProtocolError("handshake", reason).to_json()))
+        gateway.unproven.watch(writer, lambda reason: _refuse(writer, ProtocolError("handshake", reason).to_json()))
         try:
             with gateway.health.connection():
                 await _serve(gateway, reader, writer)
         except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
             pass
         finally:
-            gateway.admission.settle(writer)
+            gateway.unproven.settle(writer)
             _close(writer)
             with contextlib.suppress(Exception):  # (however it went)
                 await writer.wait_closed()
@@ -64,7 +64,7 @@ async def _serve(gateway: Gateway, reader: asyncio.StreamReader, writer: asyncio
     except ValueError:
         await close(ProtocolError("handshake", f"handshake line longer than {MAX_LINE} bytes").to_json())
         return
-    gateway.admission.settle(writer)
+    gateway.unproven.settle(writer)
     if not line.strip():
         await close(ProtocolError("handshake", "empty handshake line").to_json())
         return

@@ -25,13 +25,13 @@ async def handle(request: web.Request) -> web.StreamResponse:
     ws = web.WebSocketResponse(heartbeat=30, max_msg_size=MAX_LINE)
     await ws.prepare(request)
     # upgraded, but silent until its handshake message
-    gateway.admission.admit(request.protocol, lambda reason: _refuse(ws, request.transport, reason))
+    gateway.unproven.watch(request.protocol, lambda reason: _refuse(ws, request.transport, reason))
     transport = request.transport
     try:
         with gateway.health.connection():
             await _serve(gateway, ws, certificate_of(request), request.protocol, transport)
     finally:
-        gateway.admission.settle(request.protocol)
+        gateway.unproven.settle(request.protocol)
         cut_off_later(transport)
         await ws.close()
     return ws
@@ -80,7 +80,7 @@ async def _serve(
     except TimeoutError:
         await close(ProtocolError("handshake", f"no handshake within {timeout:g} s").to_json())
         return
-    gateway.admission.settle(connection)
+    gateway.unproven.settle(connection)
     if first.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
         return
 

@@ -3,7 +3,7 @@
 prometheus-client's Histogram takes one value per call, under a lock; deliveries leave the gateway
 in numpy chunks of hundreds, so their latencies are counted into buckets with one `searchsorted`
 and one `bincount` per chunk instead. The same exposition serves bucket counts read from the store
-(the pipeline's micro-batch durations).
+(the durations of the pipeline's rounds).
 """
 
 from __future__ import annotations

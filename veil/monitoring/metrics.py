@@ -5,7 +5,7 @@ acknowledged, answers by status as the error middleware writes them); what the g
 keeps for /health (the log's head and progress, the pipeline's lag and state, connections, the
 quarantine) is read at scrape time, so that /health and /metrics never disagree; the delivery hub's
 queues and its publish -> delivery latency histogram are read from the hub. The deployment's totals
-and the pipeline's micro-batch durations live in the store: they are read at most once a second
+and the durations of the pipeline's rounds live in the store: they are read at most once a second
 however often anyone scrapes, so that scraping cannot load the store.
 """
 
@@ -15,14 +15,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from veil.gateway.delivery import DeliveryHub
 from veil.monitoring.figures import StoreFigures
-from veil.monitoring.histogram import family
+from veil.monitoring.histogram import Histogram, family
 from veil.store import BATCH_BOUNDS_MS
 
 log = logging.getLogger("veil.gateway")
@@ -30,8 +30,27 @@ PIPELINE_STATES = ("starting", "running", "restarting", "stuck")
 STORE_FRESH = 1.0  # seconds the store's figures are reused for
 
 
+class Queued(Protocol):
+    queued: int  # bytes of delivery lines in memory
+
+
+class Hub(Protocol):
+    """What /metrics reads of the gateway's delivery hub."""
+
+    quotas: Queued
+    latency: Histogram
+
+    def queued(self) -> int: ...
+
+    def behind(self) -> int: ...
+
+    def judged_clients_behind(self) -> tuple[int, int, int]: ...
+
+    def observe_latency(self) -> None: ...
+
+
 class _Figures(Collector):
-    def __init__(self, report: Callable[[], dict[str, object]], hub: DeliveryHub) -> None:
+    def __init__(self, report: Callable[[], dict[str, object]], hub: Hub) -> None:
         self._report = report
         self._hub = hub
         self.stored: StoreFigures | None = None
@@ -112,7 +131,8 @@ class _Figures(Collector):
         ):  # fmt: skip
             yield GaugeMetricFamily(name, text, value=float(value))
         yield family(
-            "veil_batch_duration_seconds", "the pipeline's micro-batches, as long as Spark measured them",
+            "veil_batch_duration_seconds",
+            "the pipeline's rounds, from reading the log to recording the round, as the matcher task timed them",
             [bound / 1000 for bound in BATCH_BOUNDS_MS], batches.counts, batches.total_ms / 1000,
         )  # fmt: skip
         yield CounterMetricFamily(
@@ -145,7 +165,7 @@ class Metrics:
         self._reading = asyncio.Lock()
 
     def watch(
-        self, report: Callable[[], dict[str, object]], hub: DeliveryHub, read: Callable[[], Awaitable[StoreFigures]]
+        self, report: Callable[[], dict[str, object]], hub: Hub, read: Callable[[], Awaitable[StoreFigures]]
     ) -> None:
         self._figures = _Figures(report, hub)
         self._read = read

@@ -1,5 +1,5 @@
 """Defence in depth for the match task: a log entry that makes processing raise, or run past a time
-bound, is isolated and set aside (quarantined) while everything else in the micro-batch is processed
+bound, is isolated and set aside (quarantined) while everything else in the round is processed
 as usual.
 
 The gateway refuses what it knows the pipeline cannot handle, but the delivery guarantee must not

@@ -4,7 +4,7 @@ checked out of the worker's cache, the range's entries read from the store, the 
 
 What the core may not do, this does: read the store. A state that had to be built while the store's
 progress is already past the range's start belongs to a round recorded before (a retried task, a
-replayed batch): its skybands were saved past the range, so the round's stateful part is dropped
+replayed batch): its stateful subscriptions were saved past the range, so the round's stateful part is dropped
 and the state rebuilt next time.
 """
 

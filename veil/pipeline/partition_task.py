@@ -242,7 +242,7 @@ class PartitionTask:
         """Bring `held` up to date: the partitions this task was given, taken (back) when another task
         holds them; those it adopted that it still owns; and any silent one. Silent counts from this
         task's first look at the earliest: the epoch's other tasks start a moment apart, and two
-        tasks matching one partition at once would each decide its top-k/w deliveries from a state
+        tasks matching one partition at once would each decide its stateful deliveries from a state
         of their own."""
         owners = store.partition_owners()
         for part in self.parts:

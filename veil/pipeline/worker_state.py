@@ -157,8 +157,8 @@ def checkout(
     entry_timeout: float, ranks: bool = True,
 ) -> tuple[State, Source, list[Quarantined]]:  # fmt: skip
     """The partition's state as of `start`; where it came from; the subscriptions set aside while
-    loading it (`mine`: whether a subscription id is this partition's; `ranks`: whether it ranks
-    top-k/w subscriptions or sets them aside)."""
+    loading it (`mine`: whether a subscription id is this partition's; `ranks`: whether it keeps
+    stateful subscriptions or sets them aside)."""
     cached = _cache.pop(key, None)
     if cached is not None and cached[1] == start:
         return cached[0], "kept", []

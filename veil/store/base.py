@@ -48,13 +48,14 @@ class LogEntry(NamedTuple):
     number: int | None = None  # a subscription's compact number (the one its queue and matches use)
 
 
-Delivery = tuple[int, bytes, Origin]
-"""(publication offset, bytes delivered, where they came from): plain tuples, since one is made per
-delivery. The bytes are the subscriber's cropped copy where cropping applied (and the origin says so)."""
+Backlogged = tuple[int, bytes, Origin]
+"""A delivery read from a subscription's backlog: (publication offset, bytes delivered, where they
+came from), plain tuples, since one is made per delivery. The bytes are the subscriber's cropped
+copy where cropping applied (and the origin says so)."""
 
 
 class FeedEntry(NamedTuple):
-    """The matches of one micro-batch: parallel arrays of subscription numbers and publication
+    """The matches of one round: parallel arrays of subscription numbers and publication
     offsets, sorted by subscription number, then publication."""
 
     seq: int
@@ -136,13 +137,13 @@ class Totals(NamedTuple):
         return max(0, self.matches - self.forwarded)
 
 
-# Upper bounds (ms) of the micro-batch duration buckets the store counts (Prometheus' `le`); a last
+# Upper bounds (ms) of the round duration buckets the store counts (Prometheus' `le`); a last
 # bucket takes the longer ones.
 BATCH_BOUNDS_MS = (50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 
 
 class BatchDurations(NamedTuple):
-    """How long the pipeline's micro-batches took, as Spark measured them: how many fell in each
+    """How long the pipeline's rounds took, as their matcher tasks timed them: how many fell in each
     bucket of BATCH_BOUNDS_MS (and past the last), and their sum."""
 
     counts: tuple[int, ...] = (0,) * (len(BATCH_BOUNDS_MS) + 1)
@@ -165,8 +166,8 @@ class PipelineStatus(NamedTuple):
     dark: tuple[int, ...] = ()
 
 
-class Admission(NamedTuple):
-    """What admitting a live subscription to a delivery connection needs of the store."""
+class LiveSubscription(NamedTuple):
+    """What taking a live subscription onto a delivery connection needs of the store."""
 
     number: int
     body: bytes
@@ -324,7 +325,7 @@ class GatewayStore(LogReader):
         before any body is read)."""
 
     @abstractmethod
-    def admissions(self, sub_ids: Sequence[str], owner: str) -> list[Admission | None]:
+    def live_subscriptions(self, sub_ids: Sequence[str], owner: str) -> list[LiveSubscription | None]:
         """For each id, its live subscription if `owner` holds it (None: nobody's, or someone else's),
         all read in one statement: a connection of a thousand subscriptions costs one trip to the
         store, not a thousand, and holds up nobody else's reads meanwhile."""
@@ -366,7 +367,7 @@ class GatewayStore(LogReader):
         """The cropped copies among these (subscription number, publication) matches."""
 
     @abstractmethod
-    def backlog(self, number: int, after_pub: int, limit: int) -> tuple[list[Delivery], int]:
+    def backlog(self, number: int, after_pub: int, limit: int) -> tuple[list[Backlogged], int]:
         """A live subscription's queued deliveries (by number) after `after_pub`, in publication order, and the highest
         feed seq visible to the same read (so a caller knows what the live feed must add)."""
 

@@ -3,8 +3,8 @@
 Group commit: the gateway funnels appends through one writer thread (`gateway.ingest`), and a store
 commits each list it is given in one transaction, so many concurrent publishes share one fsync.
 
-Matches are queued in two tiers. The pipeline writes each micro-batch's matches as one packed feed
-row (16 bytes a match, one insert a batch); a feed row is the durable queue for every match in it.
+Matches are queued in two tiers. The pipeline writes each round's matches as one packed feed
+row (16 bytes a match, one insert a round); a feed row is the durable queue for every match in it.
 Once a row is `SPILL_AFTER` seconds old and the hub has fanned it out, compaction spills the matches
 its subscriptions have not yet consumed into per-subscription queue rows, and the feed row can go.
 A subscriber that keeps up therefore costs no per-match row at all; one that lags or is away gets a
@@ -13,8 +13,8 @@ twice), so a backlog is the spilled rows followed by the unspilled feed.
 
 Compaction runs every `COMPACT_INTERVAL` seconds in steps of about `COMPACT_CHUNK` rows, one
 transaction each, so it never holds the write lock for long. A publication can go once it is below
-the horizon: the pipeline has passed it, no queue or feed row still holds it, no top-k/w skyband may
-still deliver it, and it is no longer valid for subscriptions to come.
+the horizon: the pipeline has passed it, no queue or feed row still holds it, no stateful
+subscription may still select it, and it is no longer valid for subscriptions to come.
 """
 
 from __future__ import annotations
@@ -83,6 +83,6 @@ def unconsumed(sub_nos: np.ndarray, pubs: np.ndarray, floor: np.ndarray) -> np.n
 
 
 def horizon(processed: int, *oldest_held: int | None) -> int:
-    """The highest offset no queue, feed row or skyband still needs (`oldest_held`: the oldest
+    """The highest offset no queue, feed row or stateful subscription still needs (`oldest_held`: the oldest
     publication each of them holds, None when it holds none)."""
     return min([processed] + [oldest - 1 for oldest in oldest_held if oldest is not None])

@@ -8,7 +8,7 @@ transaction-level advisory lock), so offsets and feed sequence numbers become vi
 they were given: a reader that has seen offset N has seen everything below it.
 
 Its parts: `log` (what is logged), `deliveries` (feed rows, backlogs, cursors), `status` (what the
-pipeline reports: progress, heartbeat, top-k/w state, quarantine), `compaction` and `gateways`
+pipeline reports: progress, heartbeat, subscription state, quarantine), `compaction` and `gateways`
 (their feed positions and connections), over `dialect`
 (the connection protocol, transactions and the `status` table's helpers). What is queued where, and
 when it goes, is `veil.store.queues`'s policy: here is its SQL.

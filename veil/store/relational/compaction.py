@@ -64,7 +64,7 @@ class CompactionSql(Dialect):
         # Publications at or below the processed offset are never read by the pipeline again (a
         # replayed batch starts after the last recorded one), and below the oldest queued delivery
         # no queue needs their bodies.
-        # Nor are the publications a top-k/w skyband holds: a later expiry may deliver them.
+        # Nor are the publications a stateful subscription holds: it may select them later.
         processed, oldest_spilled, oldest_fed, held = db.execute(
             f"SELECT {PROCESSED}, {OLDEST_QUEUED}, (SELECT MIN(first) FROM feed), "
             "(SELECT value FROM status WHERE name = 'held')"

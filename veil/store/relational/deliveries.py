@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from veil.protocol.envelope import Origin
-from veil.store.base import KIND_COPY, Delivery, FeedEntry, Round, StatefulBatch
+from veil.store.base import KIND_COPY, Backlogged, FeedEntry, Round, StatefulBatch
 from veil.store.queues import FEED_READ_PAIRS, feed_rows, unpack
 from veil.store.relational.dialect import (
     LAST_FEED_SEQ,
@@ -78,14 +78,14 @@ class DeliverySql(Dialect):
         )
         return {(sub_no, pub): body for sub_no, pub, body in rows}
 
-    def backlog(self, number: int, after_pub: int, limit: int) -> tuple[list[Delivery], int]:
+    def backlog(self, number: int, after_pub: int, limit: int) -> tuple[list[Backlogged], int]:
         numbers = np.array([number], np.int64)
         with self._tx(write=False) as db:
             watermark = db.execute(LAST_FEED_SEQ).fetchone()[0]
             _, pubs, _ = self._queued(db, numbers, np.array([after_pub], np.int64), limit, watermark, 0)
             bodies = self._bodies(db, pubs)
             copies = self._copies(db, np.repeat(numbers, len(pubs)), pubs)
-        rows: list[Delivery] = []
+        rows: list[Backlogged] = []
         for pub in pubs.tolist():
             copy = copies.get((int(numbers[0]), pub))
             body, origin, _ = bodies[pub]
@@ -267,7 +267,7 @@ class DeliverySql(Dialect):
 
     def _record_stateful(self, db: Db, batch: StatefulBatch, part: int) -> list[tuple[int, int]]:
         """Log each delivery as a copy of its publication (the envelope keeps the original's id) and
-        keep the skybands; returns the (subscription number, copy offset) matches."""
+        keep the stateful subscriptions' states; returns the (subscription number, copy offset) matches."""
         originals = {
             row[0]: row[1:]
             for row in db.execute(
@@ -278,7 +278,7 @@ class DeliverySql(Dialect):
         logged = []
         now = now_ms()
         for number, pub, cropped in batch.deliveries:
-            if pub not in originals:  # kept while any skyband holds it: gone means nobody does
+            if pub not in originals:  # kept while any state holds it: gone means nobody does
                 continue
             body, client, key_id, signature = originals[pub]
             offset = append_entry(

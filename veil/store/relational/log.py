@@ -17,7 +17,7 @@ from veil.store.base import (
     KIND_SUBSCRIBE,
     KIND_TICK,
     KIND_UNSUBSCRIBE,
-    Admission,
+    LiveSubscription,
     LogEntry,
     NotOwner,
     Publication,
@@ -215,7 +215,7 @@ class LogSql(Dialect):
                 (owner, after, limit),
             ).fetchall()
 
-    def admissions(self, sub_ids: Sequence[str], owner: str) -> list[Admission | None]:
+    def live_subscriptions(self, sub_ids: Sequence[str], owner: str) -> list[LiveSubscription | None]:
         with self._read() as db:
             rows = db.execute(
                 "SELECT s.sub_id, n.no, s.body, q.error, COALESCE(c.pub, 0) FROM subscriptions s "
@@ -225,7 +225,7 @@ class LogSql(Dialect):
                 f"WHERE s.sub_id {self.IN_NAMES} AND s.deleted IS NULL AND s.owner = ?",
                 (self._names(sub_ids), owner),
             ).fetchall()
-        found = {row[0]: Admission(row[1], bytes(row[2]), row[3], row[4]) for row in rows}
+        found = {row[0]: LiveSubscription(row[1], bytes(row[2]), row[3], row[4]) for row in rows}
         return [found.get(sub_id) for sub_id in sub_ids]
 
     def live_numbers(self, sub_ids: Sequence[str]) -> list[int | None]:

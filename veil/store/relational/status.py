@@ -1,5 +1,5 @@
 """What the pipeline reports besides deliveries: its registration and heartbeat, its progress, the
-top-k/w state it keeps, and the entries it set aside in the quarantine."""
+stateful subscriptions' states it keeps, and the entries it set aside in the quarantine."""
 
 from __future__ import annotations
 

@@ -20,13 +20,13 @@ Closer = Callable[[str], object]
 sends as an error line first)."""
 
 
-class Admission:
+class Unproven:
     def __init__(self, limit: int, timeout: float) -> None:
         self.limit = limit
         self.timeout = timeout
         self._waiting: OrderedDict[object, tuple[Closer, asyncio.TimerHandle | None]] = OrderedDict()
 
-    def admit(self, key: object, close: Closer, timed: bool = True) -> None:
+    def watch(self, key: object, close: Closer, timed: bool = True) -> None:
         """A connection that has yet to prove itself (`timed`: closed unless it settles within the read
         timeout), or one idle between requests; `close` ends it if it has to make room."""
         self.settle(key)
@@ -62,16 +62,16 @@ class Admission:
 class _Tracked(asyncio.Protocol):
     """Forwards every protocol event to the HTTP server's own protocol object."""
 
-    def __init__(self, inner: asyncio.Protocol, admission: Admission) -> None:
+    def __init__(self, inner: asyncio.Protocol, unproven: Unproven) -> None:
         self.inner = inner
-        self.admission = admission
+        self.unproven = unproven
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.admission.admit(self.inner, lambda _: transport.close())
+        self.unproven.watch(self.inner, lambda _: transport.close())
         self.inner.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.admission.settle(self.inner)
+        self.unproven.settle(self.inner)
         self.inner.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:

@@ -22,7 +22,7 @@ import orjson
 
 from veil.gateway.channel import Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
-from veil.monitoring.figures import totals
+from veil.monitoring.figures import StoreFigures
 from veil.protocol import ProtocolError
 from veil.protocol.limits import load_json
 from veil.store import Totals
@@ -37,6 +37,18 @@ def read_hash(path: str | None) -> str | None:
     if not secret:
         raise ValueError(f"--metrics-auth-hash-file {path}: empty")
     return secret
+
+
+async def totals(gateway: Gateway) -> Totals:
+    """The store's totals, with the deliveries this gateway sent and has not yet counted there."""
+    stored = await gateway.threads.read(gateway.threads.store.totals)
+    return stored._replace(forwarded=stored.forwarded + gateway.hub.forwarded)
+
+
+async def store_figures(gateway: Gateway) -> StoreFigures:
+    """What /metrics reads from the store (at most once a second: `Metrics`)."""
+    batches = await gateway.threads.read(gateway.threads.store.batch_durations)
+    return StoreFigures(await totals(gateway), batches)
 
 
 def is_monitor(gateway: Gateway, handshake: bytes | str) -> bool:
