@@ -245,7 +245,7 @@ async def _subscribe(args: argparse.Namespace) -> int:
         data = orjson.loads(args.data) if args.data else [parse_constraint(c) for c in args.constraint]
         topk = None
         if args.top_k is not None:
-            extent = {"w": args.window} if args.last is None else {"n": args.last}
+            extent = {"n": args.last} if args.last is not None else {"w": 60000 if args.window is None else args.window}
             topk = {"k": args.top_k, **extent, "score": [parse_score_term(t) for t in args.score]}
         # without --id the subscription is this command's alone: an id of its own, known before the
         # request, so that a stop at any moment removes what was made
@@ -569,7 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--top-k", type=int, help="top-k/w: only the K best matches of each window (default: none, all matches)"
     )
     subscribe.add_argument(
-        "--window", type=float, default=60000, help="top-k/w window in milliseconds (default: 60000)"
+        "--window", type=float, help="top-k/w window in milliseconds (default: 60000, unless --last)"
     )
     subscribe.add_argument(
         "--last", type=int, help="top-k of the last N matching publications, instead of a --window (default: none)"
@@ -677,6 +677,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("subscribe --top-k needs at least one --score term")
     if args.command == "subscribe" and args.last is not None and args.top_k is None:
         parser.error("subscribe --last: the window of a --top-k subscription (give --top-k K)")
+    if args.command == "subscribe" and args.last is not None and args.window is not None:
+        parser.error("subscribe: a window is --window MILLISECONDS or --last N publications, not both")
     if args.command == "subscribe" and args.last is not None and args.last < 1:
         parser.error("subscribe --last: at least 1 publication")
     if args.command == "subscribe" and args.existing and not args.id:

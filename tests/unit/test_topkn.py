@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from veil.matching.kinds import Arrivals, KindStates, NumericColumns, Selected
+from veil.matching.kinds import Arrivals, KindStates, NumericColumns, Selected, topkn
 from veil.matching.kinds import topkw as time_windows
 from veil.protocol import ProtocolError, parse_subscribe
 
@@ -63,7 +63,6 @@ def test_count_windows_deliver_what_the_definition_does(case, vector_from):
             if restart:
                 for number, state in list(engine.states.items()):
                     engine.restore(number, msgspec.msgpack.decode(msgspec.msgpack.encode(state.snapshot())))
-    assert engine.next_due() is None
     for number, (k, n) in enumerate(subscriptions):
         mine = [arrival for run, wanted, _ in runs if number in wanted for arrival in run]
         expected = brute_force(k, n, mine)
@@ -86,6 +85,29 @@ def test_a_better_one_leaving_the_window_promotes_the_next_at_the_arrival_that_p
     assert arrive(2, 200, 5.0) == []  # 9 is still among the last 2
     assert arrive(3, 300, 1.0) == [Selected(2, 300)]  # 9 left as 3 came: 5 is the best of {5, 1}
     assert engine.states[7].held() == [2, 3]  # best first; 3 may be the best once 2 leaves
+
+
+def test_a_window_that_stops_filling_lets_its_publications_go_after_the_longest_time_window():
+    """Otherwise the oldest one held, and the log under it, would be kept for ever."""
+    engine = KindStates()
+    engine.add(7, *engine.spec({"k": 1, "n": 3, "score": [{"key": "v", "prefer": "high"}]}))
+
+    def arrive(seq: int, time: int, value: float) -> list[Selected]:
+        return engine.arrive(7, Arrivals([seq], [time], NumericColumns([{"v": value}]), np.arange(1), {}))
+
+    assert arrive(1, 0, 9.0) == [Selected(1, 0)]
+    assert arrive(2, 10, 5.0) == []
+    assert engine.next_due() == topkn.MAX_AGE_MS  # when 1 ages out
+    assert engine.advance(topkn.MAX_AGE_MS - 1) == []
+    assert engine.advance(topkn.MAX_AGE_MS) == [(7, Selected(2, topkn.MAX_AGE_MS))]  # the best of what is left
+    assert engine.next_due() == 10 + topkn.MAX_AGE_MS
+    restored = msgspec.msgpack.decode(msgspec.msgpack.encode(engine.states[7].snapshot()))
+    engine.restore(7, restored)
+    assert arrive(3, 20, 1.0) == []  # 2 (5) is still the best of the last three
+    assert engine.advance(10 + topkn.MAX_AGE_MS) == [(7, Selected(3, 10 + topkn.MAX_AGE_MS))]
+    assert engine.states[7].held() == [3] and engine.next_due() == 20 + topkn.MAX_AGE_MS
+    assert engine.advance(20 + topkn.MAX_AGE_MS) == [] and engine.states[7].held() == []
+    assert engine.next_due() is None
 
 
 def test_the_protocol_takes_a_count_or_a_window_not_both():

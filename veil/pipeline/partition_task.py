@@ -261,6 +261,9 @@ class PartitionTask:
         kept = {self.matcher.state_key(part) for part in held}
         for key in {self.matcher.state_key(part) for part in self.held - held} - kept:
             worker_state.discard(key)
+        for part in held ^ self.held:  # another task may have recorded rounds of it meanwhile
+            self._due.pop(part, None)
+            self._ticked.pop(part, None)
         self.held = held
 
     def _round(self, store: PipelineStore, part: int, token: int) -> int | None:
@@ -332,13 +335,16 @@ class PartitionTask:
         return sum(entries for _, entries in recent) / RATE_WINDOW
 
     def _record(self, store: PipelineStore, done: Round, part: int, token: int, began: float) -> None:
-        self._recent.setdefault(part, deque()).append((began, done.end - (done.end if done.start is None else done.start)))
+        entries = done.end - (done.end if done.start is None else done.start)
+        self._recent.setdefault(part, deque()).append((began, entries))
         took_ms = int((time.monotonic() - began) * 1000)
         if not store.record_round(done._replace(took_ms=took_ms, owner=(part, token))):
             # another task recorded past it, or owns the partition now: this worker's state of it
             # went where the round did, which the store did not take
             worker_state.discard(self.matcher.state_key(part))
-        self._due[part] = None if done.stateful is None else done.stateful.due
+            self._due.pop(part, None)  # read again from the store
+        else:
+            self._due[part] = None if done.stateful is None else done.stateful.due
         reached = len(np.unique(np.asarray(done.sub_nos)))
         growth = min(GAP_GROWTH, max(1.0, reached / PACED_SUBSCRIPTIONS))
         self._gap[part] = (self.round_gap * growth, reached >= PACED_SUBSCRIPTIONS)

@@ -173,7 +173,7 @@ CREATE INDEX quarantined_subscriptions ON quarantine("offset") WHERE kind = 1;
     # stateful subscriptions are of several kinds: their state and status rows are named for none
     f"""
 ALTER TABLE topk_bands RENAME TO subscription_state;
-{STATUS_WITHOUT_TOPK};
+{"; ".join(STATUS_WITHOUT_TOPK)};
 """,
 )
 

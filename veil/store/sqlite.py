@@ -263,9 +263,10 @@ def _migrate(db: sqlite3.Connection) -> None:
             db.execute("ALTER TABLE log DROP COLUMN meta")
         db.execute(FEED_SEQ)
         if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'topk_bands'").fetchone():
-            db.execute("INSERT INTO subscription_state SELECT number, blob FROM topk_bands")
+            db.execute("INSERT OR REPLACE INTO subscription_state SELECT number, blob FROM topk_bands")
             db.execute("DROP TABLE topk_bands")
-            db.execute(STATUS_WITHOUT_TOPK)
+            for statement in STATUS_WITHOUT_TOPK:
+                db.execute(statement)
         if "reset" in {row[1] for row in db.execute("PRAGMA table_info(subscription_numbers)")}:
             db.execute(RESET_AS_CURSOR)
             db.execute("ALTER TABLE subscription_numbers DROP COLUMN reset")

@@ -121,8 +121,12 @@ def partition_progress(db: Db, part: int) -> int:
     return own if own is not None else get_status(db, "processed") or 0
 
 
-# Status rows of an earlier release, named for the one stateful kind there was
-STATUS_WITHOUT_TOPK = "UPDATE status SET name = substr(name, 6) WHERE name LIKE 'topk%'"
+# Status rows of an earlier release, named for the one stateful kind there was (a row of the new name,
+# written by this release while one of the earlier one also ran, gives way)
+STATUS_WITHOUT_TOPK = (
+    "DELETE FROM status WHERE name IN (SELECT substr(name, 6) FROM status WHERE name LIKE 'topk%')",
+    "UPDATE status SET name = substr(name, 6) WHERE name LIKE 'topk%'",
+)
 
 
 def set_least(db: Db, name: str, prefix: str) -> None:

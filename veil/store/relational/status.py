@@ -140,6 +140,14 @@ class StatusSql(Dialect):
                     set_status(db, f"processed.{part}", start)
                 kept = dict.fromkeys(range(partitions), start)
                 set_least(db, "processed", "processed.")
+                # the stateful subscriptions moved too: each partition holds what all held, until its
+                # first round says what it holds (a row of a partition that is gone would stay for ever)
+                for name in ("held", "due"):
+                    least = get_status(db, name)
+                    db.execute("DELETE FROM status WHERE name LIKE ?", (f"{name}.%",))
+                    for part in range(partitions) if least is not None else ():
+                        set_status(db, f"{name}.{part}", least)
+                    set_least(db, name, f"{name}.")
             # the claims of tasks that are gone: ranges are handed out again from the recorded progress
             db.execute(
                 "DELETE FROM status WHERE name = 'claimed' OR name LIKE ? OR name LIKE ?", ("claim.%", "claimend.%")
