@@ -150,3 +150,22 @@ def test_a_store_with_one_number_per_id_is_migrated(postgres_url):
         assert store.subscription_number("s") == 2
     finally:
         store.close()
+
+
+def test_a_store_that_named_its_state_for_top_k_is_migrated(postgres_url):
+    """Schema version 8 kept the one stateful kind's state in `topk_bands` and `topk_*` status rows."""
+    with psycopg.connect(postgres_url, autocommit=True) as db:
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        db.execute(f"INSERT INTO schema_version VALUES ({len(MIGRATIONS) - 1})")
+        for step in MIGRATIONS[:-1]:
+            db.execute(step)
+        db.execute("INSERT INTO topk_bands VALUES (3, '\\x01')")
+        db.execute(
+            "INSERT INTO status(name, value, updated) VALUES ('topk_held.0', 10, 0), ('topk_held', 10, 0), "
+            "('topk_due', 900, 0)"
+        )
+    store = open_store(postgres_url)
+    try:
+        assert store.subscription_states([3]) == {3: b"\x01"} and store.due() == 900
+    finally:
+        store.close()

@@ -522,6 +522,32 @@ def test_the_pipeline_status_is_what_it_registered_and_beat(store):
     assert store.registry_file_digest() == 77 and store.registry_at() == b"{}"
 
 
+def test_a_store_that_named_its_state_for_top_k_is_migrated(tmp_path):
+    """An earlier release kept the one stateful kind's state in `topk_bands` and `topk_*` status rows;
+    a row of the new name (written while both releases ran) gives way to the older one's."""
+    path = tmp_path / "old.db"
+    open_store(f"sqlite:///{path}").close()
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE topk_bands (number INTEGER PRIMARY KEY, blob BLOB NOT NULL);
+        INSERT INTO topk_bands VALUES (3, x'01'), (4, x'02');
+        INSERT INTO subscription_state VALUES (3, x'ff');
+        INSERT INTO status(name, value, updated) VALUES ('topk_held', 10, 0), ('topk_held.0', 10, 0),
+            ('topk_due.0', 900, 0), ('topk_due', 900, 0), ('held.0', 99, 0);
+        """
+    )
+    db.commit()
+    db.close()
+    store = open_store(f"sqlite:///{path}")
+    try:
+        assert store.subscription_states([3, 4]) == {3: b"\x01", 4: b"\x02"} and store.due() == 900
+        names = dict(sqlite3.connect(path).execute("SELECT name, value FROM status WHERE name LIKE '%held%'"))
+        assert names == {"held": 10, "held.0": 10}
+    finally:
+        store.close()
+
+
 def test_a_store_that_kept_envelope_fragments_is_migrated(tmp_path):
     path = tmp_path / "old.db"
     db = sqlite3.connect(path)

@@ -7,9 +7,12 @@ is: ranked by score (lower is better, ties going to the more recent), delivered 
 moment fewer than k of the window rank above it, on arrival or when better ones leave the window.
 
 The same k-skyband decides it, with the subscription's own count of arrivals as its clock and n as
-its window: the publication that arrived m-th leaves when the (m+n)-th arrives, before that one is
-judged, as an expiry does at its instant. A publication promoted by one leaving is delivered at the
-log time of the arrival that pushed the other out.
+its window: the publication that arrived m-th leaves as the (m+n)-th arrives, and the window is
+judged once, with the newcomer in it (a time window judges an expiry's instant on its own, but here
+every expiry is an arrival's: a publication the one leaving kept out of the top k may be kept out by
+the newcomer instead). So a count window's publications arrive one at a time, not counted together
+by segments as a time window's are; one promoted is delivered at the log time of the arrival that
+pushed the other out.
 
 A publication also leaves MAX_AGE_MS after it arrived, the longest time window the broker takes by
 default: a window that stops filling would otherwise hold its publications, and the store the log
@@ -53,13 +56,14 @@ class CountWindow:
     def arrive(self, arrivals: Arrivals) -> list[Selected]:
         seqs, times, scores = ranked(self.terms, arrivals)
         selected = self.advance(times[0]) if times else []
-        first = self.arrived + 1
-        self.arrived += len(seqs)
-        counted = self.band.arrive_many(seqs, list(range(first, self.arrived + 1)), scores)
+        for seq, time, score in zip(seqs, times, scores.tolist(), strict=True):
+            self.arrived += 1
+            chosen = self.band.arrive(seq, self.arrived, score, expiries_judged=False)
+            selected += [Selected(one.seq, time) for one in chosen]
         self.times.update(zip(seqs, times, strict=True))
         if len(self.times) > 2 * len(self.band) + 8:  # those dropped or gone: memory follows the skyband
             self.times = {seq: self.times[seq] for seq in self.band.seqs}
-        return selected + [Selected(seq, times[int(count) - first]) for seq, count in counted]
+        return selected
 
     def advance(self, now: float) -> list[Selected]:
         """The held publications MAX_AGE_MS old by `now` leave, oldest first; each leaving is judged

@@ -82,12 +82,14 @@ class Skyband:
         self._forget_dropped()
         return self.arrivals[0][0] if self.arrivals else None
 
-    def arrive(self, seq: int, time: float, score: float) -> list[Selected]:
+    def arrive(self, seq: int, time: float, score: float, expiries_judged: bool = True) -> list[Selected]:
         """Add a publication; return what is delivered up to and at `time`, in time order. Sequence
         numbers must increase; a time before the last arrival's counts as that one (a clock that
-        stepped back must not reorder the window)."""
+        stepped back must not reorder the window). Without `expiries_judged` the expiries at `time`
+        are not a moment of their own: the window is judged once, with the arrival in it (a count
+        window, whose every expiry is an arrival's)."""
         time = self.latest = max(time, self.latest)
-        delivered = self.advance(time)
+        delivered = self.advance(time, judge=expiries_judged)
         rank = (score, -seq)
         position = bisect_left(self.ranks, rank)
         counters = self.counters
@@ -106,10 +108,12 @@ class Skyband:
         self.counters.insert(position, 0)
         self.expires.insert(position, time + self.window)
         in_top = position < self.k
-        self.delivered.insert(position, in_top)
+        self.delivered.insert(position, in_top and expiries_judged)  # else judged below
         self.arrivals.append((time + self.window, seq, score))
         self._bound_arrivals()
-        if in_top:
+        if not expiries_judged:
+            delivered += self._judge(time)
+        elif in_top:
             delivered.append(Selected(seq, time))
         return delivered
 
@@ -194,9 +198,9 @@ class Skyband:
         self.latest = times[-1]
         return [Selected(seqs[j], times[j]) for j in in_top]
 
-    def advance(self, now: float) -> list[Selected]:
+    def advance(self, now: float, judge: bool = True) -> list[Selected]:
         """Apply the expiries up to `now`; return the publications they promoted into the top k,
-        each at the expiry time that promoted it."""
+        each at the expiry time that promoted it (none without `judge`: see `arrive`)."""
         delivered: list[Selected] = []
         while True:
             self._forget_dropped()
@@ -209,10 +213,17 @@ class Skyband:
                 if position < len(self.ranks) and self.seqs[position] == seq:
                     for column in (self.ranks, self.seqs, self.counters, self.expires, self.delivered):
                         del column[position]
-            for i in range(min(self.k, len(self.delivered))):
-                if not self.delivered[i]:
-                    self.delivered[i] = True
-                    delivered.append(Selected(self.seqs[i], moment))
+            if judge:
+                delivered += self._judge(moment)
+
+    def _judge(self, moment: float) -> list[Selected]:
+        """The top k not delivered yet, delivered at `moment`."""
+        judged = []
+        for i in range(min(self.k, len(self.delivered))):
+            if not self.delivered[i]:
+                self.delivered[i] = True
+                judged.append(Selected(self.seqs[i], moment))
+        return judged
 
     def _bound_arrivals(self) -> None:
         """Dropped publications linger in `arrivals` until they come up: rebuild it from what is
@@ -288,7 +299,7 @@ class TimeWindow:
 class TimeWindows:
     """The kind: a `topk` document with a window `w` in milliseconds."""
 
-    name = "top-k/w by time"
+    name = "top-k/w"
 
     def parse(self, doc: Mapping[str, Any]) -> TopKW | None:
         if "w" not in doc:
