@@ -138,6 +138,7 @@ def test_the_driver_says_which_partitions_have_no_running_task(tmp_path, monkeyp
     store.partition_beat([0, 1])
     heartbeat.beat()
     clock[0] += 3.0
+    time.sleep(0.002)  # a beat is a millisecond clock's value: make it another one
     store.partition_beat([0])
     heartbeat.beat()
     assert store.pipeline_status().dark == ()
