@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -79,7 +80,7 @@ class _Bounds:
         self.dtype = dtype
         self.values = np.empty(0, dtype)
         self.slots = np.empty(0, np.int64)
-        self.new_values: list = []
+        self.new_values: list[Any] = []
         self.new_slots: list[int] = []
 
     def add(self, value: object, slot: int) -> None:
@@ -167,7 +168,7 @@ class SubscriptionIndex:
         return sub_id in self._slots
 
     # --- updates ----------------------------------------------------------------------------
-    def add(self, sub_id: str, predicates: Iterable[Sequence], number: int = -1) -> None:
+    def add(self, sub_id: str, predicates: Iterable[Sequence[Any]], number: int = -1) -> None:
         """Store a subscription; an existing one with the same id is replaced. `number` is the caller's
         integer name for it, which `numbers` returns for slots without a Python object per match."""
         self.remove(sub_id)

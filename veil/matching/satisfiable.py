@@ -8,6 +8,7 @@ too), and a single-point interval is tested as a candidate.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from veil.matching.predicates import Predicate, evaluate, predicate_class
 
@@ -47,7 +48,7 @@ def _check_key(key: str, group: list[Predicate]) -> None:
         raise Unsatisfiable(key, "no value satisfies all of them")
 
 
-def _any_satisfies(typed: list[Predicate], candidates: list, low: Bound, high: Bound) -> bool:
+def _any_satisfies(typed: list[Predicate], candidates: list[Any], low: Bound, high: Bound) -> bool:
     """Whether some candidate satisfies every constraint. All of them share one class of values, so
     (in)equalities are set look-ups and the ordering constraints one interval test: a hostile
     subscription of thousands of constraints on thousands of `in` values costs their sum, not their
@@ -71,10 +72,10 @@ def _inside(value: object, low: Bound, high: Bound) -> bool:
     return high is None or value < high[0] or (value == high[0] and high[1])  # type: ignore[operator]
 
 
-def _finite_candidates(typed: list[Predicate], cls: str) -> list | None:
+def _finite_candidates(typed: list[Predicate], cls: str) -> list[Any] | None:
     if cls == "bool":
         return [True, False]
-    found: list | None = None
+    found: list[Any] | None = None
     for p in typed:
         values = [p.value] if p.op == "eq" else p.value if p.op == "in" else None
         if values is not None:  # one class of values per key: a set's equality is the list's, in linear time

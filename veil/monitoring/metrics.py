@@ -31,14 +31,20 @@ STORE_FRESH = 1.0  # seconds the store's figures are reused for
 
 
 class Queued(Protocol):
-    queued: int  # bytes of delivery lines in memory
+    @property
+    def queued(self) -> int:
+        """Bytes of delivery lines in memory."""
+        ...
 
 
 class Hub(Protocol):
     """What /metrics reads of the gateway's delivery hub."""
 
-    quotas: Queued
-    latency: Histogram
+    @property
+    def quotas(self) -> Queued: ...
+
+    @property
+    def latency(self) -> Histogram: ...
 
     def queued(self) -> int: ...
 

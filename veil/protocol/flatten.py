@@ -7,10 +7,12 @@ an array index. Here array indices are bracketed: {"a": {"b": [7, {"c": 1}]}} gi
 
 from __future__ import annotations
 
+from typing import Any
+
 from veil.protocol.values import Scalar
 
 
-def flatten(doc: dict) -> dict[str, Scalar]:
+def flatten(doc: dict[str, Any]) -> dict[str, Scalar]:
     """Without recursion: the pipeline must never fail on a document the gateway let through, and
     Python's recursion limit is lower than the nesting JSON parsers accept."""
     out: dict[str, Scalar] = {}

@@ -16,7 +16,7 @@ subscription stopped.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from veil.protocol.announcements import announcement_id_of
 from veil.protocol.errors import ProtocolError
@@ -68,7 +68,7 @@ def parse_handshake(raw: bytes | str) -> Handshake:
     )  # fmt: skip
 
 
-def _resume_each(each: list, many: tuple[str, ...]) -> tuple[int | None, ...]:
+def _resume_each(each: list[Any], many: tuple[str, ...]) -> tuple[int | None, ...]:
     if len(each) != len(many):
         raise ProtocolError("resumeAfter", "one resume point (or null) per subscription of subscriptionIds")
     for i, seq in enumerate(each):
@@ -77,7 +77,7 @@ def _resume_each(each: list, many: tuple[str, ...]) -> tuple[int | None, ...]:
     return tuple(each)
 
 
-def _subscription_ids(doc: dict) -> tuple[str, ...]:
+def _subscription_ids(doc: dict[str, Any]) -> tuple[str, ...]:
     ids = doc.get("subscriptionIds")
     if ids is None:
         return ()
@@ -107,7 +107,7 @@ def _sequence(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT64_MAX
 
 
-def _flag(doc: dict, name: str) -> bool:
+def _flag(doc: dict[str, Any], name: str) -> bool:
     value = doc.get(name, False)
     if not isinstance(value, bool):
         raise ProtocolError(name, "not a boolean")

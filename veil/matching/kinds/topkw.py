@@ -59,7 +59,7 @@ class Skyband:
     def __len__(self) -> int:
         return len(self.ranks)
 
-    def state(self) -> list:
+    def state(self) -> list[Any]:
         """Everything the skyband holds, as plain lists (for a serializer); `restore` inverts it."""
         return [
             self.k, self.window, self.latest, [list(r) for r in self.ranks], self.seqs, self.counters,
@@ -67,7 +67,7 @@ class Skyband:
         ]  # fmt: skip
 
     @classmethod
-    def restore(cls, state: list) -> Skyband:
+    def restore(cls, state: list[Any]) -> Skyband:
         k, window, latest, ranks, seqs, counters, expires, delivered, arrivals = state
         band = cls(k, window)
         band.latest = latest
