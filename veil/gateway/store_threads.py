@@ -27,7 +27,7 @@ class StoreThreads:
         self._head = ThreadPoolExecutor(1, thread_name_prefix="store-head")
         self.failure: tuple[float, str] | None = None  # (monotonic time, error) of the last failed write
 
-    async def write(self, call: Callable[[Unpack[Args]], T], *args: Unpack[Args]) -> T:
+    async def write(self, call: Callable[[Unpack[Args]], T], *args: *Args) -> T:
         """Run a write; a StoreUnavailable is remembered for /health as well as raised."""
         try:
             return await asyncio.get_running_loop().run_in_executor(self._writer, call, *args)
@@ -35,13 +35,13 @@ class StoreThreads:
             self.failure = (time.monotonic(), str(exc))
             raise
 
-    async def read(self, call: Callable[[Unpack[Args]], T], *args: Unpack[Args]) -> T:
+    async def read(self, call: Callable[[Unpack[Args]], T], *args: *Args) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._reader, call, *args)
 
-    async def head(self, call: Callable[[Unpack[Args]], T], *args: Unpack[Args]) -> T:
+    async def head(self, call: Callable[[Unpack[Args]], T], *args: *Args) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._head, call, *args)
 
-    async def wait(self, call: Callable[[Unpack[Args]], T], *args: Unpack[Args]) -> T:
+    async def wait(self, call: Callable[[Unpack[Args]], T], *args: *Args) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._waiter, call, *args)
 
     def close(self) -> None:
