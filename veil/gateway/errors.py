@@ -125,7 +125,7 @@ def _answer(request: web.Request, exc: Exception) -> web.Response:
 
 
 @web.middleware
-async def errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):  # type: ignore[no-untyped-def]
+async def errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
     """While a request is being handled its connection is not a waiting one; between requests a
     keep-alive connection counts as waiting again (untimed: the keep-alive timer closes it), so that
     the bound on waiting connections also covers those that send one request and idle."""

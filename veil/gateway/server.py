@@ -109,7 +109,7 @@ class Broker:
                 config.certificate,
                 config.private_key,
                 config.client_ca,
-                config.client_cert == "required",  # type: ignore[arg-type]
+                config.client_cert == "required",
             )
         loop = asyncio.get_running_loop()
         for app, port in ((create_app(gateway), config.port), (create_ws_app(gateway), config.ws)):

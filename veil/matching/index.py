@@ -218,13 +218,13 @@ class SubscriptionIndex:
         if op == "eq":
             self._equal[key_id].setdefault((_class_code(value), value), []).append(slot)
         elif op == "in":
-            for v in value:  # type: ignore[union-attr]
+            for v in value:
                 self._equal[key_id].setdefault((_class_code(v), v), []).append(slot)
         elif op == "starts_with":
-            self._prefix[key_id].setdefault(value, []).append(slot)  # type: ignore[arg-type]
-            self._prefix_lengths[key_id].add(len(value))  # type: ignore[arg-type]
+            self._prefix[key_id].setdefault(value, []).append(slot)
+            self._prefix_lengths[key_id].add(len(value))
         elif op in ("gt", "ge", "lt", "le", "between"):
-            bound = value[0] if op == "between" else value  # type: ignore[index]
+            bound = value[0] if op == "between" else value
             cls = _class_code(bound)
             code = OP_CODES[op]
             bounds = self._bounds.get((key_id, code, cls))
@@ -243,7 +243,7 @@ class SubscriptionIndex:
             op = predicate.op
             if op in ("eq", "in"):
                 distinct = len(self._equal.get(self._key_ids[predicate.key], ()))
-                share = (len(predicate.value) if op == "in" else 1) / (distinct + 1)  # type: ignore[arg-type]
+                share = (len(predicate.value) if op == "in" else 1) / (distinct + 1)
             else:
                 share = ACCESS_SHARE.get(op, 1.0)
             if share < best_share:
@@ -275,7 +275,7 @@ class SubscriptionIndex:
             token = self._tokens.setdefault((cls, first), len(self._tokens))
         self._table.append((key_id, kind, cls, code == NE, token, low, high))
         self._op.append(code)
-        self._obj.append(frozenset(value) if op == "in" else first)  # type: ignore[arg-type]
+        self._obj.append(frozenset(value) if op == "in" else first)
         self._obj2.append(second)
 
     # --- matching ---------------------------------------------------------------------------
@@ -288,7 +288,7 @@ class SubscriptionIndex:
         pubs, slots = self.match_pairs(publications)
         sub_ids = self._sub_ids
         for pub, slot in zip(pubs.tolist(), slots.tolist(), strict=True):
-            out[pub].append(sub_ids[slot])  # type: ignore[arg-type]
+            out[pub].append(sub_ids[slot])
         return out
 
     def match_pairs(self, publications: Sequence[Mapping[str, object]]) -> tuple[np.ndarray, np.ndarray]:
@@ -413,28 +413,29 @@ class SubscriptionIndex:
         return pubs, slots
 
 
-def _holds(op: int, target: object, second: object, value: object) -> bool:
+def _holds(op: int, target: Any, second: Any, value: Any) -> bool:
+    """A check the columns cannot make (text operators, `in` over strings): JSON values of one class."""
     if op == EQ:
-        return value == target
+        return bool(value == target)
     if op == NE:
-        return value != target
+        return bool(value != target)
     if op == GT:
-        return value > target  # type: ignore[operator]
+        return bool(value > target)
     if op == GE:
-        return value >= target  # type: ignore[operator]
+        return bool(value >= target)
     if op == LT:
-        return value < target  # type: ignore[operator]
+        return bool(value < target)
     if op == LE:
-        return value <= target  # type: ignore[operator]
+        return bool(value <= target)
     if op == BETWEEN:
-        return target <= value <= second  # type: ignore[operator]
+        return bool(target <= value <= second)
     if op == IN:
-        return value in target  # type: ignore[operator]
+        return value in target
     if op == CONTAINS:
-        return target in value  # type: ignore[operator]
+        return target in value
     if op == STARTS_WITH:
-        return value.startswith(target)  # type: ignore[union-attr]
-    return value.endswith(target)  # type: ignore[union-attr]
+        return bool(value.startswith(target))
+    return bool(value.endswith(target))
 
 
 class _Batch:
@@ -460,7 +461,7 @@ class _Batch:
                 if key_id is None:
                     continue
                 cls = class_of[type(value)]
-                if cls == NUMBER and type(value) is int and not -EXACT_LIMIT <= value <= EXACT_LIMIT:  # type: ignore[operator]
+                if cls == NUMBER and type(value) is int and not -EXACT_LIMIT <= value <= EXACT_LIMIT:
                     self.inexact_pubs.add(pub)
                 column = columns.get(key_id)
                 if column is None:

@@ -59,7 +59,7 @@ def _any_satisfies(typed: list[Predicate], candidates: list[Any], low: Bound, hi
         if not found:
             break
         if p.op in ("eq", "in"):
-            allowed = {p.value} if p.op == "eq" else set(p.value)  # type: ignore[arg-type]
+            allowed = {p.value} if p.op == "eq" else set(p.value)
             found = [v for v in found if v in allowed]
         elif p.op in ("contains", "starts_with", "ends_with"):
             found = [v for v in found if evaluate(p.op, p.value, v)]
@@ -79,8 +79,8 @@ def _finite_candidates(typed: list[Predicate], cls: str) -> list[Any] | None:
     for p in typed:
         values = [p.value] if p.op == "eq" else p.value if p.op == "in" else None
         if values is not None:  # one class of values per key: a set's equality is the list's, in linear time
-            allowed = set(values)  # type: ignore[arg-type]
-            found = list(values) if found is None else [v for v in found if v in allowed]  # type: ignore[arg-type]
+            allowed = set(values)
+            found = list(values) if found is None else [v for v in found if v in allowed]
     return found
 
 
@@ -96,11 +96,11 @@ def _interval(typed: list[Predicate]) -> tuple[Bound, Bound]:
         elif p.op in ("lt", "le"):
             high = _tighter(high, (p.value, p.op == "le"), lower=False)
         elif p.op == "between":
-            low = _tighter(low, (p.value[0], True), lower=True)  # type: ignore[index]
-            high = _tighter(high, (p.value[1], True), lower=False)  # type: ignore[index]
+            low = _tighter(low, (p.value[0], True), lower=True)
+            high = _tighter(high, (p.value[1], True), lower=False)
         elif p.op == "starts_with":
             low = _tighter(low, (p.value, True), lower=True)
-            successor = _prefix_successor(p.value)  # type: ignore[arg-type]
+            successor = _prefix_successor(p.value)
             if successor is not None:
                 high = _tighter(high, (successor, False), lower=False)
     return low, high
