@@ -32,7 +32,7 @@ PIPELINE_LOCK = WRITE_LOCK + 1  # held by the one pipeline of the store
 FEED_CHANNEL = "veil_feed"
 # A host that vanishes (power, network) with a transaction open would hold the store's write lock
 # until TCP gives up (15 minutes and more): keepalives and a user timeout end its session in ~30 s
-CONNECTION = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+CONNECTION: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
               "tcp_user_timeout": 30_000}  # fmt: skip
 POOL_SIZE = 5  # connections per process: the gateway's reader, writer and registry-head threads, the hub's waits
 FAILURES = (psycopg.OperationalError,)  # lost connections, full disks, pool timeouts, shutdowns
@@ -193,7 +193,7 @@ class _Connection:
         self.conn = conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
-        return self.conn.execute(_placeholders(sql), params)  # type: ignore[return-value]
+        return self.conn.execute(_placeholders(sql), params)
 
     def executemany(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
         if params:
@@ -248,7 +248,8 @@ class PostgresStore(RelationalStore):
         return self._connection()
 
     def _ids(self, values: Sequence[int] | np.ndarray) -> list[int]:
-        return np.asarray(values, np.int64).tolist()
+        ids: list[int] = np.asarray(values, np.int64).tolist()
+        return ids
 
     def _names(self, values: Sequence[str]) -> list[str]:
         return list(values)
@@ -316,7 +317,7 @@ class PostgresStore(RelationalStore):
                     connection.close()
             if held:
                 self._pipeline = connection
-            return held
+            return bool(held)
         except FAILURES as exc:
             if self._pipeline is not None:
                 self._pipeline.close()
