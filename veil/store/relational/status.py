@@ -221,9 +221,8 @@ class StatusSql(Dialect):
 
     def arrivals(self, epoch: int) -> int:
         with self._read() as db:
-            return int(
-                db.execute("SELECT COUNT(*) FROM status WHERE name LIKE ? AND value = ?", ("arrived.%", epoch)).fetchone()[0]
-            )
+            row = db.execute("SELECT COUNT(*) FROM status WHERE name LIKE ? AND value = ?", ("arrived.%", epoch))
+            return int(row.fetchone()[0])
 
     def end_leases(self, parts: Sequence[int], epoch: int) -> None:
         with self._tx() as db:
