@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from veil.matching.predicates import Predicate, matches, value_class
 
@@ -57,8 +58,8 @@ def _exact(value: object) -> bool:
 class _Column:
     """An append-only numpy column with amortised O(1) appends."""
 
-    def __init__(self, dtype: type | str) -> None:
-        self.data = np.empty(256, dtype)
+    def __init__(self, dtype: npt.DTypeLike) -> None:
+        self.data: np.ndarray = np.empty(256, dtype)
         self.size = 0
 
     def append(self, value: object) -> None:
@@ -78,8 +79,8 @@ class _Bounds:
     def __init__(self, op: int, dtype: type) -> None:
         self.op = op
         self.dtype = dtype
-        self.values = np.empty(0, dtype)
-        self.slots = np.empty(0, np.int64)
+        self.values: np.ndarray = np.empty(0, dtype)
+        self.slots: np.ndarray = np.empty(0, np.int64)
         self.new_values: list[Any] = []
         self.new_slots: list[int] = []
 
@@ -111,7 +112,7 @@ class _Bounds:
         picks = np.repeat(starts - offsets, counts) + np.arange(total)
         pair_pubs, pair_slots = np.repeat(pubs, counts), self.slots[picks]
         if self.new_values:
-            fresh = np.array(self.new_values, self.dtype)
+            fresh: np.ndarray = np.array(self.new_values, self.dtype)
             hit = _compare(self.op, values[:, None], fresh[None, :])
             rows, cols = np.nonzero(hit)
             pair_pubs = np.concatenate([pair_pubs, pubs[rows]])
@@ -250,18 +251,18 @@ class SubscriptionIndex:
                 best, best_share = predicate, share
         return best
 
-    def _append_predicate(self, key: str, op: str, value: object) -> None:
+    def _append_predicate(self, key: str, op: str, value: Any) -> None:
         key_id = self._key_ids.setdefault(key, len(self._key_ids))
         code = OP_CODES[op]
-        first = value[0] if op in ("between", "in") else value  # type: ignore[index]
-        second = value[1] if op == "between" else None  # type: ignore[index]
+        first = value[0] if op in ("between", "in") else value
+        second = value[1] if op == "between" else None
         cls = -1 if op == "exists" else _class_code(first)
         low, high, token, kind = -np.inf, np.inf, -1, CHECK_PYTHON
         if op == "exists":
             kind = CHECK_PRESENT
         elif cls == NUMBER and code in (EQ, NE, GT, GE, LT, LE, BETWEEN) and _exact(first) and _exact(second):
             kind = CHECK_INTERVAL
-            t = float(first)  # type: ignore[arg-type]
+            t = float(first)
             if code in (EQ, NE):
                 low = high = t
             elif code in (GT, GE):
@@ -313,10 +314,14 @@ class SubscriptionIndex:
         return np.concatenate(found_pubs), np.concatenate(found_slots)
 
     def sub_id(self, slot: int) -> str:
-        return self._sub_ids[slot]  # type: ignore[return-value]
+        """The id of a live slot (a slot's id goes when its subscription is removed)."""
+        sub_id = self._sub_ids[slot]
+        assert sub_id is not None, f"slot {slot} is not live"
+        return sub_id
 
     def numbers(self, slots: np.ndarray) -> np.ndarray:
-        return self._number.view[slots]
+        numbers: np.ndarray = self._number.view[slots]
+        return numbers
 
     def _candidates(self, batch: _Batch) -> tuple[np.ndarray, np.ndarray]:
         pubs: list[np.ndarray] = []
@@ -337,7 +342,7 @@ class SubscriptionIndex:
             if cls == STRING and key_id in self._prefix:
                 prefixes = self._prefix[key_id]
                 for length in self._prefix_lengths[key_id]:
-                    found = prefixes.get(value[:length]) if length <= len(value) else None  # type: ignore[index]
+                    found = prefixes.get(value[:length]) if length <= len(value) else None
                     if found:
                         equal_pubs.extend([pub] * len(found))
                         equal_slots.extend(found)
@@ -448,7 +453,7 @@ class _Batch:
         key_ids: dict[str, int],
         tokens: dict[tuple[int, object], int],
     ) -> None:
-        self.items: list[tuple[int, int, int, object]] = []
+        self.items: list[tuple[int, int, int, Any]] = []  # (publication, key, class, JSON value)
         self.inexact_pubs: set[int] = set()
         columns: dict[int, int] = {}
         by_key: dict[tuple[int, int], tuple[list[int], list[object]]] = {}

@@ -35,7 +35,9 @@ def _check_key(key: str, group: list[Predicate]) -> None:
         raise Unsatisfiable(key, f"they need values of different types ({', '.join(sorted(map(str, classes)))})")
     if not typed:
         return
-    candidates = _finite_candidates(typed, classes.pop())
+    (cls,) = classes
+    assert cls is not None  # only `exists` has no class, and it is not among `typed`
+    candidates = _finite_candidates(typed, cls)
     low, high = _interval(typed)
     if candidates is None:
         if _empty(low, high):

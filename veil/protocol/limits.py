@@ -64,7 +64,7 @@ def load_json(raw: bytes | str, field: str = "body", limits: Limits = DEFAULT, p
         # escape (\u003a), which only the exact, slower check can see through.
         colons = raw.count(b":") if isinstance(raw, bytes) else raw.count(":")
         if members and colons > members:
-            escaped = (b"\\u003" if isinstance(raw, bytes) else "\\u003") in raw
+            escaped = b"\\u003" in raw if isinstance(raw, bytes) else "\\u003" in raw
             if escaped or colons - _string_colons(doc) > members:
                 _refuse_duplicates(raw, field)
     return doc
