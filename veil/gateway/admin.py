@@ -52,6 +52,8 @@ async def registry(request: web.Request) -> web.Response:
     if request.method == "PUT":
         raw = await body_of(gateway, request)
         document = await parsed(gateway, raw, load_json, "body", gateway.limits)
+        if not isinstance(document, dict):
+            raise ProtocolError("body", "expected a JSON object: the registry")
         replacement = await sized(gateway, len(raw), parse_registry, document)
         if not replacement.admins:
             raise ProtocolError("admins", "the last administrator cannot be removed: name at least one", 409)
@@ -107,7 +109,7 @@ async def drop_quarantined(request: web.Request) -> web.Response:
         raise ProtocolError("offset", "no quarantined entry at this offset", 404)
     # removed before it leaves the quarantine: until the pipeline passes the removal, a matcher that
     # reloads its state loads whatever is live and not quarantined, fails on it, and sets it aside again
-    if live and record.owner is not None:
+    if live and record.sub_id is not None and record.owner is not None:
         with contextlib.suppress(UnknownSubscription, NotOwner):  # removed by its owner meanwhile
             await threads.write(store.remove_subscription, record.sub_id, record.owner)
     if not await threads.write(store.release_quarantined, record.offset):
