@@ -197,11 +197,11 @@ class SubscriptionIndex:
         live = [
             (s, p, n)
             for s, p, n in zip(self._sub_ids, self._predicates, self._number.view.tolist(), strict=True)
-            if s is not None
+            if s is not None and p is not None
         ]
         self._clear()
         for sub_id, predicates, number in live:
-            self.add(sub_id, predicates, number)  # type: ignore[arg-type]
+            self.add(sub_id, predicates, number)
 
     def _file(self, slot: int, predicates: list[Predicate]) -> None:
         self._start.append(len(self._op))
@@ -270,7 +270,8 @@ class SubscriptionIndex:
             elif code in (LT, LE):
                 high = np.nextafter(t, -np.inf) if code == LT else t
             else:
-                low, high = t, float(second)  # type: ignore[arg-type]
+                assert second is not None  # between has two bounds
+                low, high = t, float(second)
         elif cls in (STRING, BOOL) and code in (EQ, NE):
             kind = CHECK_TOKEN
             token = self._tokens.setdefault((cls, first), len(self._tokens))
@@ -412,7 +413,8 @@ class SubscriptionIndex:
             else:
                 candidates = inexact_subs
             for slot in candidates:
-                if matches(self._predicates[slot], publications[pub]):  # type: ignore[arg-type]
+                predicates = self._predicates[slot]
+                if predicates is not None and matches(predicates, publications[pub]):
                     pubs.append(pub)
                     slots.append(slot)
         return pubs, slots

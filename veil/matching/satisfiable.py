@@ -68,10 +68,10 @@ def _any_satisfies(typed: list[Predicate], candidates: list[Any], low: Bound, hi
     return bool(found)
 
 
-def _inside(value: object, low: Bound, high: Bound) -> bool:
-    if low is not None and (value < low[0] or (value == low[0] and not low[1])):  # type: ignore[operator]
+def _inside(value: Any, low: Bound, high: Bound) -> bool:
+    if low is not None and (value < low[0] or (value == low[0] and not low[1])):
         return False
-    return high is None or value < high[0] or (value == high[0] and high[1])  # type: ignore[operator]
+    return high is None or bool(value < high[0] or (value == high[0] and high[1]))
 
 
 def _finite_candidates(typed: list[Predicate], cls: str) -> list[Any] | None:
@@ -86,7 +86,7 @@ def _finite_candidates(typed: list[Predicate], cls: str) -> list[Any] | None:
     return found
 
 
-Bound = tuple[object, bool] | None  # (value, inclusive)
+Bound = tuple[Any, bool] | None  # (value, inclusive): numbers or strings, one class per key
 
 
 def _interval(typed: list[Predicate]) -> tuple[Bound, Bound]:
@@ -108,13 +108,13 @@ def _interval(typed: list[Predicate]) -> tuple[Bound, Bound]:
     return low, high
 
 
-def _tighter(current: Bound, new: Bound, lower: bool) -> Bound:
+def _tighter(current: Bound, new: tuple[Any, bool], lower: bool) -> Bound:
     if current is None:
         return new
-    (cv, ci), (nv, ni) = current, new  # type: ignore[misc]
+    (cv, ci), (nv, ni) = current, new
     if cv == nv:
         return (cv, ci and ni)
-    return new if (nv > cv) == lower else current  # type: ignore[operator]
+    return new if (nv > cv) == lower else current
 
 
 def _empty(low: Bound, high: Bound) -> bool:
@@ -123,7 +123,7 @@ def _empty(low: Bound, high: Bound) -> bool:
     if low is None or high is None:
         return False
     (lv, li), (hv, hi) = low, high
-    return lv > hv or (lv == hv and not (li and hi))  # type: ignore[operator]
+    return bool(lv > hv or (lv == hv and not (li and hi)))
 
 
 def _prefix_successor(prefix: str) -> str | None:

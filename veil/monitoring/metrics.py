@@ -77,7 +77,7 @@ class _Figures(Collector):
             ("veil_connections", "connections", "open delivery connections (TCP and WebSocket)"),
             ("veil_subscriptions_connected", "subscriptionsConnected", "subscriptions with a delivery connection"),
         ):
-            yield GaugeMetricFamily(name, text, value=float(report[key]))  # type: ignore[arg-type]
+            yield GaugeMetricFamily(name, text, value=float(report[key]))  # type: ignore[arg-type]  # these are counts
         dark = report["darkPartitions"]
         yield GaugeMetricFamily(
             "veil_pipeline_partitions_dark", "matcher partitions without a running task (the driver's view)",

@@ -16,7 +16,7 @@ subscription stopped.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from veil.protocol.announcements import announcement_id_of
 from veil.protocol.errors import ProtocolError
@@ -99,10 +99,10 @@ def parse_ack(raw: bytes | str) -> int:
     seq = doc.get("ack") if isinstance(doc, dict) else None
     if not _sequence(seq):
         raise ProtocolError("ack", 'expected {"ack": <sequence number>}')
-    return seq  # type: ignore[return-value]
+    return seq
 
 
-def _sequence(value: object) -> bool:
+def _sequence(value: object) -> TypeGuard[int]:
     """Sequence numbers are log offsets: signed 64-bit in every store."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT64_MAX
 

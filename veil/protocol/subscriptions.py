@@ -214,7 +214,7 @@ def _scalar(value: object, type_name: str | None, field: str) -> Scalar:
         return convert(value, type_name, field)
     if type_of(value) is None:
         raise ProtocolError(field, "must be an int, float, boolean or string")
-    return value  # type: ignore[return-value]
+    return value  # type: ignore[return-value]  # type_of said it is a Scalar
 
 
 def _class(type_name: str | None) -> str:

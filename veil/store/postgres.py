@@ -291,7 +291,8 @@ class PostgresStore(RelationalStore):
                 self._listener = psycopg.connect(self.url, autocommit=True, **CONNECTION)
                 self._listener.execute(f"LISTEN {FEED_CHANNEL}")
             listener = self._listener
-            if listener.execute(LAST_FEED_SEQ).fetchone()[0] > seq:  # type: ignore[index]
+            row = listener.execute(LAST_FEED_SEQ).fetchone()
+            if row is not None and row[0] > seq:
                 return True
             for _ in listener.notifies(timeout=timeout, stop_after=1):
                 return True
@@ -311,7 +312,8 @@ class PostgresStore(RelationalStore):
             connection = psycopg.connect(self.url, autocommit=True, **CONNECTION)
             held = False
             try:
-                held = connection.execute(f"SELECT pg_try_advisory_lock({PIPELINE_LOCK})").fetchone()[0]  # type: ignore[index]
+                row = connection.execute(f"SELECT pg_try_advisory_lock({PIPELINE_LOCK})").fetchone()
+                held = row is not None and bool(row[0])
             finally:
                 if not held:  # refused, or the query failed: the connection holds nothing
                     connection.close()
