@@ -52,11 +52,10 @@ async def registry(request: web.Request) -> web.Response:
     if request.method == "PUT":
         raw = await body_of(gateway, request)
         document = await parsed(gateway, raw, load_json, "body", gateway.limits)
-        if not isinstance(document, dict):
-            raise ProtocolError("body", "expected a JSON object: the registry")
         replacement = await sized(gateway, len(raw), parse_registry, document)
         if not replacement.admins:
             raise ProtocolError("admins", "the last administrator cannot be removed: name at least one", 409)
+        assert isinstance(document, dict)  # parse_registry took it, and it names admins
         base = base_version(request, required=True)
 
         def replaced(_: Registry, stored: dict) -> None:
