@@ -98,7 +98,7 @@ def _apply(state: State, out: _Output, entry: LogEntry, valid: Valid, entry_time
         state.suspect = state.suspect or not unranked
         if kind == KIND_SUBSCRIBE:
             state.remove(sub_id)
-        out.quarantine(Quarantined(entry.offset, kind, sub_id, entry.client, error))
+        out.quarantine(Quarantined(entry.offset, kind, entry.sub_id, entry.client, error))
 
 
 class _Run:
