@@ -496,7 +496,12 @@ def _asynchronous(command: Any) -> Any:
         task = asyncio.current_task()
         assert task is not None
         terminated: list[bool] = []
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: (terminated.append(True), task.cancel()))
+
+        def terminate() -> None:
+            terminated.append(True)
+            task.cancel()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
         try:
             return await command(args)
         except asyncio.CancelledError:

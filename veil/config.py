@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -380,7 +381,7 @@ def _flag(name: str) -> str:
 
 
 def _convert(f: dataclasses.Field, raw: Any, source: str) -> Any:
-    kind = f.metadata["kind"] or type(f.default)
+    kind: Callable[[Any], Any] = f.metadata["kind"] or type(f.default)
     if kind is tuple:  # repeated flags, a TOML array, or lines of an environment variable
         items = raw.splitlines() if isinstance(raw, str) else raw
         if not isinstance(items, list | tuple) or not all(isinstance(item, str) for item in items):

@@ -120,3 +120,22 @@ def test_the_protocol_takes_a_count_or_a_window_not_both():
             assert exc.field == field, fields
         else:
             raise AssertionError(f"{fields} was taken")
+
+
+def test_a_saved_state_of_another_kind_leaves_the_subscription_fresh():
+    """A subscription replaced by one of the other kind keeps its number; a state rebuilt from
+    before the replacement meets the new kind's saved state and starts afresh instead of failing."""
+    from veil.matching.stored import encode_subscription
+    from veil.pipeline.worker_state import State
+
+    class Saved:
+        def subscription_states(self, numbers: list[int]) -> dict[int, bytes]:
+            time_kind = KindStates()
+            time_kind.add(5, *time_kind.spec({"k": 1, "w": 1000, "score": [{"key": "v", "prefer": "low"}]}))
+            return {5: msgspec.msgpack.encode([time_kind.states[5].snapshot(), {}])}
+
+    state = State(None, with_authorization=False)
+    count = {"k": 1, "n": 2, "score": [{"key": "v", "prefer": "low"}]}
+    state.add("s", 5, "alice", encode_subscription([], count))
+    state.load_states(Saved())  # type: ignore[arg-type]  # the one store call it makes
+    assert state.kinds.states[5].snapshot()[1] == 0  # a count window, nothing arrived

@@ -55,6 +55,7 @@ async def registry(request: web.Request) -> web.Response:
         replacement = await sized(gateway, len(raw), parse_registry, document)
         if not replacement.admins:
             raise ProtocolError("admins", "the last administrator cannot be removed: name at least one", 409)
+        assert isinstance(document, dict)  # parse_registry took it, and it names admins
         base = base_version(request, required=True)
 
         def replaced(_: Registry, stored: dict) -> None:
@@ -107,7 +108,7 @@ async def drop_quarantined(request: web.Request) -> web.Response:
         raise ProtocolError("offset", "no quarantined entry at this offset", 404)
     # removed before it leaves the quarantine: until the pipeline passes the removal, a matcher that
     # reloads its state loads whatever is live and not quarantined, fails on it, and sets it aside again
-    if live and record.owner is not None:
+    if live and record.sub_id is not None and record.owner is not None:
         with contextlib.suppress(UnknownSubscription, NotOwner):  # removed by its owner meanwhile
             await threads.write(store.remove_subscription, record.sub_id, record.owner)
     if not await threads.write(store.release_quarantined, record.offset):

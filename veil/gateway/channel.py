@@ -5,15 +5,16 @@ broker pushes to it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from veil.protocol import ProtocolError
 
 Send = Callable[[list[bytes]], Awaitable[None]]
 """Send frames (delivery lines or messages) in order, waiting while the client is slow to take them."""
-Close = Callable[[bytes | None], Awaitable[None]]
+Close = Callable[[bytes | None], Coroutine[Any, Any, None]]
 """Close the connection, after sending an error document when one is given."""
-Receive = Callable[[], Awaitable[bytes | str | None]]
+Receive = Callable[[], Coroutine[Any, Any, bytes | str | None]]
 """The client's next message, or None when the client is done."""
 
 CLOSE_WAIT = 5.0  # seconds a closed connection's client has to take more of what was written before it is cut

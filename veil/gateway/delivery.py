@@ -296,7 +296,8 @@ class DeliveryHub:
         go of them at once, and are told why in the background, one task and one write each (a client
         that does not read could hold up the attach; nothing may attach meanwhile). False for an id
         whose connection here is of a newer subscription."""
-        kept, endings = [], {}
+        kept: list[bool] = []
+        endings: dict[int, tuple[Session | Bundle, list[tuple[str, bytes | None]]]] = {}
         for sub_id, number in zip(sub_ids, numbers, strict=True):
             previous = self.holders.get(sub_id)
             held = -1 if previous is None else previous.number_of(sub_id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -58,13 +59,14 @@ def _too_many(exc: TooMany) -> Answer:
     return ProtocolError(exc.what, problem, 429), None
 
 
-ANSWERS: dict[type[Exception], Callable[[Exception], Answer]] = {
-    ProtocolError: lambda exc: (exc, None),  # type: ignore[dict-item]
-    Overloaded: _overloaded,  # type: ignore[dict-item]
-    StoreUnavailable: _unavailable,  # type: ignore[dict-item]
-    NotOwner: _not_owner,  # type: ignore[dict-item]
-    StaleRegistry: lambda exc: (stale(exc.current, exc.base), None),  # type: ignore[attr-defined]
-    TooMany: _too_many,  # type: ignore[dict-item]
+# each answer takes the exception type it is listed under (Any: a mapping cannot say so per entry)
+ANSWERS: dict[type[Exception], Callable[[Any], Answer]] = {
+    ProtocolError: lambda exc: (exc, None),
+    Overloaded: _overloaded,
+    StoreUnavailable: _unavailable,
+    NotOwner: _not_owner,
+    StaleRegistry: lambda exc: (stale(exc.current, exc.base), None),
+    TooMany: _too_many,
     UnknownSubscription: lambda exc: (unknown("subscription"), None),
     UnknownAnnouncement: lambda exc: (unknown("announcement"), None),
     UnknownPublication: lambda exc: (unknown("publication"), None),
@@ -125,7 +127,7 @@ def _answer(request: web.Request, exc: Exception) -> web.Response:
 
 
 @web.middleware
-async def errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):  # type: ignore[no-untyped-def]
+async def errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
     """While a request is being handled its connection is not a waiting one; between requests a
     keep-alive connection counts as waiting again (untimed: the keep-alive timer closes it), so that
     the bound on waiting connections also covers those that send one request and idle."""

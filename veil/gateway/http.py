@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, TypeVarTuple
 
 from aiohttp import web
 
@@ -21,6 +21,7 @@ PUBLIC_ROUTES = frozenset({"/health", "/ready", "/metrics", "/openapi.json", "/d
 UNLOOKED = PUBLIC_ROUTES | frozenset({"/publish"})
 PARSE_OFF_LOOP = 64 * 1024  # bodies larger than this are parsed on a thread, so the loop serves others meanwhile
 T = TypeVar("T")
+Args = TypeVarTuple("Args")  # the arguments of the work handed to the parsing thread, checked
 
 
 @web.middleware
@@ -77,12 +78,12 @@ async def body_of(gateway: Gateway, request: web.Request) -> bytes:
         raise ProtocolError("body", f"not received within {timeout:g} s", 408) from None
 
 
-async def parsed(gateway: Gateway, raw: bytes, parse: Callable[..., T], *args: object) -> T:
+async def parsed(gateway: Gateway, raw: bytes, parse: Callable[[bytes, *Args], T], *args: *Args) -> T:
     """`parse(raw, *args)`, on the parsing thread when the body is large."""
     return await sized(gateway, len(raw), parse, raw, *args)
 
 
-async def sized(gateway: Gateway, size: int, work: Callable[..., T], *args: object) -> T:
+async def sized(gateway: Gateway, size: int, work: Callable[[*Args], T], *args: *Args) -> T:
     """`work(*args)`, on the parsing thread when it works on a request body of `size` bytes that is
     large: what takes time in proportion to a body a client chose is kept off the event loop."""
     if size <= PARSE_OFF_LOOP:

@@ -42,7 +42,8 @@ class PipelineProcess:
             self.process.stdin.write(written)
             self.process.stdin.close()
             self.exited = None
-            relay = asyncio.create_task(self._relay(self.process.stderr))  # type: ignore[arg-type]
+            assert self.process.stderr is not None  # started with stderr=PIPE
+            relay = asyncio.create_task(self._relay(self.process.stderr))
             code = await self.process.wait()
             await relay
             self.exited = code

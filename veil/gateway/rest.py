@@ -108,9 +108,9 @@ async def _publish(request: web.Request, gateway: Gateway, registry: int | None)
         offsets = await gateway.ingest.append(batch, registry)
         gateway.metrics.publications.inc(len(offsets))
         return json_response({"ids": [str(o) for o in offsets]})
-    routed = await parsed(gateway, raw, parse_publication, limits)
-    admit_publications(gateway.registry.current, principal, [routed], batch=False)
-    body = routed.body
+    one = await parsed(gateway, raw, parse_publication, limits)
+    admit_publications(gateway.registry.current, principal, [one], batch=False)
+    body = one.body
     key_id = None
     if signature is not None:
         if body != raw:

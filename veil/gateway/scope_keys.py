@@ -25,6 +25,7 @@ served only to the scope's current members.
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 from aiohttp import web
 
@@ -137,13 +138,14 @@ async def envelope(request: web.Request) -> web.Response:
     return json_response({**body, **stored.signed.document()})
 
 
-def keep_scope_keys(stored: dict, document: dict) -> None:
+def keep_scope_keys(stored: dict[str, Any], document: dict[str, Any]) -> None:
     """An administrator's registry `document` keeps the scope keys of the `stored` one as they are:
     a scope's keys left out are carried over, and keys that differ are refused (403), so that no
     administrator installs an envelope or a roster (clients would refuse an unsigned one, but a
     broker that serves it stops a scope's sealed traffic)."""
     scopes = document.get("scopes")
-    held = stored.get("scopes") if isinstance(stored.get("scopes"), dict) else {}
+    kept = stored.get("scopes")
+    held: dict[str, Any] = kept if isinstance(kept, dict) else {}
     if not isinstance(scopes, dict):
         return  # no scopes, or not an object: parsing names the mistake
     for name, entry in scopes.items():

@@ -104,12 +104,13 @@ class Broker:
         await self.prepare()
         gateway, config = self.gateway, self.config
         context = None
-        if config.tls:
+        certificate, private_key = config.certificate, config.private_key  # both or neither (Config checks)
+        if certificate is not None and private_key is not None:
             context = server_context(
-                config.certificate,
-                config.private_key,
+                certificate,
+                private_key,
                 config.client_ca,
-                config.client_cert == "required",  # type: ignore[arg-type]
+                config.client_cert == "required",
             )
         loop = asyncio.get_running_loop()
         for app, port in ((create_app(gateway), config.port), (create_ws_app(gateway), config.ws)):

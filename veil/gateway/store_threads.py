@@ -10,11 +10,12 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import TypeVar, TypeVarTuple, Unpack
 
 from veil.store import GatewayStore, StoreUnavailable
 
 T = TypeVar("T")
+Args = TypeVarTuple("Args")  # a store call's arguments, checked against its signature
 
 
 class StoreThreads:
@@ -26,7 +27,7 @@ class StoreThreads:
         self._head = ThreadPoolExecutor(1, thread_name_prefix="store-head")
         self.failure: tuple[float, str] | None = None  # (monotonic time, error) of the last failed write
 
-    async def write(self, call: Callable[..., T], *args: object) -> T:
+    async def write(self, call: Callable[[Unpack[Args]], T], *args: *Args) -> T:
         """Run a write; a StoreUnavailable is remembered for /health as well as raised."""
         try:
             return await asyncio.get_running_loop().run_in_executor(self._writer, call, *args)
@@ -34,13 +35,13 @@ class StoreThreads:
             self.failure = (time.monotonic(), str(exc))
             raise
 
-    async def read(self, call: Callable[..., T], *args: object) -> T:
+    async def read(self, call: Callable[[Unpack[Args]], T], *args: *Args) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._reader, call, *args)
 
-    async def head(self, call: Callable[..., T], *args: object) -> T:
+    async def head(self, call: Callable[[Unpack[Args]], T], *args: *Args) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._head, call, *args)
 
-    async def wait(self, call: Callable[..., T], *args: object) -> T:
+    async def wait(self, call: Callable[[Unpack[Args]], T], *args: *Args) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._waiter, call, *args)
 
     def close(self) -> None:

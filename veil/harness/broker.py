@@ -12,9 +12,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from typing import Any
 
 READY_TIMEOUT = 180.0
-OPEN_REGISTRY = {"rules": {"*": [[]]}, "announce": {"*": [[]]}}
+OPEN_REGISTRY: dict[str, Any] = {"rules": {"*": [[]]}, "announce": {"*": [[]]}}
 _children: list[subprocess.Popen] = []  # every broker started here, killed at exit if still running
 
 

@@ -69,7 +69,7 @@ class PostgresServer:
 
     def _run(self, program: str, *args: str) -> None:
         subprocess.run(
-            [*self._as, os.path.join(self.bin, program), *args],  # type: ignore[arg-type]
+            [*self._as, os.path.join(self.bin, program), *args],  # type: ignore[arg-type]  # all strings
             check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=START_TIMEOUT + 30,
         )  # fmt: skip
 

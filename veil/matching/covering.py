@@ -51,10 +51,10 @@ def _negations(constraint: Predicate) -> list[list[Predicate]]:
     if op in _NEGATION:
         return [[Predicate(key, _NEGATION[op], value)]]
     if op == "between":
-        low, high = value  # type: ignore[misc]
+        low, high = value
         return [[Predicate(key, "lt", low)], [Predicate(key, "gt", high)]]
     if op == "in":
-        return [[Predicate(key, "ne", v) for v in value]]  # type: ignore[union-attr]
+        return [[Predicate(key, "ne", v) for v in value]]
     raise ValueError(f"unknown operator {op!r}")
 
 
@@ -71,9 +71,9 @@ def _textual_implied(constraint: Predicate, group: list[Predicate]) -> bool:
     op, pattern = constraint.op, constraint.value
     for p in group:
         values = [p.value] if p.op == "eq" else p.value if p.op == "in" else None
-        if values is not None and all(evaluate(op, pattern, v) for v in values):  # type: ignore[union-attr]
+        if values is not None and all(evaluate(op, pattern, v) for v in values):
             return True
-        if p.op in TEXTUAL and isinstance(p.value, str) and _entails(p.op, p.value, op, pattern):  # type: ignore[arg-type]
+        if p.op in TEXTUAL and isinstance(p.value, str) and _entails(p.op, p.value, op, pattern):
             return True
     return False
 

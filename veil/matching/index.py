@@ -20,8 +20,10 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from veil.matching.predicates import Predicate, matches, value_class
 
@@ -56,8 +58,8 @@ def _exact(value: object) -> bool:
 class _Column:
     """An append-only numpy column with amortised O(1) appends."""
 
-    def __init__(self, dtype: type | str) -> None:
-        self.data = np.empty(256, dtype)
+    def __init__(self, dtype: npt.DTypeLike) -> None:
+        self.data: np.ndarray = np.empty(256, dtype)
         self.size = 0
 
     def append(self, value: object) -> None:
@@ -77,9 +79,9 @@ class _Bounds:
     def __init__(self, op: int, dtype: type) -> None:
         self.op = op
         self.dtype = dtype
-        self.values = np.empty(0, dtype)
-        self.slots = np.empty(0, np.int64)
-        self.new_values: list = []
+        self.values: np.ndarray = np.empty(0, dtype)
+        self.slots: np.ndarray = np.empty(0, np.int64)
+        self.new_values: list[Any] = []
         self.new_slots: list[int] = []
 
     def add(self, value: object, slot: int) -> None:
@@ -110,7 +112,7 @@ class _Bounds:
         picks = np.repeat(starts - offsets, counts) + np.arange(total)
         pair_pubs, pair_slots = np.repeat(pubs, counts), self.slots[picks]
         if self.new_values:
-            fresh = np.array(self.new_values, self.dtype)
+            fresh: np.ndarray = np.array(self.new_values, self.dtype)
             hit = _compare(self.op, values[:, None], fresh[None, :])
             rows, cols = np.nonzero(hit)
             pair_pubs = np.concatenate([pair_pubs, pubs[rows]])
@@ -167,7 +169,7 @@ class SubscriptionIndex:
         return sub_id in self._slots
 
     # --- updates ----------------------------------------------------------------------------
-    def add(self, sub_id: str, predicates: Iterable[Sequence], number: int = -1) -> None:
+    def add(self, sub_id: str, predicates: Iterable[Sequence[Any]], number: int = -1) -> None:
         """Store a subscription; an existing one with the same id is replaced. `number` is the caller's
         integer name for it, which `numbers` returns for slots without a Python object per match."""
         self.remove(sub_id)
@@ -195,11 +197,11 @@ class SubscriptionIndex:
         live = [
             (s, p, n)
             for s, p, n in zip(self._sub_ids, self._predicates, self._number.view.tolist(), strict=True)
-            if s is not None
+            if s is not None and p is not None
         ]
         self._clear()
         for sub_id, predicates, number in live:
-            self.add(sub_id, predicates, number)  # type: ignore[arg-type]
+            self.add(sub_id, predicates, number)
 
     def _file(self, slot: int, predicates: list[Predicate]) -> None:
         self._start.append(len(self._op))
@@ -217,13 +219,13 @@ class SubscriptionIndex:
         if op == "eq":
             self._equal[key_id].setdefault((_class_code(value), value), []).append(slot)
         elif op == "in":
-            for v in value:  # type: ignore[union-attr]
+            for v in value:
                 self._equal[key_id].setdefault((_class_code(v), v), []).append(slot)
         elif op == "starts_with":
-            self._prefix[key_id].setdefault(value, []).append(slot)  # type: ignore[arg-type]
-            self._prefix_lengths[key_id].add(len(value))  # type: ignore[arg-type]
+            self._prefix[key_id].setdefault(value, []).append(slot)
+            self._prefix_lengths[key_id].add(len(value))
         elif op in ("gt", "ge", "lt", "le", "between"):
-            bound = value[0] if op == "between" else value  # type: ignore[index]
+            bound = value[0] if op == "between" else value
             cls = _class_code(bound)
             code = OP_CODES[op]
             bounds = self._bounds.get((key_id, code, cls))
@@ -242,25 +244,25 @@ class SubscriptionIndex:
             op = predicate.op
             if op in ("eq", "in"):
                 distinct = len(self._equal.get(self._key_ids[predicate.key], ()))
-                share = (len(predicate.value) if op == "in" else 1) / (distinct + 1)  # type: ignore[arg-type]
+                share = (len(predicate.value) if op == "in" else 1) / (distinct + 1)
             else:
                 share = ACCESS_SHARE.get(op, 1.0)
             if share < best_share:
                 best, best_share = predicate, share
         return best
 
-    def _append_predicate(self, key: str, op: str, value: object) -> None:
+    def _append_predicate(self, key: str, op: str, value: Any) -> None:
         key_id = self._key_ids.setdefault(key, len(self._key_ids))
         code = OP_CODES[op]
-        first = value[0] if op in ("between", "in") else value  # type: ignore[index]
-        second = value[1] if op == "between" else None  # type: ignore[index]
+        first = value[0] if op in ("between", "in") else value
+        second = value[1] if op == "between" else None
         cls = -1 if op == "exists" else _class_code(first)
         low, high, token, kind = -np.inf, np.inf, -1, CHECK_PYTHON
         if op == "exists":
             kind = CHECK_PRESENT
         elif cls == NUMBER and code in (EQ, NE, GT, GE, LT, LE, BETWEEN) and _exact(first) and _exact(second):
             kind = CHECK_INTERVAL
-            t = float(first)  # type: ignore[arg-type]
+            t = float(first)
             if code in (EQ, NE):
                 low = high = t
             elif code in (GT, GE):
@@ -268,13 +270,14 @@ class SubscriptionIndex:
             elif code in (LT, LE):
                 high = np.nextafter(t, -np.inf) if code == LT else t
             else:
-                low, high = t, float(second)  # type: ignore[arg-type]
+                assert second is not None  # between has two bounds
+                low, high = t, float(second)
         elif cls in (STRING, BOOL) and code in (EQ, NE):
             kind = CHECK_TOKEN
             token = self._tokens.setdefault((cls, first), len(self._tokens))
         self._table.append((key_id, kind, cls, code == NE, token, low, high))
         self._op.append(code)
-        self._obj.append(frozenset(value) if op == "in" else first)  # type: ignore[arg-type]
+        self._obj.append(frozenset(value) if op == "in" else first)
         self._obj2.append(second)
 
     # --- matching ---------------------------------------------------------------------------
@@ -287,7 +290,7 @@ class SubscriptionIndex:
         pubs, slots = self.match_pairs(publications)
         sub_ids = self._sub_ids
         for pub, slot in zip(pubs.tolist(), slots.tolist(), strict=True):
-            out[pub].append(sub_ids[slot])  # type: ignore[arg-type]
+            out[pub].append(sub_ids[slot])
         return out
 
     def match_pairs(self, publications: Sequence[Mapping[str, object]]) -> tuple[np.ndarray, np.ndarray]:
@@ -312,10 +315,14 @@ class SubscriptionIndex:
         return np.concatenate(found_pubs), np.concatenate(found_slots)
 
     def sub_id(self, slot: int) -> str:
-        return self._sub_ids[slot]  # type: ignore[return-value]
+        """The id of a live slot (a slot's id goes when its subscription is removed)."""
+        sub_id = self._sub_ids[slot]
+        assert sub_id is not None, f"slot {slot} is not live"
+        return sub_id
 
     def numbers(self, slots: np.ndarray) -> np.ndarray:
-        return self._number.view[slots]
+        numbers: np.ndarray = self._number.view[slots]
+        return numbers
 
     def _candidates(self, batch: _Batch) -> tuple[np.ndarray, np.ndarray]:
         pubs: list[np.ndarray] = []
@@ -336,7 +343,7 @@ class SubscriptionIndex:
             if cls == STRING and key_id in self._prefix:
                 prefixes = self._prefix[key_id]
                 for length in self._prefix_lengths[key_id]:
-                    found = prefixes.get(value[:length]) if length <= len(value) else None  # type: ignore[index]
+                    found = prefixes.get(value[:length]) if length <= len(value) else None
                     if found:
                         equal_pubs.extend([pub] * len(found))
                         equal_slots.extend(found)
@@ -406,34 +413,36 @@ class SubscriptionIndex:
             else:
                 candidates = inexact_subs
             for slot in candidates:
-                if matches(self._predicates[slot], publications[pub]):  # type: ignore[arg-type]
+                predicates = self._predicates[slot]
+                if predicates is not None and matches(predicates, publications[pub]):
                     pubs.append(pub)
                     slots.append(slot)
         return pubs, slots
 
 
-def _holds(op: int, target: object, second: object, value: object) -> bool:
+def _holds(op: int, target: Any, second: Any, value: Any) -> bool:
+    """A check the columns cannot make (text operators, `in` over strings): JSON values of one class."""
     if op == EQ:
-        return value == target
+        return bool(value == target)
     if op == NE:
-        return value != target
+        return bool(value != target)
     if op == GT:
-        return value > target  # type: ignore[operator]
+        return bool(value > target)
     if op == GE:
-        return value >= target  # type: ignore[operator]
+        return bool(value >= target)
     if op == LT:
-        return value < target  # type: ignore[operator]
+        return bool(value < target)
     if op == LE:
-        return value <= target  # type: ignore[operator]
+        return bool(value <= target)
     if op == BETWEEN:
-        return target <= value <= second  # type: ignore[operator]
+        return bool(target <= value <= second)
     if op == IN:
-        return value in target  # type: ignore[operator]
+        return value in target
     if op == CONTAINS:
-        return target in value  # type: ignore[operator]
+        return target in value
     if op == STARTS_WITH:
-        return value.startswith(target)  # type: ignore[union-attr]
-    return value.endswith(target)  # type: ignore[union-attr]
+        return bool(value.startswith(target))
+    return bool(value.endswith(target))
 
 
 class _Batch:
@@ -446,7 +455,7 @@ class _Batch:
         key_ids: dict[str, int],
         tokens: dict[tuple[int, object], int],
     ) -> None:
-        self.items: list[tuple[int, int, int, object]] = []
+        self.items: list[tuple[int, int, int, Any]] = []  # (publication, key, class, JSON value)
         self.inexact_pubs: set[int] = set()
         columns: dict[int, int] = {}
         by_key: dict[tuple[int, int], tuple[list[int], list[object]]] = {}
@@ -459,7 +468,7 @@ class _Batch:
                 if key_id is None:
                     continue
                 cls = class_of[type(value)]
-                if cls == NUMBER and type(value) is int and not -EXACT_LIMIT <= value <= EXACT_LIMIT:  # type: ignore[operator]
+                if cls == NUMBER and type(value) is int and not -EXACT_LIMIT <= value <= EXACT_LIMIT:
                     self.inexact_pubs.add(pub)
                 column = columns.get(key_id)
                 if column is None:

@@ -8,13 +8,13 @@ on a missing key, or on a value of another class, is false.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Predicate(NamedTuple):
     key: str
     op: str
-    value: object
+    value: Any  # a JSON scalar, a list of them (between, in) or None (exists): checked by the protocol
 
 
 def value_class(value: object) -> str:
@@ -27,44 +27,46 @@ def value_class(value: object) -> str:
     return "other"
 
 
-def predicate_class(op: str, value: object) -> str | None:
+def predicate_class(op: str, value: Any) -> str | None:
     """The class of value a predicate can be true for; None for the wildcard (any value)."""
     if op == "exists":
         return None
     if op in ("between", "in"):
-        return value_class(value[0])  # type: ignore[index]
+        return value_class(value[0])
     return value_class(value)
 
 
-def evaluate(op: str, target: object, value: object) -> bool:
+def evaluate(op: str, target: Any, value: Any) -> bool:
+    """`target` and `value` are JSON values (Any: the protocol checked the target's type against the
+    operator, and the classes are compared here before any ordering)."""
     if op == "exists":
         return True
     cls = value_class(value)
     if cls != predicate_class(op, target):
         return False
     if op == "eq":
-        return value == target
+        return bool(value == target)
     if op == "ne":
-        return value != target
+        return bool(value != target)
     if op == "gt":
-        return value > target  # type: ignore[operator]
+        return bool(value > target)
     if op == "ge":
-        return value >= target  # type: ignore[operator]
+        return bool(value >= target)
     if op == "lt":
-        return value < target  # type: ignore[operator]
+        return bool(value < target)
     if op == "le":
-        return value <= target  # type: ignore[operator]
+        return bool(value <= target)
     if op == "between":
-        low, high = target  # type: ignore[misc]
-        return low <= value <= high
+        low, high = target
+        return bool(low <= value <= high)
     if op == "in":
-        return value in target  # type: ignore[operator]
+        return value in target
     if op == "contains":
-        return target in value  # type: ignore[operator]
+        return target in value
     if op == "starts_with":
-        return value.startswith(target)  # type: ignore[union-attr]
+        return bool(value.startswith(target))
     if op == "ends_with":
-        return value.endswith(target)  # type: ignore[union-attr]
+        return bool(value.endswith(target))
     raise ValueError(f"unknown operator {op!r}")
 
 

@@ -8,6 +8,7 @@ too), and a single-point interval is tested as a candidate.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from veil.matching.predicates import Predicate, evaluate, predicate_class
 
@@ -34,7 +35,9 @@ def _check_key(key: str, group: list[Predicate]) -> None:
         raise Unsatisfiable(key, f"they need values of different types ({', '.join(sorted(map(str, classes)))})")
     if not typed:
         return
-    candidates = _finite_candidates(typed, classes.pop())
+    (cls,) = classes
+    assert cls is not None  # only `exists` has no class, and it is not among `typed`
+    candidates = _finite_candidates(typed, cls)
     low, high = _interval(typed)
     if candidates is None:
         if _empty(low, high):
@@ -47,7 +50,7 @@ def _check_key(key: str, group: list[Predicate]) -> None:
         raise Unsatisfiable(key, "no value satisfies all of them")
 
 
-def _any_satisfies(typed: list[Predicate], candidates: list, low: Bound, high: Bound) -> bool:
+def _any_satisfies(typed: list[Predicate], candidates: list[Any], low: Bound, high: Bound) -> bool:
     """Whether some candidate satisfies every constraint. All of them share one class of values, so
     (in)equalities are set look-ups and the ordering constraints one interval test: a hostile
     subscription of thousands of constraints on thousands of `in` values costs their sum, not their
@@ -58,32 +61,32 @@ def _any_satisfies(typed: list[Predicate], candidates: list, low: Bound, high: B
         if not found:
             break
         if p.op in ("eq", "in"):
-            allowed = {p.value} if p.op == "eq" else set(p.value)  # type: ignore[arg-type]
+            allowed = {p.value} if p.op == "eq" else set(p.value)
             found = [v for v in found if v in allowed]
         elif p.op in ("contains", "starts_with", "ends_with"):
             found = [v for v in found if evaluate(p.op, p.value, v)]
     return bool(found)
 
 
-def _inside(value: object, low: Bound, high: Bound) -> bool:
-    if low is not None and (value < low[0] or (value == low[0] and not low[1])):  # type: ignore[operator]
+def _inside(value: Any, low: Bound, high: Bound) -> bool:
+    if low is not None and (value < low[0] or (value == low[0] and not low[1])):
         return False
-    return high is None or value < high[0] or (value == high[0] and high[1])  # type: ignore[operator]
+    return high is None or bool(value < high[0] or (value == high[0] and high[1]))
 
 
-def _finite_candidates(typed: list[Predicate], cls: str) -> list | None:
+def _finite_candidates(typed: list[Predicate], cls: str) -> list[Any] | None:
     if cls == "bool":
         return [True, False]
-    found: list | None = None
+    found: list[Any] | None = None
     for p in typed:
         values = [p.value] if p.op == "eq" else p.value if p.op == "in" else None
         if values is not None:  # one class of values per key: a set's equality is the list's, in linear time
-            allowed = set(values)  # type: ignore[arg-type]
-            found = list(values) if found is None else [v for v in found if v in allowed]  # type: ignore[arg-type]
+            allowed = set(values)
+            found = list(values) if found is None else [v for v in found if v in allowed]
     return found
 
 
-Bound = tuple[object, bool] | None  # (value, inclusive)
+Bound = tuple[Any, bool] | None  # (value, inclusive): numbers or strings, one class per key
 
 
 def _interval(typed: list[Predicate]) -> tuple[Bound, Bound]:
@@ -95,23 +98,23 @@ def _interval(typed: list[Predicate]) -> tuple[Bound, Bound]:
         elif p.op in ("lt", "le"):
             high = _tighter(high, (p.value, p.op == "le"), lower=False)
         elif p.op == "between":
-            low = _tighter(low, (p.value[0], True), lower=True)  # type: ignore[index]
-            high = _tighter(high, (p.value[1], True), lower=False)  # type: ignore[index]
+            low = _tighter(low, (p.value[0], True), lower=True)
+            high = _tighter(high, (p.value[1], True), lower=False)
         elif p.op == "starts_with":
             low = _tighter(low, (p.value, True), lower=True)
-            successor = _prefix_successor(p.value)  # type: ignore[arg-type]
+            successor = _prefix_successor(p.value)
             if successor is not None:
                 high = _tighter(high, (successor, False), lower=False)
     return low, high
 
 
-def _tighter(current: Bound, new: Bound, lower: bool) -> Bound:
+def _tighter(current: Bound, new: tuple[Any, bool], lower: bool) -> Bound:
     if current is None:
         return new
-    (cv, ci), (nv, ni) = current, new  # type: ignore[misc]
+    (cv, ci), (nv, ni) = current, new
     if cv == nv:
         return (cv, ci and ni)
-    return new if (nv > cv) == lower else current  # type: ignore[operator]
+    return new if (nv > cv) == lower else current
 
 
 def _empty(low: Bound, high: Bound) -> bool:
@@ -120,7 +123,7 @@ def _empty(low: Bound, high: Bound) -> bool:
     if low is None or high is None:
         return False
     (lv, li), (hv, hi) = low, high
-    return lv > hv or (lv == hv and not (li and hi))  # type: ignore[operator]
+    return bool(lv > hv or (lv == hv and not (li and hi)))
 
 
 def _prefix_successor(prefix: str) -> str | None:

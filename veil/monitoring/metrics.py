@@ -31,14 +31,20 @@ STORE_FRESH = 1.0  # seconds the store's figures are reused for
 
 
 class Queued(Protocol):
-    queued: int  # bytes of delivery lines in memory
+    @property
+    def queued(self) -> int:
+        """Bytes of delivery lines in memory."""
+        ...
 
 
 class Hub(Protocol):
     """What /metrics reads of the gateway's delivery hub."""
 
-    quotas: Queued
-    latency: Histogram
+    @property
+    def quotas(self) -> Queued: ...
+
+    @property
+    def latency(self) -> Histogram: ...
 
     def queued(self) -> int: ...
 
@@ -71,7 +77,7 @@ class _Figures(Collector):
             ("veil_connections", "connections", "open delivery connections (TCP and WebSocket)"),
             ("veil_subscriptions_connected", "subscriptionsConnected", "subscriptions with a delivery connection"),
         ):
-            yield GaugeMetricFamily(name, text, value=float(report[key]))  # type: ignore[arg-type]
+            yield GaugeMetricFamily(name, text, value=float(report[key]))  # type: ignore[arg-type]  # these are counts
         dark = report["darkPartitions"]
         yield GaugeMetricFamily(
             "veil_pipeline_partitions_dark", "matcher partitions without a running task (the driver's view)",

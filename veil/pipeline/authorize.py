@@ -102,10 +102,10 @@ class Authorizer:
         self._rules: list[SubscriptionIndex] = []
         for user, rules in registry.rules.items():
             number = EVERYONE if user == ANYONE else user_number(user)
-            for i, rule in enumerate(rules):
+            for i, constraints in enumerate(rules):
                 if i // RULE_CHUNK == len(self._rules):
                     self._rules.append(SubscriptionIndex())
-                self._rules[i // RULE_CHUNK].add(f"{i}\x00{user}", rule, number)
+                self._rules[i // RULE_CHUNK].add(f"{i}\x00{user}", constraints, number)
         # the admins' policies and the publishers' own, each a condition of its own
         self._policies = [
             compiled

@@ -82,7 +82,7 @@ def isolate(
     that succeeded, in order, and the (position, error) of every single entry that failed alone."""
     result, error = attempt(seconds, lambda: work(start, end))
     if error is None:
-        return [(start, end, result)], []  # type: ignore[list-item]
+        return [(start, end, result)], []  # type: ignore[list-item]  # no error: `work` returned a T
     if end - start == 1:
         return [], [(start, error)]
     done: list[tuple[int, int, T]] = []

@@ -21,6 +21,7 @@ the round is processed as usual.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import orjson
@@ -52,7 +53,7 @@ def match_round(
     for entry in entries:
         clock = max(clock, entry.time or 0)
         if entry.kind == KIND_PUBLICATION:
-            run.add(entry.offset, entry.body, entry.client or "", clock)  # type: ignore[arg-type]
+            run.add(entry.offset, entry.body, entry.client or "", clock)  # type: ignore[arg-type]  # a publication has a body
             if len(run) >= RUN_LIMIT:
                 run.match(state, out, entry_timeout)
             continue
@@ -70,7 +71,7 @@ def match_round(
 def _apply(state: State, out: _Output, entry: LogEntry, valid: Valid, entry_timeout: float) -> None:
     """A subscription or registry change (`entry.time`: the clock of the log at it); one that fails
     (or runs past the bound) is set aside and leaves the subscription out (the registry as it was)."""
-    kind, sub_id, body = entry.kind, entry.sub_id, entry.body
+    kind, sub_id, body = entry.kind, entry.sub_id or "", entry.body
     unranked = False
 
     def change() -> None:
@@ -78,24 +79,26 @@ def _apply(state: State, out: _Output, entry: LogEntry, valid: Valid, entry_time
         if kind == KIND_REGISTRY:
             state.set_registry(body)
         elif kind == KIND_SUBSCRIBE:
-            FAULTS.check(body)  # type: ignore[arg-type]
-            number: int = entry.number  # type: ignore[assignment]
+            number, owner = entry.number, entry.client
+            if body is None or number is None or owner is None:
+                raise ValueError("a subscription entry without its body, number or owner")
+            FAULTS.check(body)
             try:
-                state.add(sub_id, number, entry.client, body)  # type: ignore[arg-type]
+                state.add(sub_id, number, owner, body)
             except Unranked:
                 unranked = True  # refused whole: nothing to rebuild the state for
                 raise
             if not state.is_stateful[number]:
-                out.initial(state, number, body, valid)  # type: ignore[arg-type]
+                out.initial(state, number, body, valid)
         else:
-            state.remove(sub_id)  # type: ignore[arg-type]
+            state.remove(sub_id)
 
     _, error = attempt(entry_timeout, change)
     if error is not None:
         state.suspect = state.suspect or not unranked
         if kind == KIND_SUBSCRIBE:
-            state.remove(sub_id)  # type: ignore[arg-type]
-        out.quarantine(Quarantined(entry.offset, kind, sub_id, entry.client, error))
+            state.remove(sub_id)
+        out.quarantine(Quarantined(entry.offset, kind, entry.sub_id, entry.client, error))
 
 
 class _Run:
@@ -128,7 +131,7 @@ class _Run:
             if documents[i] is None:
                 FAULTS.check(self.bodies[i])
                 documents[i] = flatten(orjson.loads(self.bodies[i]))
-        part: list[dict] = documents[lo:hi]  # type: ignore[assignment]
+        part: list[dict[str, Any]] = documents[lo:hi]  # type: ignore[assignment]  # all parsed just above
         pubs, slots = state.index.match_pairs(part)
         sub_nos = state.index.numbers(slots)
         keep, copies = state.authorizer.filter(

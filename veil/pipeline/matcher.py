@@ -98,7 +98,7 @@ class Matcher:
         matches the ranges it was given."""
         if entry.kind in (KIND_PUBLICATION, KIND_REGISTRY, KIND_TICK):
             return True
-        return self._routed_here(part)(entry.sub_id)  # type: ignore[arg-type]
+        return self._routed_here(part)(entry.sub_id or "")  # subscription entries name theirs
 
     def _routed_here(self, part: int) -> Callable[[str], bool]:
         """Whether a subscription id is held by partition `part`."""

@@ -17,7 +17,7 @@ Python worker already holds first, whichever worker Spark gave it.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -55,7 +55,7 @@ class EventLogSource(DataSource):
 
 
 class EpochReader(DataSourceStreamReader):
-    def __init__(self, options: dict) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.url = options["store"]
         self.partitions_n = int(options.get("partitions", "1"))
         self.seconds = float(options.get("epochSeconds", "300"))

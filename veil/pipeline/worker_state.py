@@ -38,6 +38,7 @@ that preceded them in the log, whichever worker runs the task.
 from __future__ import annotations
 
 import gc
+import logging
 import math
 from collections.abc import Callable
 from typing import Literal
@@ -59,6 +60,7 @@ Key = tuple[str, int, int]  # (store URL, partitions, partition or 0 for all: `M
 Source = Literal["kept", "caught up", "built"]  # where a checked-out state came from
 
 _cache: dict[Key, tuple[State, int]] = {}
+log = logging.getLogger("veil.pipeline")
 
 
 class Unranked(ValueError):
@@ -116,10 +118,17 @@ class State:
             self.crops.pop(number, None)
 
     def load_states(self, store: PipelineStore) -> None:
-        """Put back the stateful subscriptions' states saved with the last recorded round."""
+        """Put back the stateful subscriptions' states saved with the last recorded round. A state
+        built at an offset before that round (a task retried after its round was recorded) may hold
+        a subscription replaced since by one of another kind under the same number: its saved state
+        does not fit, and the fresh one stays (that round's stateful part is not recorded again)."""
         for number, blob in store.subscription_states(list(self.stateful.values())).items():
             snapshot, crops = msgspec.msgpack.decode(blob)
-            self.kinds.restore(number, snapshot)
+            try:
+                self.kinds.restore(number, snapshot)
+            except (ValueError, TypeError, KeyError, IndexError):
+                log.warning("the saved state of subscription number %d is of another kind: it starts afresh", number)
+                continue
             if crops:
                 self.crops[number] = {int(pub): copy for pub, copy in crops.items()}
         self.kinds.touched.clear()

@@ -3,7 +3,7 @@ as a conjunction of constraints in the subscription language."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from veil.protocol.errors import ProtocolError
 from veil.protocol.limits import DEFAULT, Limits
@@ -29,7 +29,7 @@ def parse_revoke(raw: bytes) -> tuple[str | None, str]:
     return auth_hash_of(doc), announcement_id_of(doc, required=True)
 
 
-def announcement_id_of(doc: dict, required: bool) -> str:
+def announcement_id_of(doc: dict[str, Any], required: bool) -> str:
     ann_id = doc.get("announcementId")
     if ann_id is None or ann_id == "":
         if required:

@@ -15,6 +15,7 @@ Such documents, nearly all publications, take orjson; the rest take the library.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import orjson
 import rfc8785
@@ -23,7 +24,7 @@ SAFE_INTEGER = 2**53 - 1
 ASTRAL = "\U00010000"
 
 
-def canonical(doc: object) -> bytes:
+def canonical(doc: Any) -> bytes:
     """ValueError (naming why) for what JSON cannot carry exactly: integers beyond 2^53, NaN."""
     if _orjson_writes_it(doc):
         try:

@@ -7,14 +7,16 @@ an array index. Here array indices are bracketed: {"a": {"b": [7, {"c": 1}]}} gi
 
 from __future__ import annotations
 
+from typing import Any
+
 from veil.protocol.values import Scalar
 
 
-def flatten(doc: dict) -> dict[str, Scalar]:
+def flatten(doc: dict[str, Any]) -> dict[str, Scalar]:
     """Without recursion: the pipeline must never fail on a document the gateway let through, and
     Python's recursion limit is lower than the nesting JSON parsers accept."""
     out: dict[str, Scalar] = {}
-    stack: list[tuple[str, object]] = list(reversed(doc.items()))
+    stack: list[tuple[str, Any]] = list(reversed(doc.items()))  # JSON: the leaves are scalars
     while stack:
         path, value = stack.pop()
         if isinstance(value, dict):
@@ -22,5 +24,5 @@ def flatten(doc: dict) -> dict[str, Scalar]:
         elif isinstance(value, list):
             stack.extend((f"{path}.[{i}]", value[i]) for i in range(len(value) - 1, -1, -1))
         elif value is not None:
-            out[path] = value  # type: ignore[assignment]
+            out[path] = value
     return out

@@ -16,7 +16,7 @@ subscription stopped.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from veil.protocol.announcements import announcement_id_of
 from veil.protocol.errors import ProtocolError
@@ -68,7 +68,7 @@ def parse_handshake(raw: bytes | str) -> Handshake:
     )  # fmt: skip
 
 
-def _resume_each(each: list, many: tuple[str, ...]) -> tuple[int | None, ...]:
+def _resume_each(each: list[Any], many: tuple[str, ...]) -> tuple[int | None, ...]:
     if len(each) != len(many):
         raise ProtocolError("resumeAfter", "one resume point (or null) per subscription of subscriptionIds")
     for i, seq in enumerate(each):
@@ -77,7 +77,7 @@ def _resume_each(each: list, many: tuple[str, ...]) -> tuple[int | None, ...]:
     return tuple(each)
 
 
-def _subscription_ids(doc: dict) -> tuple[str, ...]:
+def _subscription_ids(doc: dict[str, Any]) -> tuple[str, ...]:
     ids = doc.get("subscriptionIds")
     if ids is None:
         return ()
@@ -99,15 +99,15 @@ def parse_ack(raw: bytes | str) -> int:
     seq = doc.get("ack") if isinstance(doc, dict) else None
     if not _sequence(seq):
         raise ProtocolError("ack", 'expected {"ack": <sequence number>}')
-    return seq  # type: ignore[return-value]
+    return seq
 
 
-def _sequence(value: object) -> bool:
+def _sequence(value: object) -> TypeGuard[int]:
     """Sequence numbers are log offsets: signed 64-bit in every store."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT64_MAX
 
 
-def _flag(doc: dict, name: str) -> bool:
+def _flag(doc: dict[str, Any], name: str) -> bool:
     value = doc.get(name, False)
     if not isinstance(value, bool):
         raise ProtocolError(name, "not a boolean")

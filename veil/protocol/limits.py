@@ -10,7 +10,7 @@ Every check here is linear in the size of the request.
 from __future__ import annotations
 
 import json
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -64,18 +64,18 @@ def load_json(raw: bytes | str, field: str = "body", limits: Limits = DEFAULT, p
         # escape (\u003a), which only the exact, slower check can see through.
         colons = raw.count(b":") if isinstance(raw, bytes) else raw.count(":")
         if members and colons > members:
-            escaped = (b"\\u003" if isinstance(raw, bytes) else "\\u003") in raw
+            escaped = b"\\u003" in raw if isinstance(raw, bytes) else "\\u003" in raw
             if escaped or colons - _string_colons(doc) > members:
                 _refuse_duplicates(raw, field)
     return doc
 
 
-def measure(doc: dict | list, limits: Limits, field: str) -> tuple[int, int]:
+def measure(doc: dict[str, Any] | list[Any], limits: Limits, field: str) -> tuple[int, int]:
     """(object members, scalar leaves) of a document, without recursion (a hostile document is as
     deep as the parser allows) and failing at the first bound it passes."""
     members = leaves = 0
     max_depth, key_length = limits.depth, limits.key_length
-    stack: list[tuple[dict | list, int]] = [(doc, 1)]
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(doc, 1)]
     while stack:
         value, depth = stack.pop()
         if depth > max_depth:
@@ -98,10 +98,10 @@ def measure(doc: dict | list, limits: Limits, field: str) -> tuple[int, int]:
     return members, leaves
 
 
-def _string_colons(doc: dict | list) -> int:
+def _string_colons(doc: dict[str, Any] | list[Any]) -> int:
     """Colons in the keys and string values of a document (walked without recursion)."""
     count = 0
-    stack: list[dict | list] = [doc]
+    stack: list[dict[str, Any] | list[Any]] = [doc]
     while stack:
         value = stack.pop()
         items = value.items() if isinstance(value, dict) else enumerate(value)

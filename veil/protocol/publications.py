@@ -6,7 +6,7 @@ kept as published; defined and row forms become the equivalent JSON object with 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from veil.protocol.errors import ProtocolError
 from veil.protocol.limits import DEFAULT, INT64_MAX, Limits, dumps_kept, load_json
@@ -91,11 +91,11 @@ def _normalise(doc: object, raw: bytes, prefix: str) -> Routed:
     )
 
 
-def _from_entries(entries: list, field: str, typed: bool) -> dict:
+def _from_entries(entries: list[Any], field: str, typed: bool) -> dict[str, Any]:
     """Defined form (`typed`: `type` is honoured and inferred when missing) or row form."""
     if not entries:
         raise ProtocolError(field, "no attributes: give at least one {key, val}")
-    out: dict = {}
+    out: dict[str, Any] = {}
     for i, entry in enumerate(entries):
         where = f"{field}[{i}]"
         if not isinstance(entry, dict):

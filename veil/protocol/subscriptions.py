@@ -75,14 +75,14 @@ def parse_constraints(data: object, field: str, limits: Limits = DEFAULT) -> lis
         raise ProtocolError(field, "missing or not an array of constraints ([] matches everything)")
     if len(data) > limits.constraints:
         raise ProtocolError(field, f"{len(data)} constraints; at most {limits.constraints}", 413)
-    predicates: dict[tuple, tuple[str, str, object]] = {}
+    predicates: dict[tuple[Any, ...], tuple[str, str, object]] = {}
     for i, item in enumerate(data):
         predicate = parse_predicate(item, f"{field}[{i}]", limits)
         predicates.setdefault(_identity(predicate), predicate)
     return list(predicates.values())
 
 
-def _identity(predicate: tuple[str, str, object]) -> tuple:
+def _identity(predicate: tuple[str, str, object]) -> tuple[Any, ...]:
     """What makes two constraints the same: also the type of each value, since `1 == True == 1.0`."""
     key, op, value = predicate
     if isinstance(value, list):
@@ -148,7 +148,7 @@ def parse_unsubscribe(raw: bytes, limits: Limits = DEFAULT) -> UnsubscribeReques
     return UnsubscribeRequest(auth_hash_of(doc), subscription_id_of(doc, required=True))
 
 
-def auth_hash_of(doc: dict) -> str | None:
+def auth_hash_of(doc: dict[str, Any]) -> str | None:
     """The authHash a request names, if any (a client certificate or a token may prove it instead)."""
     auth = doc.get("authHash")
     if auth is not None and (not isinstance(auth, str) or not auth or len(auth) > MAX_CREDENTIAL_LENGTH):
@@ -156,7 +156,7 @@ def auth_hash_of(doc: dict) -> str | None:
     return auth
 
 
-def subscription_id_of(doc: dict, required: bool) -> str:
+def subscription_id_of(doc: dict[str, Any], required: bool) -> str:
     sub_id = doc.get("subscriptionId")
     if sub_id is None or sub_id == "":
         if required:
@@ -214,7 +214,7 @@ def _scalar(value: object, type_name: str | None, field: str) -> Scalar:
         return convert(value, type_name, field)
     if type_of(value) is None:
         raise ProtocolError(field, "must be an int, float, boolean or string")
-    return value  # type: ignore[return-value]
+    return value  # type: ignore[return-value]  # type_of said it is a Scalar
 
 
 def _class(type_name: str | None) -> str:
@@ -228,7 +228,7 @@ def _check_operator(op: str, type_name: str | None, where: str) -> None:
         raise ProtocolError(f"{where}.op", f"operator {op!r} applies to strings only, not {type_name}")
 
 
-def load_object(raw: bytes, limits: Limits = DEFAULT) -> dict:
+def load_object(raw: bytes, limits: Limits = DEFAULT) -> dict[str, Any]:
     doc = load_json(raw, "body", limits)
     if not isinstance(doc, dict):
         raise ProtocolError("body", "expected a JSON object")

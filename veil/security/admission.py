@@ -49,8 +49,8 @@ def check_key_version(registry: Registry, scope: str, version: int) -> None:
         raise ProtocolError(SEALED, f"scope {scope!r} has no key yet: its manager stores one first", 409)
     newest = max(keys)
     if version != newest:
-        problem = f"sealed under version {version} of scope {scope!r}'s key; the current one is {newest}"
-        raise ProtocolError(SEALED, problem, 409)
+        stale = f"sealed under version {version} of scope {scope!r}'s key; the current one is {newest}"
+        raise ProtocolError(SEALED, stale, 409)
     if scope not in registry.key_checks:  # once per registry version: a scope may have many members
         registry.key_checks[scope] = _holders_problem(registry, scope, newest)
     problem = registry.key_checks[scope]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from cryptography import x509
 
@@ -87,10 +88,10 @@ def from_certificate(der: bytes) -> Attributes:
     return parse_attributes(doc, "certificate.attributes")
 
 
-def from_claims(claims: dict) -> Attributes:
+def from_claims(claims: dict[str, Any]) -> Attributes:
     return parse_attributes(claims[CLAIM], f"token.{CLAIM}") if CLAIM in claims else NONE
 
 
-def extension(doc: dict) -> x509.UnrecognizedExtension:
+def extension(doc: dict[str, Any]) -> x509.UnrecognizedExtension:
     """The certificate extension stating `doc` (for a CA issuing attribute-bearing certificates)."""
     return x509.UnrecognizedExtension(OID, json.dumps(doc, separators=(",", ":")).encode())

@@ -35,7 +35,7 @@ def decide(
     """(may the subscriber receive it, the fields removed from its copy) for one matched pair; `scope`
     is the subscription's, `admitted` whether its owner's attributes admitted it there."""
     groups = registry.groups_of(subscriber)
-    origin = scope_of(attributes)  # type: ignore[arg-type]
+    origin = scope_of(attributes)
     origin = WORLD if origin is None else origin
     reach = registry.scopes.reach(origin, attributes) if isinstance(origin, str) else frozenset()
     if scope not in reach:

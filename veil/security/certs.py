@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -58,7 +59,7 @@ def _san(name: str) -> x509.GeneralName:
 
 
 def create(
-    directory: str, hostnames: list[str], clients: list[str], attributes: dict[str, dict] | None = None
+    directory: str, hostnames: list[str], clients: list[str], attributes: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, str]:
     """Write ca.pem, server.pem and client-NAME.pem (each with its -key.pem); returns the client
     names' fingerprints, which are their authHash values. `attributes` (client name -> what

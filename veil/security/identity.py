@@ -108,7 +108,7 @@ class TokenVerifier:
         if kid is None and len(self._keys.keys) == 1:
             return self._keys.keys[0]
         try:
-            return self._keys[kid]
+            return self._keys[kid if isinstance(kid, str) else ""]
         except KeyError:
             raise jwt.InvalidTokenError(f"no key {kid!r} in the identity provider's key set") from None
 

@@ -290,19 +290,19 @@ def _recipient(raw: object, where: str) -> bytes:
     return key
 
 
-def _only(entry: dict, allowed: set[str], where: str) -> None:
+def _only(entry: dict[str, Any], allowed: set[str], where: str) -> None:
     extra = sorted(set(entry) - allowed)
     if extra:
         raise ProtocolError(f"{where}.{extra[0]}", f"unknown field; use {sorted(allowed)}")
 
 
-def _mapping(doc: object, where: str) -> dict:
+def _mapping(doc: object, where: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ProtocolError(where, "an object")
     return doc
 
 
-def _list(doc: object, where: str) -> list:
+def _list(doc: object, where: str) -> list[Any]:
     if not isinstance(doc, list):
         raise ProtocolError(where, "a list")
     return doc

@@ -82,7 +82,7 @@ class RevocationList:
 
 def _signed_by(crl: x509.CertificateRevocationList, ca: x509.Certificate) -> bool:
     try:
-        return crl.is_signature_valid(ca.public_key())  # type: ignore[arg-type]
+        return crl.is_signature_valid(ca.public_key())  # type: ignore[arg-type]  # a key that cannot sign: below
     except TypeError:  # a key type that cannot sign a list
         return False
 

@@ -20,6 +20,7 @@ import binascii
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -54,7 +55,7 @@ class Roster:
     members: Mapping[str, bytes]  # member -> recipient public key
     envelopes: Mapping[str, bytes]  # member -> SHA-256 of its envelope
 
-    def document(self) -> dict:
+    def document(self) -> dict[str, Any]:
         return {
             "scope": self.scope, "version": self.version,
             "members": {m: _b64(k) for m, k in self.members.items()},
@@ -78,7 +79,7 @@ class SignedRoster:
     key_id: str
     signature: str  # base64
 
-    def document(self) -> dict:
+    def document(self) -> dict[str, Any]:
         return {"roster": self.roster.document(), "keyId": self.key_id, "signature": self.signature}
 
     def verified_by(self, keys: Mapping[str, bytes]) -> bool:

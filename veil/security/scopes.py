@@ -35,7 +35,7 @@ import base64
 import binascii
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from veil.matching import Predicate, matches
 from veil.protocol import ProtocolError
@@ -56,7 +56,7 @@ class KeyVersion(NamedTuple):
     def roster(self) -> Roster:
         return self.signed.roster
 
-    def document(self) -> dict:
+    def document(self) -> dict[str, Any]:
         envelopes = {m: base64.b64encode(e).decode() for m, e in self.envelopes.items()}
         return {**self.signed.document(), "envelopes": envelopes}
 

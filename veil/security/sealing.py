@@ -119,7 +119,7 @@ def sealed_version(sealed: bytes) -> int:
     """The scope key version a payload was sealed under: which key a member needs."""
     if len(sealed) < 4 + SALT_BYTES + 16:
         raise SealError("too short to be a sealed payload")
-    return struct.unpack(">I", sealed[:4])[0]
+    return int(struct.unpack(">I", sealed[:4])[0])
 
 
 def open_sealed(sealed: bytes, key: ScopeKey, associated: bytes = b"") -> bytes:

@@ -22,7 +22,9 @@ VALUE_BYTES = 66  # a field element, big-endian
 
 
 class Share(NamedTuple):
-    index: int  # the x at which the polynomial was evaluated, 1..n
+    # the x at which the polynomial was evaluated, 1..n; the scheme's name for it shadows tuple.index,
+    # which no share uses
+    index: int  # type: ignore[assignment]
     threshold: int  # k: how many shares reconstruct the secret
     value: int  # the polynomial at `index`
 

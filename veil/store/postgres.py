@@ -32,7 +32,7 @@ PIPELINE_LOCK = WRITE_LOCK + 1  # held by the one pipeline of the store
 FEED_CHANNEL = "veil_feed"
 # A host that vanishes (power, network) with a transaction open would hold the store's write lock
 # until TCP gives up (15 minutes and more): keepalives and a user timeout end its session in ~30 s
-CONNECTION = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+CONNECTION: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
               "tcp_user_timeout": 30_000}  # fmt: skip
 POOL_SIZE = 5  # connections per process: the gateway's reader, writer and registry-head threads, the hub's waits
 FAILURES = (psycopg.OperationalError,)  # lost connections, full disks, pool timeouts, shutdowns
@@ -193,7 +193,7 @@ class _Connection:
         self.conn = conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
-        return self.conn.execute(_placeholders(sql), params)  # type: ignore[return-value]
+        return self.conn.execute(_placeholders(sql), params)
 
     def executemany(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
         if params:
@@ -248,7 +248,8 @@ class PostgresStore(RelationalStore):
         return self._connection()
 
     def _ids(self, values: Sequence[int] | np.ndarray) -> list[int]:
-        return np.asarray(values, np.int64).tolist()
+        ids: list[int] = np.asarray(values, np.int64).tolist()
+        return ids
 
     def _names(self, values: Sequence[str]) -> list[str]:
         return list(values)
@@ -290,7 +291,8 @@ class PostgresStore(RelationalStore):
                 self._listener = psycopg.connect(self.url, autocommit=True, **CONNECTION)
                 self._listener.execute(f"LISTEN {FEED_CHANNEL}")
             listener = self._listener
-            if listener.execute(LAST_FEED_SEQ).fetchone()[0] > seq:  # type: ignore[index]
+            row = listener.execute(LAST_FEED_SEQ).fetchone()
+            if row is not None and row[0] > seq:
                 return True
             for _ in listener.notifies(timeout=timeout, stop_after=1):
                 return True
@@ -310,13 +312,14 @@ class PostgresStore(RelationalStore):
             connection = psycopg.connect(self.url, autocommit=True, **CONNECTION)
             held = False
             try:
-                held = connection.execute(f"SELECT pg_try_advisory_lock({PIPELINE_LOCK})").fetchone()[0]  # type: ignore[index]
+                row = connection.execute(f"SELECT pg_try_advisory_lock({PIPELINE_LOCK})").fetchone()
+                held = row is not None and bool(row[0])
             finally:
                 if not held:  # refused, or the query failed: the connection holds nothing
                     connection.close()
             if held:
                 self._pipeline = connection
-            return held
+            return bool(held)
         except FAILURES as exc:
             if self._pipeline is not None:
                 self._pipeline.close()

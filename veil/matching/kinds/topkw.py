@@ -59,7 +59,7 @@ class Skyband:
     def __len__(self) -> int:
         return len(self.ranks)
 
-    def state(self) -> list:
+    def state(self) -> list[Any]:
         """Everything the skyband holds, as plain lists (for a serializer); `restore` inverts it."""
         return [
             self.k, self.window, self.latest, [list(r) for r in self.ranks], self.seqs, self.counters,
@@ -67,7 +67,7 @@ class Skyband:
         ]  # fmt: skip
 
     @classmethod
-    def restore(cls, state: list) -> Skyband:
+    def restore(cls, state: list[Any]) -> Skyband:
         k, window, latest, ranks, seqs, counters, expires, delivered, arrivals = state
         band = cls(k, window)
         band.latest = latest
@@ -178,11 +178,11 @@ class Skyband:
         held = np.array([score for score, _ in self.ranks], np.float64)
         counters = np.array(self.counters, np.int64) + np.searchsorted(np.sort(scores), held, "right")
         keep_held = np.flatnonzero(counters < k).tolist()
-        columns = (self.ranks, self.seqs, self.counters, self.expires, self.delivered)
+        columns: tuple[list[Any], ...] = (self.ranks, self.seqs, self.counters, self.expires, self.delivered)
         kept = [[column[i] for i in keep_held] for column in columns]
         kept[2] = counters[keep_held].tolist()
         top = set(in_top)
-        new = [
+        new: list[list[Any]] = [
             [(values[j], -seqs[j]) for j in keep_new],
             [seqs[j] for j in keep_new],
             later,
@@ -233,7 +233,8 @@ class Skyband:
             self.arrivals = deque(held)
 
     def _move(self, source: int, target: int) -> None:
-        for column in (self.ranks, self.seqs, self.counters, self.expires, self.delivered):
+        columns: tuple[list[Any], ...] = (self.ranks, self.seqs, self.counters, self.expires, self.delivered)
+        for column in columns:
             column[target] = column[source]
 
     def _forget_dropped(self) -> None:

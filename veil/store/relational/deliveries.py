@@ -203,7 +203,7 @@ class DeliverySql(Dialect):
 
     def last_feed_seq(self) -> int:
         with self._read() as db:
-            return db.execute(LAST_FEED_SEQ).fetchone()[0]
+            return int(db.execute(LAST_FEED_SEQ).fetchone()[0])
 
     def record_round(self, done: Round) -> bool:
         sub_nos = np.asarray(done.sub_nos, np.int64)

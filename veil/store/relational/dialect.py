@@ -15,7 +15,8 @@ from veil.store.base import BATCH_BOUNDS_MS, EventStore, Publication, StoreUnava
 
 
 class Cursor(Protocol):
-    rowcount: int
+    @property
+    def rowcount(self) -> int: ...
 
     def fetchone(self) -> Any: ...
 
@@ -27,9 +28,9 @@ class Cursor(Protocol):
 class Db(Protocol):
     """A connection as the statements use it: DB-API `execute`/`executemany` with `?` placeholders."""
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor: ...
+    def execute(self, sql: str, params: Sequence[Any] = (), /) -> Cursor: ...
 
-    def executemany(self, sql: str, params: Sequence[Sequence[Any]]) -> Any: ...
+    def executemany(self, sql: str, params: Sequence[Sequence[Any]], /) -> Any: ...
 
 
 def status_value(name: str) -> str:

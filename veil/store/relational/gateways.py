@@ -37,9 +37,8 @@ class GatewaySql(Dialect):
 
     def fanned_out(self, alive_since: float) -> int:
         with self._read() as db:
-            return db.execute(
-                "SELECT COALESCE(MIN(fanned_out), 0) FROM gateways WHERE seen >= ?", (alive_since,)
-            ).fetchone()[0]
+            row = db.execute("SELECT COALESCE(MIN(fanned_out), 0) FROM gateways WHERE seen >= ?", (alive_since,))
+            return int(row.fetchone()[0])
 
     def leave(self, gateway: str, incarnation: str) -> None:
         with self._tx() as db:

@@ -78,7 +78,8 @@ class LogSql(Dialect):
 
     def announcement(self, ann_id: str) -> tuple[str, bytes] | None:
         with self._read() as db:
-            return db.execute("SELECT owner, body FROM announcements WHERE ann_id = ?", (ann_id,)).fetchone()
+            row = db.execute("SELECT owner, body FROM announcements WHERE ann_id = ?", (ann_id,)).fetchone()
+        return None if row is None else (row[0], bytes(row[1]))
 
     def cancel_publication(self, pub: int, publisher: str) -> int:
         with self._tx() as db:
@@ -172,7 +173,7 @@ class LogSql(Dialect):
         ).fetchone()
         if row is None:
             row = db.execute("INSERT INTO subscription_numbers(sub_id) VALUES (?) RETURNING no", (sub_id,)).fetchone()
-        return row[0]
+        return int(row[0])
 
     def remove_subscription(self, sub_id: str, owner: str) -> int:
         with self._tx() as db:
@@ -240,7 +241,7 @@ class LogSql(Dialect):
 
     def head_offset(self) -> int:
         with self._read() as db:
-            return db.execute('SELECT COALESCE(MAX("offset"), 0) FROM log').fetchone()[0]
+            return int(db.execute('SELECT COALESCE(MAX("offset"), 0) FROM log').fetchone()[0])
 
     def log_range(self, start: int, end: int, without: tuple[int, ...] = ()) -> list[LogEntry]:
         with self._read() as db:
@@ -277,10 +278,10 @@ class LogSql(Dialect):
 
 
 def _registry_version(db: Db) -> int:
-    return db.execute('SELECT COALESCE(MAX("offset"), 0) FROM registry').fetchone()[0]
+    return int(db.execute('SELECT COALESCE(MAX("offset"), 0) FROM registry').fetchone()[0])
 
 
 def append_entry(db: Db, columns: str, values: tuple[Any, ...]) -> int:
     """Append one log entry; returns its offset."""
     marks = ", ".join("?" * len(values))
-    return db.execute(f'INSERT INTO log({columns}) VALUES ({marks}) RETURNING "offset"', values).fetchone()[0]
+    return int(db.execute(f'INSERT INTO log({columns}) VALUES ({marks}) RETURNING "offset"', values).fetchone()[0])

@@ -44,7 +44,7 @@ class StatusSql(Dialect):
 
     def quarantine_count(self) -> int:
         with self._read() as db:
-            return db.execute("SELECT COUNT(*) FROM quarantine WHERE released IS NULL").fetchone()[0]
+            return int(db.execute("SELECT COUNT(*) FROM quarantine WHERE released IS NULL").fetchone()[0])
 
     def quarantined_at(self, offset: int) -> QuarantineRecord | None:
         with self._read() as db:
@@ -145,8 +145,9 @@ class StatusSql(Dialect):
                 for name in ("held", "due"):
                     least = get_status(db, name)
                     db.execute("DELETE FROM status WHERE name LIKE ?", (f"{name}.%",))
-                    for part in range(partitions) if least is not None else ():
-                        set_status(db, f"{name}.{part}", least)
+                    if least is not None:
+                        for part in range(partitions):
+                            set_status(db, f"{name}.{part}", least)
                     set_least(db, name, f"{name}.")
             # the claims of tasks that are gone: ranges are handed out again from the recorded progress
             db.execute(
@@ -220,9 +221,8 @@ class StatusSql(Dialect):
 
     def arrivals(self, epoch: int) -> int:
         with self._read() as db:
-            return db.execute(
-                "SELECT COUNT(*) FROM status WHERE name LIKE ? AND value = ?", ("arrived.%", epoch)
-            ).fetchone()[0]
+            row = db.execute("SELECT COUNT(*) FROM status WHERE name LIKE ? AND value = ?", ("arrived.%", epoch))
+            return int(row.fetchone()[0])
 
     def end_leases(self, parts: Sequence[int], epoch: int) -> None:
         with self._tx() as db:
