@@ -112,7 +112,7 @@ class Skyband:
         self.arrivals.append((time + self.window, seq, score))
         self._bound_arrivals()
         if not expiries_judged:
-            delivered += self._judge(time)
+            self._judge(time, delivered)
         elif in_top:
             delivered.append(Selected(seq, time))
         return delivered
@@ -214,16 +214,15 @@ class Skyband:
                     for column in (self.ranks, self.seqs, self.counters, self.expires, self.delivered):
                         del column[position]
             if judge:
-                delivered += self._judge(moment)
+                self._judge(moment, delivered)
 
-    def _judge(self, moment: float) -> list[Selected]:
-        """The top k not delivered yet, delivered at `moment`."""
-        judged = []
-        for i in range(min(self.k, len(self.delivered))):
-            if not self.delivered[i]:
-                self.delivered[i] = True
-                judged.append(Selected(self.seqs[i], moment))
-        return judged
+    def _judge(self, moment: float, delivered: list[Selected]) -> None:
+        """The top k not delivered yet are delivered at `moment` (appended to `delivered`)."""
+        flags = self.delivered
+        for i in range(min(self.k, len(flags))):
+            if not flags[i]:
+                flags[i] = True
+                delivered.append(Selected(self.seqs[i], moment))
 
     def _bound_arrivals(self) -> None:
         """Dropped publications linger in `arrivals` until they come up: rebuild it from what is
