@@ -1,6 +1,8 @@
 """Count windows (top-k of the last n) against their definition, evaluated by brute force."""
 
 
+from collections.abc import Callable
+
 import msgspec
 import numpy as np
 from hypothesis import given, settings
@@ -71,12 +73,19 @@ def test_count_windows_deliver_what_the_definition_does(case):
         assert set(engine.states[number].held()) <= set(window)  # nothing outside the window is kept
 
 
+def one_by_one(engine: KindStates, number: int) -> Callable[[int, int, float], list[Selected]]:
+    """Arrivals of single publications holding `v`, for subscription `number`."""
+
+    def arrive(seq: int, time: int, value: float) -> list[Selected]:
+        return engine.arrive(number, Arrivals([seq], [time], NumericColumns([{"v": value}]), np.arange(1), {}))
+
+    return arrive
+
+
 def test_a_better_one_leaving_the_window_promotes_the_next_at_the_arrival_that_pushed_it_out():
     engine = KindStates()
     engine.add(7, *engine.spec({"k": 1, "n": 2, "score": [{"key": "v", "prefer": "high"}]}))
-
-    def arrive(seq: int, time: int, value: float) -> list[Selected]:
-        return engine.arrive(7, Arrivals([seq], [time], NumericColumns([{"v": value}]), np.arange(1), {}))
+    arrive = one_by_one(engine, 7)
 
     assert arrive(1, 100, 9.0) == [Selected(1, 100)]
     assert arrive(2, 200, 5.0) == []  # 9 is still among the last 2
@@ -88,9 +97,7 @@ def test_a_window_that_stops_filling_lets_its_publications_go_after_the_longest_
     """Otherwise the oldest one held, and the log under it, would be kept for ever."""
     engine = KindStates()
     engine.add(7, *engine.spec({"k": 1, "n": 3, "score": [{"key": "v", "prefer": "high"}]}))
-
-    def arrive(seq: int, time: int, value: float) -> list[Selected]:
-        return engine.arrive(7, Arrivals([seq], [time], NumericColumns([{"v": value}]), np.arange(1), {}))
+    arrive = one_by_one(engine, 7)
 
     assert arrive(1, 0, 9.0) == [Selected(1, 0)]
     assert arrive(2, 10, 5.0) == []
