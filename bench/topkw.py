@@ -6,7 +6,12 @@ against the approach it replaces: keep the whole window and take its k best agai
 and expiry (heapq.nsmallest, which is cheaper than a full sort). Both must deliver the same readings
 at the same moments, which is checked on the readings the baseline gets through.
 
-    python -m bench.topkw [--k 1,10,100] [--windows 100,1000,10000,100000] [--plot docs/performance/topkw.png]
+`--scores worsening` is a hostile stream instead: each reading scores worse than the last, so none
+is ever outranked by a younger one and the skyband holds the whole window (what bounds the count
+window's `n`, `--max-window-count`).
+
+    python -m bench.topkw [--k 1,10,100] [--windows 100,1000,10000,100000] [--scores random|worsening]
+                          [--plot docs/performance/topkw.png]
 """
 
 from __future__ import annotations
@@ -70,14 +75,16 @@ def timed(matcher: Skyband | Resorting, scores: list[float], window: int) -> tup
     return (time.perf_counter() - started) / (done - window) * 1e6, delivered, done - 1
 
 
-def run(k: int, window: int, rng: random.Random) -> dict:
-    scores = [rng.random() for _ in range(window + 200_000)]
+def run(k: int, window: int, rng: random.Random, worsening: bool) -> dict:
+    stream = window + 202_000  # the last 2,000 only for the skyband's size
+    every = [float(seq) for seq in range(stream)] if worsening else [rng.random() for _ in range(stream)]
+    scores = every[:-2000]
     band = Skyband(k, window)
     filled = [d for seq in range(window) for d in band.arrive(seq, seq, scores[seq])]
     skyband_us, got, last = timed(band, scores, window)
     sizes = []
     for seq in range(last + 1, last + 2001):
-        got += band.arrive(seq, seq, rng.random())
+        got += band.arrive(seq, seq, every[seq])
         sizes.append(len(band))
     resorting = Resorting(k, window)
     resorting.fill(scores[:window], filled)
@@ -97,6 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--k", type=subscription_counts, default=[1, 10, 100])
     parser.add_argument("--windows", type=subscription_counts, default=[100, 1000, 10000, 100000])
+    parser.add_argument("--scores", choices=["random", "worsening"], default="random")
     add_plot_argument(parser, "topkw")
     args = parser.parse_args()
     rng = random.Random(5)
@@ -104,10 +112,10 @@ def main() -> None:
     for k in args.k:
         for window in args.windows:
             if k < window:
-                rows.append(run(k, window, rng))
+                rows.append(run(k, window, rng, args.scores == "worsening"))
                 print(rows[-1], flush=True)
     print_table(
-        "Top-k/w, one subscription, one reading per ms, random scores; microseconds per reading, one core",
+        f"Top-k/w, one subscription, one reading per ms, {args.scores} scores; microseconds per reading, one core",
         [
             ("k", 5, lambda r: r["k"]),
             ("window", 8, lambda r: r["window"]),

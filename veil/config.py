@@ -198,6 +198,10 @@ class Config:
     max_in_values: int = _opt(10_000, "most values of an `in` constraint", ("VEIL_MAX_IN_VALUES",))
     max_k: int = _opt(10_000, "largest k of a top-k/w subscription", ("VEIL_MAX_K",))
     max_window_ms: int = _opt(DAY_MS * 30, "longest top-k/w window, in milliseconds", ("VEIL_MAX_WINDOW_MS",))
+    max_window_count: int = _opt(
+        10_000, "largest n of a top-k of the last n publications (an arrival may cost O(n))",
+        ("VEIL_MAX_WINDOW_COUNT",),
+    )  # fmt: skip
     max_validity_ms: int = _opt(DAY_MS * 30, "longest X-Valid-For, in milliseconds", ("VEIL_MAX_VALIDITY_MS",))
     read_timeout: float = _opt(
         10.0, "seconds a client may take to send a request (or a WebSocket upgrade) once connected",
@@ -260,7 +264,7 @@ class Config:
     def limits(self) -> Limits:
         return Limits(
             self.max_depth, self.max_keys, self.max_key_length, self.max_constraints, self.max_in_values,
-            self.max_k, self.max_window_ms, self.max_validity_ms,
+            self.max_k, self.max_window_ms, self.max_validity_ms, self.max_window_count,
         )  # fmt: skip
 
     @property

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from veil.matching.kinds import Arrivals, KindStates, NumericColumns, Selected, topkn
 from veil.protocol import ProtocolError, parse_subscribe
+from veil.protocol.limits import DEFAULT, Limits
 
 
 def brute_force(k: int, n: int, arrivals: list[tuple[int, int, float | None]]) -> dict[int, int]:
@@ -120,13 +121,15 @@ def test_the_protocol_takes_a_count_or_a_window_not_both():
 
     assert parse_subscribe(topk(n=50)).topk == {"k": 2, "n": 50, "score": [{"key": "v", "weight": 1.0, "prefer": "low"}]}
     for fields, field in (({"n": 50, "w": 1000}, "topk"), ({}, "topk"), ({"n": 0}, "topk.n"), ({"n": 2.5}, "topk.n"),
-                          ({"n": True}, "topk.n"), ({"n": 10**9}, "topk.n")):  # fmt: skip
+                          ({"n": True}, "topk.n"), ({"n": DEFAULT.window_count + 1}, "topk.n")):  # fmt: skip
         try:
             parse_subscribe(topk(**fields))
         except ProtocolError as exc:
             assert exc.field == field, fields
         else:
             raise AssertionError(f"{fields} was taken")
+    # the bound is the operator's (--max-window-count)
+    assert parse_subscribe(topk(n=50_000), Limits(window_count=50_000)).topk["n"] == 50_000
 
 
 def test_a_saved_state_of_another_kind_leaves_the_subscription_fresh():

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from veil import __version__
 from veil.protocol.limits import DEFAULT
-from veil.protocol.subscriptions import MAX_CREDENTIAL_LENGTH, MAX_ID_LENGTH, MAX_WINDOW_COUNT, OPERATORS
+from veil.protocol.subscriptions import MAX_CREDENTIAL_LENGTH, MAX_ID_LENGTH, OPERATORS
 
 JSON = "application/json"
 Schema = dict[str, object]
@@ -78,31 +78,34 @@ SCHEMAS: dict[str, Schema] = {
         closed=False,
     ),
     "Constraints": {"type": "array", "items": _ref("Constraint"), "maxItems": DEFAULT.constraints},
-    "TopK": _object(
-        {
-            "k": {"type": "integer", "minimum": 1, "maximum": DEFAULT.k},
-            "w": {"type": "number", "minimum": 1, "maximum": DEFAULT.window_ms, "description": "window, ms"},
-            "n": {
-                "type": "integer", "minimum": 1, "maximum": MAX_WINDOW_COUNT,
-                "description": "window, the last n matching publications (instead of w)",
+    "TopK": {
+        **_object(
+            {
+                "k": {"type": "integer", "minimum": 1, "maximum": DEFAULT.k},
+                "w": {"type": "number", "minimum": 1, "maximum": DEFAULT.window_ms, "description": "window, ms"},
+                "n": {
+                    "type": "integer", "minimum": 1, "maximum": DEFAULT.window_count,
+                    "description": "window, the last n matching publications (instead of w)",
+                },
+                "score": {
+                    "type": "array", "minItems": 1, "maxItems": DEFAULT.constraints,
+                    "items": _object(
+                        {
+                            "key": {"type": "string", "minLength": 1},
+                            "weight": {"type": "number", "exclusiveMinimum": 0},
+                            "target": {"type": "number"},
+                            "prefer": {"type": "string", "enum": ["high", "low"]},
+                        },
+                        ("key",),
+                        closed=False,
+                    ),
+                },
             },
-            "score": {
-                "type": "array", "minItems": 1, "maxItems": DEFAULT.constraints,
-                "items": _object(
-                    {
-                        "key": {"type": "string", "minLength": 1},
-                        "weight": {"type": "number", "exclusiveMinimum": 0},
-                        "target": {"type": "number"},
-                        "prefer": {"type": "string", "enum": ["high", "low"]},
-                    },
-                    ("key",),
-                    closed=False,
-                ),
-            },
-        },
-        ("k", "score"),
-        closed=False,
-    ),
+            ("k", "score"),
+            closed=False,
+        ),
+        "oneOf": [{"required": ["w"]}, {"required": ["n"]}],  # a window by time or by count, not both
+    },
     "SubscribeRequest": _object(
         {
             "authHash": AUTH_HASH,

@@ -29,6 +29,9 @@ class Limits(NamedTuple):
     k: int = 10_000  # top-k/w: the most publications a subscription ranks
     window_ms: int = 30 * DAY_MS  # top-k/w: the longest window
     validity_ms: int = 30 * DAY_MS  # the longest X-Valid-For
+    # top-k of the last n: the largest n. A window whose scores only worsen keeps all n in its skyband,
+    # and each arrival's expiry then moves them all: the bound is what one arrival may cost
+    window_count: int = 10_000
 
 
 DEFAULT = Limits()

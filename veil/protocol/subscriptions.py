@@ -16,7 +16,6 @@ from veil.protocol.values import Scalar, canonical_type, convert, type_of
 MAX_ID_LENGTH = 256
 MAX_CREDENTIAL_LENGTH = 16 * 1024  # an authHash or a bearer token
 MIN_WINDOW_MS = 1  # below a millisecond, `time + w == time` for the log's clock
-MAX_WINDOW_COUNT = 1_000_000  # a count window of more publications holds as many as a 30-day one
 MAX_TERM_VALUE = 1e15  # weights and targets: sums of terms stay far from overflow
 
 OPERATORS = {
@@ -104,8 +103,8 @@ def parse_topk(doc: object, limits: Limits = DEFAULT) -> dict[str, Any]:
     if (window is None) == (count is None):
         raise ProtocolError("topk", "give either a window w (milliseconds) or a count n (publications)")
     if count is not None:
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_WINDOW_COUNT:
-            raise ProtocolError("topk.n", f"the window as a count of publications: from 1 to {MAX_WINDOW_COUNT}")
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= limits.window_count:
+            raise ProtocolError("topk.n", f"the window as a count of publications: from 1 to {limits.window_count}")
         extent: dict[str, Any] = {"n": count}
     elif _number(window) and MIN_WINDOW_MS <= window <= limits.window_ms:
         extent = {"w": float(window)}
