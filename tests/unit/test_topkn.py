@@ -1,6 +1,5 @@
 """Count windows (top-k of the last n) against their definition, evaluated by brute force."""
 
-
 from collections.abc import Callable
 
 import msgspec
@@ -9,6 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from veil.matching.kinds import Arrivals, KindStates, NumericColumns, Selected, topkn
+from veil.matching.stored import encode_subscription
+from veil.pipeline.worker_state import State
 from veil.protocol import ProtocolError, parse_subscribe
 from veil.protocol.limits import DEFAULT, Limits
 
@@ -135,8 +136,6 @@ def test_the_protocol_takes_a_count_or_a_window_not_both():
 def test_a_saved_state_of_another_kind_leaves_the_subscription_fresh():
     """A subscription replaced by one of the other kind keeps its number; a state rebuilt from
     before the replacement meets the new kind's saved state and starts afresh instead of failing."""
-    from veil.matching.stored import encode_subscription
-    from veil.pipeline.worker_state import State
 
     class Saved:
         def subscription_states(self, numbers: list[int]) -> dict[int, bytes]:
@@ -149,3 +148,17 @@ def test_a_saved_state_of_another_kind_leaves_the_subscription_fresh():
     state.add("s", 5, "alice", encode_subscription([], count))
     state.load_states(Saved())  # type: ignore[arg-type]  # the one store call it makes
     assert state.kinds.states[5].snapshot()[1] == 0  # a count window, nothing arrived
+
+
+def test_a_window_at_the_largest_n_whose_scores_only_worsen_holds_it_all_and_decides_right():
+    """The hostile stream the bound on n is for: nothing is ever outranked by a younger one, so the
+    skyband holds all n, and each arrival pushes the oldest (the best) out and promotes the next."""
+    n = DEFAULT.window_count
+    engine = KindStates()
+    engine.add(1, *engine.spec({"k": 1, "n": n, "score": [{"key": "v", "prefer": "low"}]}))
+    seqs = np.arange(1, 3 * n + 1)
+    documents = NumericColumns([{"v": float(seq)} for seq in seqs.tolist()])
+    got = engine.arrive(1, Arrivals(seqs.tolist(), seqs.tolist(), documents, np.arange(len(seqs)), {}))
+    # the first at once; from the (n+1)-th arrival on, each promotes the one after the one it pushed out
+    assert got == [Selected(1, 1)] + [Selected(seq - n + 1, seq) for seq in range(n + 1, 3 * n + 1)]
+    assert len(engine.states[1].held()) == n

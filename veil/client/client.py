@@ -517,10 +517,9 @@ class DeliveryStream:
         if keys is not None and "signature" in doc:
             key_id, signature = doc.get("keyId"), doc["signature"]
             key = keys.get(key_id) if isinstance(key_id, str) else None
-            signed = published_bytes(line)
             authentic = (
-                key is not None and isinstance(signature, str) and signed is not None
-                and signatures.verifies(key, signed, signature)
+                key is not None and isinstance(signature, str)
+                and signatures.verifies(key, published_bytes(line), signature)
             )  # fmt: skip
             if not authentic:
                 self._consumed(seq, tuple(doc.get("subscriptionIds", ())))
