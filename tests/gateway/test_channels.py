@@ -18,8 +18,8 @@ from tests.gateway.conftest import ALICE, BOB
 from veil.gateway import bundle as bundle_module
 from veil.gateway import channel as channel_module
 from veil.gateway import membership
-from veil.gateway.bundle import Bundle
-from veil.gateway.subscriber import Admitted
+from veil.gateway.bundle import Admitted, Bundle
+from veil.gateway.quotas import Client
 from veil.gateway.tcp import start_tcp
 from veil.gateway.websocket import create_ws_app
 from veil.matching.stored import encode_subscription
@@ -131,8 +131,8 @@ async def bundle_running(gateway, sub_ids: list[str], frames: list[dict]) -> Asy
 
     admitted = [Admitted(sub_id, store.subscription_number(sub_id), 0, 0.0) for sub_id in sub_ids]
     handshake = Handshake(ALICE, "", envelope=True, ack=True, resume_after=None, subscription_ids=tuple(sub_ids))
-    bundle = Bundle(gateway.hub, handshake, admitted, send, close)
-    await gateway.hub.attach_bundle(bundle)
+    bundle = Bundle(gateway.hub, handshake, admitted, send, close, Client(""))
+    gateway.hub.attach(bundle)
     loops = (asyncio.create_task(bundle.run()), asyncio.create_task(gateway.hub.poll()))
 
     async def until(condition: Callable[[], bool]) -> None:
@@ -148,7 +148,7 @@ async def bundle_running(gateway, sub_ids: list[str], frames: list[dict]) -> Asy
     finally:
         for loop in loops:
             loop.cancel()
-        gateway.hub.detach_bundle(bundle)
+        gateway.hub.detach(bundle)
 
 
 def delivered(frames: list[dict], sub_id: str) -> list[int]:
@@ -172,7 +172,7 @@ async def test_a_bundle_that_would_overflow_reads_from_the_store_and_keeps_each_
     backlog = publish(5)  # queued before the connection: read from the store
     frames: list[dict] = []
     async with bundle_running(gateway, ["o1", "o2"], frames) as (bundle, until):
-        await until(lambda: not bundle.behind())
+        await until(lambda: not bundle.standing()[0])
         live = publish(3)  # three lines for a queue of two: both subscriptions go back to the store
         await until(lambda: len(delivered(frames, "o2")) >= len(backlog) + len(live))
         assert delivered(frames, "o1") == delivered(frames, "o2") == backlog + live
@@ -187,7 +187,7 @@ async def test_an_acknowledgement_covers_the_lines_written_before_the_one_it_nam
     store.record_round(Round(np.array([one]), np.array([old]), old))  # a1's backlog
     frames: list[dict] = []
     async with bundle_running(gateway, ["a1", "a2"], frames) as (bundle, until):
-        await until(lambda: not bundle.behind())
+        await until(lambda: not bundle.standing()[0])
         new = store.append_publications([Publication(b'{"new":1}', "bob")])[0]
         store.record_round(Round(np.array([one, two]), np.array([new, new]), new))
         await until(lambda: len(frames) >= 2)
@@ -208,7 +208,7 @@ async def test_lines_never_acknowledged_are_folded_and_the_next_acknowledgement_
     number = {s: store.subscription_number(s) for s in ("f1", "f2")}
     frames: list[dict] = []
     async with bundle_running(gateway, ["f1", "f2"], frames) as (bundle, until):
-        await until(lambda: not bundle.behind())
+        await until(lambda: not bundle.standing()[0])
         pubs: list[int] = []
         for written, sub_id in enumerate(("f1", "f2", "f1"), 1):  # one write each
             pubs += store.append_publications([Publication(b"{}", "bob")])
@@ -221,7 +221,7 @@ async def test_lines_never_acknowledged_are_folded_and_the_next_acknowledgement_
 
 
 @pytest.mark.parametrize("handshake", [{"subscriptionId": "f1"}, {"subscriptionIds": ["f1", "f2"]}])
-@pytest.mark.parametrize("failing", [("live_numbers", "subscription_number"), ("backlog", "backlogs")])
+@pytest.mark.parametrize("failing", ["live_numbers", "backlogs"])
 async def test_a_connection_that_a_store_error_ends_gives_back_its_claims_and_its_connection(
     gateway, tcp, monkeypatch, handshake, failing
 ):
@@ -236,8 +236,7 @@ async def test_a_connection_that_a_store_error_ends_gives_back_its_claims_and_it
     def fail(*args: object) -> None:
         raise StoreUnavailable("the store went away")
 
-    for method in failing:
-        monkeypatch.setattr(store, method, fail)
+    monkeypatch.setattr(store, failing, fail)
     reader, writer = await asyncio.open_connection("127.0.0.1", tcp)
     writer.write(orjson.dumps({**handshake, "authHash": ALICE}) + b"\n")
     try:
@@ -312,10 +311,10 @@ async def test_a_stale_connection_never_displaces_a_newer_subscription_of_its_id
         async def ignore(*args: object) -> None:
             pass
 
-        bundle = Bundle(gateway.hub, handshake, stale, ignore, ignore)
-        await gateway.hub.attach_bundle(bundle)
+        bundle = Bundle(gateway.hub, handshake, stale, ignore, ignore, Client(""))
+        gateway.hub.attach(bundle)
         assert gateway.hub.holders["x"] is bobs and gateway.hub.holders["y"] is bundle
-        gateway.hub.detach_bundle(bundle)
+        gateway.hub.detach(bundle)
         assert gateway.hub.holders == {"x": bobs}
         with pytest.raises(TimeoutError):  # bob was told nothing: his connection goes on
             await asyncio.wait_for(reader.readline(), 0.3)

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
+import numpy as np
+import orjson
+
 from tests.unit.helpers import published
-from veil.gateway.delivery import DeliveryHub, Session
+from veil.gateway.bundle import Admitted, Bundle
+from veil.gateway.delivery import DeliveryHub
+from veil.gateway.quotas import Client
 from veil.gateway.store_threads import StoreThreads
 from veil.protocol import Handshake
 from veil.store import Round, open_store
@@ -30,21 +36,33 @@ async def running_hub(path) -> AsyncIterator[DeliveryHub]:
         threads.close()
 
 
+class Connected:
+    """A caught-up connection of one subscription (nothing queued for it in the store): what it was
+    sent, and what it was closed with."""
+
+    def __init__(self, hub: DeliveryHub, number: int, ack: bool = False, envelope: bool = True) -> None:
+        self.sent: list[bytes] = []
+        self.closed: list[bytes | None] = []
+        handshake = Handshake("a", f"s{number}", envelope, ack, None)
+        admitted = [Admitted(f"s{number}", number, 0, 0.0)]
+        self.bundle = Bundle(hub, handshake, admitted, self._send, self._close, Client(""))
+        self.bundle.live[:] = True
+        hub.attach(self.bundle)
+        RUNNING.add(asyncio.create_task(self.bundle.run()))
+
+    async def _send(self, frames: list[bytes]) -> None:
+        self.sent.extend(frames)
+
+    async def _close(self, error: bytes | None) -> None:
+        self.closed.append(error)
+
+    def seqs(self) -> list[int]:
+        return [orjson.loads(frame)["seq"] for frame in self.sent]
+
+
 async def connect(hub: DeliveryHub, number: int) -> list[bytes]:
-    """A caught-up session (nothing queued for it in the store); returns what it was sent."""
-    sent: list[bytes] = []
-
-    async def send(frames: list[bytes]) -> None:
-        sent.extend(frames)
-
-    async def close(_: bytes | None) -> None:
-        pass
-
-    session = Session(hub, Handshake("a", f"s{number}", False, False, None), number, 0, send, close)
-    session.caught_up = True
-    await hub.attach(session)
-    RUNNING.add(asyncio.create_task(session.run()))
-    return sent
+    """The bodies a new connection of one subscription is sent (no envelope asked for)."""
+    return Connected(hub, number, envelope=False).sent
 
 
 async def until(condition, timeout: float = 5.0) -> None:
@@ -63,3 +81,55 @@ async def test_numbers_far_beyond_the_first_table_are_served(tmp_path):
         store.record_round(Round([5000, 3], [second, second], second))
         await until(lambda: len(far_sent) == 1 and len(near_sent) == 2)
         assert far_sent == [b'{"n":2}'] and near_sent == [b'{"n":1}', b'{"n":2}']
+
+
+async def test_a_connection_of_one_takes_acknowledgements_only_of_what_it_was_written(tmp_path):
+    """A hostile client acknowledging publications it was never sent would have them skipped on its
+    next connection: only what was written moves its cursor."""
+    async with running_hub(tmp_path) as hub:
+        store = hub.threads.store
+        first, second = store.append_publications(published(b'{"n":1}', b'{"n":2}'))
+        one = Connected(hub, 7, ack=True)
+        store.record_round(Round([7], [first], first))
+        await until(lambda: one.seqs() == [first])
+        one.bundle.acknowledge(second)  # not written yet
+        one.bundle.acknowledge(first + 1_000_000)
+        assert hub.unsaved_cursor("s7", 7) == 0
+        one.bundle.acknowledge(first)
+        assert hub.unsaved_cursor("s7", 7) == first
+
+
+async def test_a_kicked_connection_of_one_ends_with_the_reason_and_is_written_nothing_after_it(tmp_path):
+    async with running_hub(tmp_path) as hub:
+        store = hub.threads.store
+        first, second = store.append_publications(published(b'{"n":1}', b'{"n":2}'))
+        one, other = Connected(hub, 3), Connected(hub, 4)
+        store.record_round(Round([3, 4], [first, first], first))
+        await until(lambda: one.seqs() == [first] and other.seqs() == [first])
+        hub.kick("s3", b'{"error":"gone"}\n')
+        store.record_round(Round([3, 4], [second, second], second))
+        await until(lambda: other.seqs() == [first, second])
+        await until(lambda: one.closed == [b'{"error":"gone"}\n'])
+        assert one.seqs() == [first] and "s3" not in hub.holders and hub.behind() == 0
+
+
+async def test_a_connection_that_leaves_while_the_hub_reads_bodies_is_offered_nothing(tmp_path, caplog, monkeypatch):
+    """The hub looks up what a feed entry delivers before it offers it: a connection that ended in
+    the meantime is skipped, and the others are served live, not sent back to the store."""
+    async with running_hub(tmp_path) as hub:
+        store = hub.threads.store
+        (pub,) = store.append_publications(published(b'{"n":1}'))
+        leaving, staying, together = Connected(hub, 5), Connected(hub, 6), Connected(hub, 8)
+        lookup = hub.published
+
+        async def published_after_a_leave(sub_nos: np.ndarray, pubs: np.ndarray, cropped: bool):
+            found = await lookup(sub_nos, pubs, cropped)
+            hub.detach(leaving.bundle)
+            leaving.bundle.open[:] = False
+            return found
+
+        monkeypatch.setattr(hub, "published", published_after_a_leave)  # the race, made certain
+        with caplog.at_level(logging.ERROR, "veil.gateway"):
+            store.record_round(Round([5, 6, 8], [pub, pub, pub], pub))
+            await until(lambda: staying.seqs() == [pub] and together.seqs() == [pub])
+        assert leaving.sent == [] and not caplog.records and hub.behind() == 0

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.unit.test_delivery import running_hub
-from veil.gateway.delivery import Session
+from veil.gateway.bundle import Admitted, Bundle
 from veil.gateway.quotas import STALLED_WRITE, Quotas, WriteWatch, fitting
 from veil.protocol import Handshake, ProtocolError
 
@@ -52,28 +52,27 @@ async def test_one_client_with_many_subscriptions_behind_is_one_client_behind(tm
         async def nothing(_: object) -> None:
             pass
 
-        def session(number: int, identity: str, caught_up: bool) -> Session:
+        def session(number: int, identity: str, caught_up: bool) -> Bundle:
             client = hub.quotas.connect(identity)
-            made = Session(
-                hub, Handshake("a", f"s{number}", False, False, None), number, 0, nothing, nothing, 0, client
-            )
-            made.caught_up = caught_up
+            handshake = Handshake("a", f"s{number}", False, False, None)
+            made = Bundle(hub, handshake, [Admitted(f"s{number}", number, 0, 0.0)], nothing, nothing, client)
+            made.live[:] = caught_up
             return made
 
         for number in range(16):
-            await hub.attach(session(number, "bob", caught_up=False))
+            hub.attach(session(number, "bob", caught_up=False))
         for number in range(16, 23):
-            await hub.attach(session(number, f"reader-{number}", caught_up=True))
+            hub.attach(session(number, f"reader-{number}", caught_up=True))
         assert hub.behind() == 16 and hub.clients_behind() == (1, 8, 0)
-        await hub.attach(session(23, "reader-16", caught_up=False))  # one of its two behind: not most
+        hub.attach(session(23, "reader-16", caught_up=False))  # one of its two behind: not most
         assert hub.clients_behind() == (1, 8, 0)
         silent = session(24, "silent", caught_up=False)
         silent.watch.slow = True  # its last write waited for it: between writes it still does not count
-        await hub.attach(silent)
+        hub.attach(silent)
         assert hub.clients_behind() == (1, 8, 1)  # counted apart
         reading = session(25, "reader-16", caught_up=True)
         reading.watch.slow = True  # a client with another connection that reads is not counted apart
-        await hub.attach(reading)
+        hub.attach(reading)
         assert hub.clients_behind() == (1, 8, 1)
 
 

@@ -26,6 +26,19 @@ from veil.store import (
 )
 
 
+def backlog(store, number: int, after: int, limit: int) -> tuple[list[tuple[int, bytes, Origin]], int]:
+    """A subscription's queue as its connection reads it: (publication, bytes delivered, origin) in
+    publication order, its cropped copy where it has one; and the watermark of the read."""
+    _, pubs, watermark, _ = store.backlogs(np.array([number]), np.array([after]), limit)
+    bodies, copies = store.bodies(pubs), store.copies(np.full(len(pubs), number), pubs)
+    rows = []
+    for pub in pubs.tolist():
+        body, origin, _ = bodies[pub]
+        copy = copies.get((number, pub))
+        rows.append((pub, body, origin) if copy is None else (pub, copy, origin._replace(cropped=True)))
+    return rows, watermark
+
+
 def test_log_orders_publications_and_subscription_changes(store):
     s1 = store.put_subscription("s", "alice", b"[]")
     no = store.subscription_number("s")
@@ -71,7 +84,7 @@ def test_replayed_batches_deliver_once(store):
     s = store.subscription_number("s")
     store.record_round(Round([s], [pub], pub))
     store.record_round(Round([s], [pub], pub))
-    rows, watermark = store.backlog(store.subscription_number("s"), 0, 10)
+    rows, watermark = backlog(store, store.subscription_number("s"), 0, 10)
     assert rows == [(pub, b'{"a":1}', Origin())]
     assert watermark == store.last_feed_seq() == 1 and store.processed_offset() == pub
     feed = store.feed_since(0, 10)
@@ -101,7 +114,7 @@ def test_a_large_round_is_cut_into_bounded_feed_rows_read_a_few_at_a_time(store,
     cut = [(n, p) for e in rows for n, p in zip(e.sub_nos.tolist(), e.pubs.tolist(), strict=True)]
     assert cut == sorted(pairs)
     for n in numbers:
-        queued, _ = store.backlog(n, 0, 100)
+        queued, _ = backlog(store, n, 0, 100)
         assert [pub for pub, _, _ in queued] == sorted(p for m, p in pairs if m == n)
 
 
@@ -135,13 +148,13 @@ def test_backlog_reads_spilled_rows_then_the_feed(store):
     store.record_round(Round([s], [pubs[0]], pubs[0]))
     spill_everything(store)
     store.record_round(Round([s, s], pubs[1:], pubs[2]))
-    assert store.backlog(store.subscription_number("s"), 0, 10)[0] == [
+    assert backlog(store, store.subscription_number("s"), 0, 10)[0] == [
         (pubs[0], b'{"n":1}', Origin()),
         (pubs[1], b'{"n":2}', Origin()),
         (pubs[2], b'{"n":3}', Origin()),
     ]
-    assert [pub for pub, *_ in store.backlog(store.subscription_number("s"), pubs[0], 1)[0]] == [pubs[1]]
-    assert [pub for pub, *_ in store.backlog(store.subscription_number("s"), pubs[1], 10)[0]] == [pubs[2]]
+    assert [pub for pub, *_ in backlog(store, store.subscription_number("s"), pubs[0], 1)[0]] == [pubs[1]]
+    assert [pub for pub, *_ in backlog(store, store.subscription_number("s"), pubs[1], 10)[0]] == [pubs[2]]
 
 
 def test_backlogs_read_many_subscriptions_at_once_each_after_its_own_floor(store):
@@ -189,13 +202,13 @@ def test_compaction_spills_only_what_was_not_consumed(store):
     assert store.last_feed_seq() == 1  # not fanned out yet: the feed entry stays
     spill_everything(store)
     assert store.feed_since(0, 10) == []
-    assert store.backlog(store.subscription_number("s"), 0, 10)[0] == []
-    assert [pub for pub, *_ in store.backlog(store.subscription_number("t"), 0, 10)[0]] == [pubs[1]]
+    assert backlog(store, store.subscription_number("s"), 0, 10)[0] == []
+    assert [pub for pub, *_ in backlog(store, store.subscription_number("t"), 0, 10)[0]] == [pubs[1]]
     # publication 1 was consumed by everyone; 2 waits in t's queue; 4 is not processed yet
     assert [e.offset for e in store.log_range(0, pubs[-1]) if e.kind == 0] == pubs[1:]
     store.save_cursors({store.subscription_number("t"): pubs[1]})
     spill_everything(store)
-    assert store.backlog(store.subscription_number("t"), 0, 10)[0] == []
+    assert backlog(store, store.subscription_number("t"), 0, 10)[0] == []
     assert [e.offset for e in store.log_range(0, pubs[-1]) if e.kind == 0] == [pubs[3]]
 
 
@@ -208,10 +221,10 @@ def test_matches_for_removed_subscriptions_are_dropped(store):
     store.record_round(Round([old], [pub], pub))
     store.put_subscription("s", "alice", b"[]")
     for number in (old, store.subscription_number("s")):
-        assert store.backlog(number, 0, 10)[0] == []
+        assert backlog(store, number, 0, 10)[0] == []
     spill_everything(store)
     for number in (old, store.subscription_number("s")):
-        assert store.backlog(number, 0, 10)[0] == []
+        assert backlog(store, number, 0, 10)[0] == []
 
 
 def test_a_freed_id_taken_again_is_a_new_subscription_with_a_new_number(store):
@@ -235,7 +248,7 @@ def test_a_freed_id_taken_again_is_a_new_subscription_with_a_new_number(store):
     mallory = store.subscription_number("x")
     assert mallory > alice
     assert (store.subscription_number("x", "mallory"), store.subscription_number("x", "alice")) == (mallory, None)
-    assert store.backlog(mallory, 0, 10)[0] == [] and store.backlog(alice, 0, 10)[0] == []
+    assert backlog(store, mallory, 0, 10)[0] == [] and backlog(store, alice, 0, 10)[0] == []
     assert store.backlogs(np.array([alice, mallory]), np.zeros(2, np.int64), 10)[1].tolist() == []
     store.save_cursors({alice: pubs[3]})  # a late save of alice's session
     assert store.cursor("x") == 0
@@ -244,7 +257,7 @@ def test_a_freed_id_taken_again_is_a_new_subscription_with_a_new_number(store):
     initial = StatefulBatch([], [(mallory, pubs[0], None)], [], None, None)  # of a still-valid publication
     store.record_round(Round([], [], taken, stateful=initial))
     spill_everything(store)
-    assert [p for p, *_ in store.backlog(mallory, 0, 10)[0]] == [pubs[0]]
+    assert [p for p, *_ in backlog(store, mallory, 0, 10)[0]] == [pubs[0]]
     assert store.subscriptions_at(replaced) == [("x", alice, "alice", b'[["n","ge",0]]')]
     assert store.subscriptions_at(taken) == [("x", mallory, "mallory", b"[]")]
     numbers = [e.number for e in store.log_range(first - 1, taken) if e.kind == KIND_SUBSCRIBE]
@@ -301,9 +314,9 @@ def test_replacing_a_subscription_keeps_its_queue(store):
     (pub,) = store.append_publications(published(b"{}"))
     store.record_round(Round([store.subscription_number("s")], [pub], pub))
     store.put_subscription("s", "alice", b'[["a","eq",1]]')
-    assert [p for p, *_ in store.backlog(store.subscription_number("s"), 0, 10)[0]] == [pub]
+    assert [p for p, *_ in backlog(store, store.subscription_number("s"), 0, 10)[0]] == [pub]
     spill_everything(store)
-    assert [p for p, *_ in store.backlog(store.subscription_number("s"), 0, 10)[0]] == [pub]
+    assert [p for p, *_ in backlog(store, store.subscription_number("s"), 0, 10)[0]] == [pub]
 
 
 def test_a_replay_over_a_longer_range_adds_only_the_new_matches(store):
@@ -322,7 +335,7 @@ def test_the_feed_watermark_survives_compaction(store):
     store.save_cursors({store.subscription_number("s"): pub})
     spill_everything(store)
     assert store.feed_since(0, 10) == []
-    assert store.last_feed_seq() == 1 and store.backlog(store.subscription_number("s"), 0, 10) == ([], 1)
+    assert store.last_feed_seq() == 1 and backlog(store, store.subscription_number("s"), 0, 10) == ([], 1)
 
 
 def test_a_large_feed_entry_is_spilled_in_steps_of_whole_subscriptions(store):
@@ -334,10 +347,10 @@ def test_a_large_feed_entry_is_spilled_in_steps_of_whole_subscriptions(store):
     # a budget of 3 ends inside t: s and t go in the first step, u in the second
     assert store.compact(3, 1 << 40, time.time() + 1) >= 3
     assert store.feed_since(0, 10) != []
-    assert [p for p, *_ in store.backlog(store.subscription_number("t"), 0, 10)[0]] == pubs
+    assert [p for p, *_ in backlog(store, store.subscription_number("t"), 0, 10)[0]] == pubs
     store.compact(3, 1 << 40, time.time() + 1)
     assert store.feed_since(0, 10) == []
-    assert all([p for p, *_ in store.backlog(store.subscription_number(x), 0, 10)[0]] == pubs for x in "stu")
+    assert all([p for p, *_ in backlog(store, store.subscription_number(x), 0, 10)[0]] == pubs for x in "stu")
 
 
 def test_top_k_deliveries_are_logged_copies_recorded_once_with_their_skybands(store):
@@ -347,7 +360,7 @@ def test_top_k_deliveries_are_logged_copies_recorded_once_with_their_skybands(st
     batch = StatefulBatch([(s, old, None), (s, new, b'{"cut":1}')], [], [(s, b"band")], old, 123)
     store.record_round(Round([], [], new, stateful=batch))
     store.record_round(Round([], [], new, stateful=batch))  # the same batch replayed
-    rows, _ = store.backlog(store.subscription_number("s"), 0, 10)
+    rows, _ = backlog(store, store.subscription_number("s"), 0, 10)
     assert [(body, origin) for _, body, origin in rows] == [
         (b'{"v":1}', Origin("bob", "k1", "c2ln", copy_of=old)),
         (b'{"cut":1}', Origin("", None, None, copy_of=new, cropped=True)),
@@ -374,7 +387,7 @@ def test_each_partition_records_its_own_progress_and_the_pipeline_is_at_the_leas
     store.record_round(Round([s], [pubs[0]], pubs[2], part=0))  # the same round again: nothing twice
     store.record_round(Round([], [], pubs[1], part=1))
     assert store.processed_offset() == pubs[1]
-    assert [p for p, *_ in store.backlog(store.subscription_number("s"), 0, 10)[0]] == [pubs[0]]
+    assert [p for p, *_ in backlog(store, store.subscription_number("s"), 0, 10)[0]] == [pubs[0]]
     held = StatefulBatch([], [], [], pubs[0], 500)
     store.record_round(Round([], [], pubs[3], stateful=held, part=1))
     store.record_round(Round([], [], pubs[3], stateful=StatefulBatch([], [], [], None, 900), part=0))
@@ -412,7 +425,7 @@ def test_a_round_that_began_behind_the_recorded_progress_is_dropped_whole(store)
     store.record_round(Round([s, s], pubs[:2], pubs[1], stateful=late, part=0, start=0))
     assert store.partition_offset(0) == pubs[0] and store.subscription_states([s]) == {}
     store.record_round(Round([s], [pubs[1]], pubs[1], part=0, start=pubs[0]))
-    assert [p for p, *_ in store.backlog(store.subscription_number("s"), 0, 10)[0]] == pubs[:2]
+    assert [p for p, *_ in backlog(store, store.subscription_number("s"), 0, 10)[0]] == pubs[:2]
 
 
 def test_a_round_is_recorded_only_while_its_task_owns_the_partition(store):
@@ -428,7 +441,7 @@ def test_a_round_is_recorded_only_while_its_task_owns_the_partition(store):
     assert not store.record_round(Round([s], [pubs[0]], pubs[1], stateful=stale, part=1, start=0, owner=(1, 11)))
     assert store.partition_offset(1) == 0 and store.subscription_states([s]) == {} and store.quarantine_count() == 0
     assert store.record_round(Round([s], [pubs[0]], pubs[1], part=1, start=0, owner=(1, 22)))
-    assert [p for p, *_ in store.backlog(s, 0, 10)[0]] == pubs[:1]
+    assert [p for p, *_ in backlog(store, s, 0, 10)[0]] == pubs[:1]
 
 
 def test_an_epoch_knows_which_partitions_were_claimed_and_which_reached_its_deadline(store):
@@ -725,11 +738,11 @@ def test_a_set_aside_subscription_gets_nothing_from_partitions_that_still_held_i
     copies = [(bad, second, b'{"a":2}')]
     assert store.record_round(Round([bad, good, bad], [second, second, second], second, copies, start=first))
     assert store.subscription_refusal("poison") == "TimeoutError: took too long"
-    assert [pub for pub, *_ in store.backlog(good, 0, 10)[0]] == [first, second]
-    assert store.backlog(bad, 0, 10)[0] == []
+    assert [pub for pub, *_ in backlog(store, good, 0, 10)[0]] == [first, second]
+    assert backlog(store, bad, 0, 10)[0] == []
     again = store.put_subscription("poison", "alice", b"[]")  # a new version, same number: not set aside
     (third,) = store.append_publications(published(b'{"a":3}'))
     initials = StatefulBatch([], [(bad, first, None)], [], None, None)  # older than it, and its own
     assert store.record_round(Round([bad], [third], third, stateful=initials, start=second))
     assert store.subscription_number("poison") == bad and again > second
-    assert [pub for pub, *_ in store.backlog(bad, 0, 10)[0]] == [first, third]
+    assert [pub for pub, *_ in backlog(store, bad, 0, 10)[0]] == [first, third]

@@ -1,24 +1,27 @@
-"""The subscriptions of a multiplexed delivery connection, delivered together.
+"""What a delivery connection holds: its subscriptions, delivered together as one `Bundle`.
 
-A multiplexed connection's subscriptions are one `Bundle`: their cursors, positions in the queue and states
-are numpy arrays indexed by the subscription's place in the handshake, so that a feed entry matching
-a quarter of 20,000 subscriptions held by a few client processes costs each connection a few array
-operations and one line per publication, written once with the ids of the subscriptions it goes to.
-Per subscription it behaves as it would alone: deliveries come in the order of its queue; one that
-has just connected, or whose deliveries would overflow the connection's queue, reads its backlog
-from the store (there a publication comes once per subscription) and takes live offers again once
-it has caught up.
+A connection that named one subscription holds a bundle of one; a multiplexed connection, a bundle
+of all it named. Their cursors, positions in the queue and states are numpy arrays indexed by the
+subscription's place in the handshake, so that a feed entry matching a quarter of 20,000
+subscriptions held by a few client processes costs each connection a few array operations and one
+line per publication, written once with the ids of the subscriptions it goes to. Per subscription a
+bundle behaves as it would alone: deliveries come in the order of its queue; one that has just
+connected, or whose deliveries would overflow the connection's queue, reads its backlog from the
+store (there a publication comes once per subscription) and takes live offers again once it has
+caught up. What the client sees differs by kind: a connection of one gets its publications as they
+are (or in an envelope, when it asked for one) and ends with its subscription; a multiplexed one gets
+each line with the ids it goes to, and a subscription that ends (unsubscribed, quarantined, replaced
+by a newer connection) ends alone, its error line naming it (`subscriptionId`), the connection going
+on for the others until none is left.
 
-An acknowledgement names the last line the client consumed; it covers every line written before
-that one, whatever subscriptions they were for (lines of different subscriptions are not written
-in one global order, since a backlog read after connecting brings older publications after newer
-ones). The lines written and not yet acknowledged are remembered up to `UNACKED_DELIVERIES`; older
-ones are folded into one cursor per subscription, which the next acknowledgement applies, so a client
-that never acknowledges costs a bounded amount of memory and a hostile ack a dictionary lookup.
-
-A subscription that ends (unsubscribed, quarantined, replaced by a newer connection) ends
-alone: its error line names it (`subscriptionId`) and the connection goes on for the others until
-none is left.
+An acknowledgement names the last line the client consumed. On a connection of one, lines come in
+publication order, so it is the subscription's cursor. On a multiplexed one it covers every line
+written before that one, whatever subscriptions they were for (lines of different subscriptions are
+not written in one global order, since a backlog read after connecting brings older publications
+after newer ones). The lines written and not yet acknowledged are remembered up to
+`UNACKED_DELIVERIES`; older ones are folded into one cursor per subscription, which the next
+acknowledgement applies, so a client that never acknowledges costs a bounded amount of memory and a
+hostile ack a dictionary lookup.
 """
 
 from __future__ import annotations
@@ -29,21 +32,18 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import orjson
 
 from veil.gateway.channel import Close, Send
-from veil.gateway.quotas import Client, WriteWatch, fitting
+from veil.gateway.quotas import Client, Quotas, WriteWatch, fitting
+from veil.gateway.store_threads import StoreThreads
 from veil.monitoring import trace
 from veil.protocol import Handshake
 from veil.protocol.envelope import wrap
 from veil.protocol.limits import dumps_kept
-
-if TYPE_CHECKING:
-    from veil.gateway.delivery import DeliveryHub
-    from veil.gateway.subscriber import Admitted
 
 LINE_LIMIT = 8192  # lines a connection queues before its subscriptions read from the store instead
 QUEUE_LIMIT = 2048  # deliveries per subscription it queues (on average), for the same reason
@@ -58,6 +58,16 @@ UNACKED_DELIVERIES = 1 << 16  # written and remembered line by line for acknowle
 _keys = itertools.count()
 
 
+class Admitted(NamedTuple):
+    """A subscription a connection may deliver: its number, where delivery starts and when this
+    gateway claimed it (`membership`)."""
+
+    sub_id: str
+    number: int
+    start_after: int
+    claimed: float
+
+
 class Published(NamedTuple):
     """What a feed entry delivers, once per distinct copy ("variant": a publication, or a cropped copy
     of it for one subscription): its offset, bytes, envelope fields, when it was logged (ms) and the
@@ -70,47 +80,68 @@ class Published(NamedTuple):
     sizes: np.ndarray
 
 
+class Hub(Protocol):
+    """What a bundle asks of the delivery hub that fans the feed out to it."""
+
+    threads: StoreThreads
+    quotas: Quotas
+    last_seq: int  # the feed entry fanned out last
+    forwarded: int  # deliveries sent and not yet counted in the store
+
+    def taking(self, numbers: np.ndarray, key: int, on: bool) -> None: ...
+
+    def leave(self, bundle: Bundle, place: int) -> None: ...
+
+    def save_cursor(self, number: int, pub: int) -> None: ...
+
+    def sent(self, logged: list[np.ndarray]) -> None: ...
+
+    async def published(self, sub_nos: np.ndarray, pubs: np.ndarray, cropped: bool) -> tuple[Published, np.ndarray]: ...
+
+
 class Lines(NamedTuple):
-    """Queued lines: per line its publication, bytes, envelope fields, how many subscriptions it
-    goes to and its size as written; per delivery, in line order, the subscription's place; `logged`
-    only for lines taken live from the feed (the latency histogram's samples)."""
+    """Queued lines: per line its publication, bytes and envelope fields; per line how many
+    deliveries it carries and per delivery, in line order, the subscription's place (None for both:
+    one delivery a line, to a connection's only subscription, as the feed offers them); `logged` only
+    for lines taken live from the feed (the latency histogram's samples); the bytes they hold of
+    their client's quota."""
 
     pubs: np.ndarray
     bodies: list[bytes]
     envelopes: list[bytes]
-    counts: np.ndarray
-    places: np.ndarray
+    counts: np.ndarray | None
+    places: np.ndarray | None
     logged: np.ndarray | None
-    sizes: np.ndarray
+    size: int
 
 
 class Bundle:
-    """A multiplexed connection's subscriptions, as arrays indexed by their place in the handshake."""
+    """A delivery connection's subscriptions, as arrays indexed by their place in the handshake."""
 
     def __init__(
-        self,
-        hub: DeliveryHub,
-        handshake: Handshake,
-        admitted: list[Admitted],
-        send: Send,
-        close: Close,
-        client: Client | None = None,
-    ):
+        self, hub: Hub, handshake: Handshake, admitted: list[Admitted], send: Send, close: Close, client: Client
+    ) -> None:
         self.key = next(_keys)
         self.hub = hub
-        self.client = client or Client("")  # whose quota the queued lines count against
+        self.client = client  # whose quota the queued lines count against
+        self.multiplexed = bool(handshake.subscription_ids)
+        self.envelope = self.multiplexed or handshake.envelope
         self.ids = [a.sub_id for a in admitted]
         self.numbers = np.array([a.number for a in admitted], np.int64)
+        self._number = admitted[0].number  # a connection of one's, as a plain int for its every write
         self._places = {sub_id: place for place, sub_id in enumerate(self.ids)}
         self._quoted = np.array([dumps_kept(sub_id) for sub_id in self.ids], object)
         self._id_bytes = np.array([len(quoted) + 1 for quoted in self._quoted], np.int64)  # with its comma
+        if not self.multiplexed:
+            self._id_bytes[:] = 0  # its lines name no subscription
         self.acks = handshake.ack
         self.last_queued = np.array([a.start_after for a in admitted], np.int64)
         self.cursor = self.last_queued.copy()  # delivered (or acknowledged, with acks): what to save
         self.saved = self.cursor.copy()
+        self.sent = admitted[0].start_after  # the last publication written to a connection of one
         self._numbers_sorted = np.sort(self.numbers)
         self._by_number = np.argsort(self.numbers)  # places in the order of _numbers_sorted
-        self._limit = QUEUE_LIMIT * len(admitted)  # deliveries queued, as many as as many sessions would
+        self._limit = QUEUE_LIMIT * len(admitted)  # deliveries queued, as many as as many connections of one would
         self.live = np.zeros(len(admitted), bool)  # caught up: takes offers from the feed
         # where a subscription that takes no offers must read the unspilled feed from (entries before
         # it were offered to it): its reads then cost the entries it missed, not all the store keeps
@@ -130,6 +161,7 @@ class Bundle:
         self._send = send
         self._close = close
         self.closed = False
+        self._write_next = self._write if self.multiplexed else self._write_one
         self.watch = WriteWatch()
         self._wake = asyncio.Event()
 
@@ -137,8 +169,9 @@ class Bundle:
         return self._places[sub_id]
 
     def offer(self, seq: int, places: np.ndarray, pubs: np.ndarray, variants: np.ndarray, published: Published) -> None:
-        """Feed entry `seq`'s deliveries to this connection's subscriptions (grouped by subscription,
-        each in publication order): queued as one line per variant, naming the subscriptions it goes to."""
+        """Feed entry `seq`'s deliveries to this multiplexed connection's subscriptions (grouped by
+        subscription, each in publication order): queued as one line per variant, naming the
+        subscriptions it goes to."""
         if self.closed:
             return
         take = self.live[places] & (pubs > self.last_queued[places])
@@ -146,29 +179,64 @@ class Bundle:
             places, pubs, variants = places[take], pubs[take], variants[take]
         if not len(places):
             return
-        # a connection whose client does not read takes nothing more in memory: what it is owed waits
-        # in the store, so that clients reading nothing hold no more than what they took before
-        room = 0 if self.watch.not_reading(time.monotonic()) else self.hub.quotas.room(self.client)
+        room = self._room()
         # what cannot fit is not even made into lines: an entry may hold millions of deliveries
         lines = None
         if self.queued + len(places) <= self._limit and int(self._id_bytes[places].sum()) <= room:
-            lines = _lines(places, pubs, variants, published, self._id_bytes, live=True)
-        if lines is None or self._queued_lines + len(lines.pubs) > LINE_LIMIT or int(lines.sizes.sum()) > room:
-            self.live[places] = False  # the rest waits in the store; these subscriptions refill from there
-            self.hub.taking(self.numbers[places], self.key, False)
-            self.unread[places] = seq
-            self._wake.set()
+            lines = _lines(places, pubs, variants, published, self._id_bytes, live=True)[0]
+        if lines is None or self._queued_lines + len(lines.pubs) > LINE_LIMIT or lines.size > room:
+            self._fall_behind(seq, places)
             return
-        self._queue(lines)
+        self._queue(lines, len(places))
         np.maximum.at(self.last_queued, places, pubs)
 
-    def _queue(self, lines: Lines) -> None:
+    def offer_one(
+        self, seq: int, first: int, last: int, pubs: np.ndarray, bodies: list[bytes], envelopes: list[bytes],
+        size: int, logged: np.ndarray,
+    ) -> None:  # fmt: skip
+        """Feed entry `seq`'s deliveries to a connection of one (in publication order, the `first` to
+        the `last`, `size` bytes of lines): the feed's common case, so it costs a few comparisons of
+        plain ints and one append. The hub offers only to subscriptions that take offers (its
+        `taking`, read after its last await)."""
+        if self.closed:
+            return
+        room = self._room()
+        count = len(pubs)
+        if first > self.last_queued[0] and count <= self._limit - self.queued and size <= room:
+            self._queue(Lines(pubs, bodies, envelopes, None, None, logged, size), count)
+            self.last_queued[0] = last
+            return
+        # what is new of them and fits is queued; the rest waits in the store
+        skip = int(np.searchsorted(pubs, self.last_queued[0], side="right"))
+        room_left = min(self._limit - self.queued, len(pubs) - skip)
+        sizes = line_sizes(bodies[skip : skip + room_left], envelopes[skip : skip + room_left])
+        fits = fitting(sizes, room, least=0)
+        if fits:
+            take = slice(skip, skip + fits)
+            size = int(sizes[:fits].sum())
+            self._queue(Lines(pubs[take], bodies[take], envelopes[take], None, None, logged[take], size), fits)
+            self.last_queued[0] = pubs[skip + fits - 1]
+        if len(pubs) - skip > fits:
+            self._fall_behind(seq, np.zeros(1, np.int64))
+
+    def _room(self) -> int:
+        """Bytes this connection may queue: none while its client does not read (what it is owed
+        waits in the store, so that clients reading nothing hold no more than what they took before)."""
+        return 0 if self.watch.not_reading(time.monotonic()) else self.hub.quotas.room(self.client)
+
+    def _fall_behind(self, seq: int, places: np.ndarray) -> None:
+        """These subscriptions take no more offers: they refill from the store, from entry `seq` on."""
+        self.live[places] = False
+        self.hub.taking(self.numbers[places], self.key, False)
+        self.unread[places] = seq
+        self._wake.set()
+
+    def _queue(self, lines: Lines, deliveries: int) -> None:
         self.pending.append(lines)
-        self.queued += len(lines.places)
+        self.queued += deliveries
         self._queued_lines += len(lines.pubs)
-        size = int(lines.sizes.sum())
-        self.queued_bytes += size
-        self.hub.quotas.take(self.client, size)
+        self.queued_bytes += lines.size
+        self.hub.quotas.take(self.client, lines.size)
         self._wake.set()
 
     def resync(self) -> None:
@@ -178,22 +246,35 @@ class Bundle:
         self.unread[:] = 0
         self._wake.set()
 
-    def behind(self) -> int:
-        return int(np.count_nonzero(self.open & ~self.live))
+    def standing(self) -> tuple[int, int]:
+        """Of its subscriptions still delivered here, how many read their backlog from the store
+        rather than take offers, and how many there are."""
+        if not self.multiplexed:  # (without numpy reductions: the hub asks every connection of one)
+            connected = bool(self.open[0])
+            return int(connected and not self.live[0]), int(connected)
+        return int(np.count_nonzero(self.open & ~self.live)), int(np.count_nonzero(self.open))
 
     def number_of(self, sub_id: str) -> int:
         return int(self.numbers[self.place(sub_id)])
 
     def let_go(self, sub_id: str) -> None:
-        """The subscription is delivered through this connection no more (at once: `end` says why)."""
+        """The subscription is delivered through this connection no more (at once: `end` says why; a
+        connection of one stops writing, so that the line saying so is what it ends with)."""
         place = self.place(sub_id)
         self.open[place] = self.live[place] = False
+        if not self.multiplexed:
+            self.closed = True
         self.hub.leave(self, place)
 
     async def end(self, ended: Sequence[tuple[str, bytes | None]]) -> None:
-        """Subscriptions leave the connection, each with its error line naming it, in one write."""
+        """Subscriptions leave the connection, each with its error line (naming it, on a multiplexed
+        connection), in one write."""
         for sub_id, _ in ended:
             self.let_go(sub_id)
+        if not self.multiplexed:
+            ((_, error),) = ended
+            await self.close(error)
+            return
         lines = [error[:-1] + b',"subscriptionId":' + orjson.dumps(sub_id) + b"}" for sub_id, error in ended if error]
         if lines:
             # the lines are handed to the transport; waiting for a client that does not read would hold
@@ -205,6 +286,11 @@ class Bundle:
 
     def acknowledge(self, seq: int) -> None:
         """The client consumed the line with this seq, and so every line written before it."""
+        if not self.multiplexed:
+            if self.acks and self.cursor[0] < seq <= self.sent:
+                self.cursor[0] = seq
+                self.hub.save_cursor(self._number, seq)
+            return
         serial = self._write_of.get(seq)
         if serial is None:
             return  # not written here, or forgotten
@@ -224,7 +310,8 @@ class Bundle:
         self.queued = self._queued_lines = self.queued_bytes = 0
 
     def cursor_changes(self) -> dict[int, int]:
-        """The cursors that moved since the last call, by subscription number."""
+        """The cursors that moved since the last call, by subscription number (a connection of one
+        hands its cursor to the hub as it moves)."""
         moved = np.flatnonzero(self.cursor > self.saved)
         self.saved[moved] = self.cursor[moved]
         return dict(zip(self.numbers[moved].tolist(), self.cursor[moved].tolist(), strict=True))
@@ -233,27 +320,65 @@ class Bundle:
         """Push until the connection fails or no subscription is left."""
         while not self.closed:
             if self.pending:
-                await self._write()
-            elif (self.open & ~self.live).any():
+                await self._write_next()
+            elif self._refilling():
                 await self._refill()
             else:
                 self._wake.clear()
                 await self._wake.wait()
 
+    def _refilling(self) -> bool:
+        """Whether a subscription still delivered here takes no offers (and so reads from the store)."""
+        if not self.multiplexed:  # (without numpy reductions: the common case, once per write)
+            return not self.live[0] and bool(self.open[0])
+        return bool((self.open & ~self.live).any())
+
+    async def _write_one(self) -> None:
+        """Write the next lines of a connection of one: its publications, as they are or in envelopes
+        (gathered in one loop, without arrays: the common case, once per write)."""
+        pubs: list[int] = []
+        bodies: list[bytes] = []
+        envelopes: list[bytes] = []
+        logged: list[np.ndarray] = []
+        size = 0
+        while self.pending and len(pubs) < SEND_LINES and size < SEND_BYTES:
+            item = self.pending.popleft()
+            size += item.size
+            pubs.extend(item.pubs.tolist())
+            bodies.extend(item.bodies)
+            envelopes.extend(item.envelopes)
+            if item.logged is not None:
+                logged.append(item.logged)
+        self.queued -= len(pubs)
+        self._queued_lines -= len(pubs)
+        with self.watch.writing():
+            await self._send(list(map(wrap, pubs, bodies, envelopes)) if self.envelope else bodies)
+        self._written_out(size, len(pubs), logged)
+        last = pubs[-1]
+        if trace.DIRECTORY and logged:
+            trace.mark("written", self.sent, last)
+        self.sent = last
+        if not self.acks:
+            self.cursor[0] = last
+            self.hub.save_cursor(self._number, last)
+
     async def _write(self) -> None:
+        """Write the next lines of a multiplexed connection, each naming the subscriptions it goes to."""
         batch: list[Lines] = []
         lines = size = 0
         while self.pending and lines < SEND_LINES and size < SEND_BYTES:
             batch.append(self.pending.popleft())
             lines += len(batch[-1].pubs)
-            size += int(batch[-1].sizes.sum())
+            size += batch[-1].size
         frames: list[bytes] = []
         for at, item in enumerate(batch):
+            assert item.places is not None  # a multiplexed connection's lines name their subscriptions
             self.queued -= len(item.places)
             self._queued_lines -= len(item.pubs)
             kept = self.open[item.places]
             if not kept.all():  # some subscriptions ended since these lines were queued
                 item = batch[at] = _without(item, kept)
+            assert item.places is not None and item.counts is not None
             bounds = np.cumsum(item.counts).tolist()
             quoted = self._quoted[item.places].tolist()
             low = 0
@@ -263,21 +388,26 @@ class Bundle:
                 low = high
         with self.watch.writing():
             await self._send(frames)
-        self.queued_bytes -= size
-        self.hub.quotas.release(self.client, size)
-        places = np.concatenate([item.places for item in batch])
-        pubs = np.concatenate([np.repeat(item.pubs, item.counts) for item in batch])
+        places = np.concatenate([item.places for item in batch if item.places is not None])
+        counts = np.concatenate([item.counts for item in batch if item.counts is not None])
+        pubs = np.repeat(np.concatenate([item.pubs for item in batch]), counts)
         if self.acks:
-            counts = np.concatenate([item.counts for item in batch])
             self._remember(np.concatenate([item.pubs for item in batch]), np.cumsum(counts), places, pubs)
         else:
             np.maximum.at(self.cursor, places, pubs)
-        self.hub.forwarded += len(places)
         logged = [np.repeat(item.logged, item.counts) for item in batch if item.logged is not None]
+        self._written_out(size, len(places), logged)
+        if trace.DIRECTORY and logged:
+            trace.mark("written", int(pubs.min()) - 1, int(pubs.max()))
+
+    def _written_out(self, size: int, deliveries: int, logged: list[np.ndarray]) -> None:
+        """A write went through: its bytes go back to the quota; its deliveries count, and the
+        latencies of those taken live (`logged`: when their publications were logged)."""
+        self.queued_bytes -= size
+        self.hub.quotas.release(self.client, size)
+        self.hub.forwarded += deliveries
         if logged:
             self.hub.sent(logged)
-            if trace.DIRECTORY:
-                trace.mark("written", int(pubs.min()) - 1, int(pubs.max()))
 
     def _remember(self, seqs: np.ndarray, ends: np.ndarray, places: np.ndarray, pubs: np.ndarray) -> None:
         serial = next(self._serials)
@@ -300,12 +430,14 @@ class Bundle:
     async def _refill(self) -> None:
         """Read the queues of the subscriptions that take no offers, all at once, from the store."""
         places = np.flatnonzero(self.open & ~self.live)
-        limit = max(REFILL_EACH, REFILL_DELIVERIES // len(places))
+        limit = min(QUEUE_LIMIT, max(REFILL_EACH, REFILL_DELIVERIES // len(places)))
         threads = self.hub.threads
         since = int(self.unread[places].min())
         sub_nos, pubs, watermark, reached = await threads.read(
             threads.store.backlogs, self.numbers[places], self.last_queued[places], limit, since
         )
+        if self.closed:
+            return
         rows = self._by_number[np.searchsorted(self._numbers_sorted, sub_nos)]
         size = len(self.ids)
         full = np.bincount(rows, minlength=size)[places] >= limit
@@ -313,26 +445,28 @@ class Bundle:
         if len(pubs):
             published, variants = await self.hub.published(sub_nos, pubs, cropped=True)
             known = variants >= 0  # compacted away meanwhile: nobody is owed them
-            lines = _lines(rows[known], pubs[known], variants[known], published, self._id_bytes, live=False)
-            taken = fitting(lines.sizes, min(self.hub.quotas.room(self.client), REFILL_BYTES), least=1)
+            lines, sizes = _lines(rows[known], pubs[known], variants[known], published, self._id_bytes, live=False)
+            taken = fitting(sizes, min(self.hub.quotas.room(self.client), REFILL_BYTES), least=1)
             if taken < len(lines.pubs):  # a line's subscriptions have all lines before it queued
-                lines = _head(lines, taken)
+                lines = _head(lines, sizes, taken)
+                assert lines.places is not None and lines.counts is not None  # made by _lines
                 queued = np.bincount(lines.places, minlength=size)[places]
                 cut = np.bincount(rows[known], minlength=size)[places] > queued
                 rows, pubs = lines.places, np.repeat(lines.pubs, lines.counts)
             if len(lines.pubs):
-                self._queue(lines)
+                self._queue(lines, len(lines.places))
             np.maximum.at(self.last_queued, rows, pubs)
         read = full & ~cut
         self.unread[places[read]] = np.maximum(self.unread[places[read]], reached)
         # Rows the hub handled after our snapshot were not offered to us: read again before going live.
         if self.hub.last_seq <= watermark:
-            self.live[places[~full & ~cut]] = True
-            self.hub.taking(self.numbers[places[~full & ~cut]], self.key, True)
+            caught_up = places[~full & ~cut]
+            self.live[caught_up] = self.open[caught_up]
+            self.hub.taking(self.numbers[caught_up], self.key, True)
 
     async def close(self, error: bytes | None = None) -> None:
-        """(Waiting at most END_LINE_WAIT for a client that does not read: the gateway's stop is not
-        held up by it.)"""
+        """(Waiting at most END_LINE_WAIT for a client that does not read: whoever ends the connection,
+        the gateway stopping, an unsubscription or a newer connection, is not held up by it.)"""
         self.closed = True
         self._wake.set()
         with contextlib.suppress(Exception):
@@ -341,39 +475,51 @@ class Bundle:
 
 def _lines(
     places: np.ndarray, pubs: np.ndarray, variants: np.ndarray, published: Published, id_bytes: np.ndarray, live: bool
-) -> Lines:
+) -> tuple[Lines, np.ndarray]:
     """Deliveries (grouped by subscription, each in publication order) as lines: one per variant, in
-    publication order, naming the subscriptions it goes to (`id_bytes`: each place's id as written)."""
+    publication order, naming the subscriptions it goes to (`id_bytes`: each place's id as written);
+    and each line's size."""
     if not len(places):
         empty = np.empty(0, np.int64)
-        return Lines(empty, [], [], empty, empty, empty if live else None, empty)
+        return Lines(empty, [], [], empty, empty, empty if live else None, 0), empty
     order = np.lexsort((variants, pubs))
     variants, places = variants[order], places[order]
     starts = np.flatnonzero(np.r_[True, variants[1:] != variants[:-1]])
     chosen = variants[starts]
-    return Lines(
+    sizes = published.sizes[chosen] + np.add.reduceat(id_bytes[places], starts)
+    lines = Lines(
         published.pubs[chosen], published.bodies[chosen].tolist(), published.envelopes[chosen].tolist(),
-        np.diff(np.r_[starts, len(places)]), places, published.logged[chosen] if live else None,
-        published.sizes[chosen] + np.add.reduceat(id_bytes[places], starts),
+        np.diff(np.r_[starts, len(places)]), places, published.logged[chosen] if live else None, int(sizes.sum()),
     )  # fmt: skip
+    return lines, sizes
 
 
-def _head(lines: Lines, n: int) -> Lines:
-    """The first n lines."""
+def _head(lines: Lines, sizes: np.ndarray, n: int) -> Lines:
+    """The first n lines (of these sizes)."""
+    assert lines.counts is not None and lines.places is not None  # made by _lines
     deliveries = int(lines.counts[:n].sum())
     return Lines(
         lines.pubs[:n], lines.bodies[:n], lines.envelopes[:n], lines.counts[:n], lines.places[:deliveries],
-        None if lines.logged is None else lines.logged[:n], lines.sizes[:n],
+        None if lines.logged is None else lines.logged[:n], int(sizes[:n].sum()),
     )  # fmt: skip
 
 
 def _without(lines: Lines, kept: np.ndarray) -> Lines:
-    """The lines with only the deliveries `kept` (per delivery), and no line left without one."""
+    """The lines with only the deliveries `kept` (per delivery), and no line left without one; they
+    still hold the bytes they were queued with."""
+    assert lines.counts is not None and lines.places is not None  # a multiplexed connection's lines
     line_of = np.repeat(np.arange(len(lines.pubs)), lines.counts)
     counts = np.bincount(line_of[kept], minlength=len(lines.pubs))
     left = counts > 0
     return Lines(
         lines.pubs[left], [b for b, k in zip(lines.bodies, left.tolist(), strict=True) if k],
         [e for e, k in zip(lines.envelopes, left.tolist(), strict=True) if k], counts[left], lines.places[kept],
-        None if lines.logged is None else lines.logged[left], lines.sizes[left],
+        None if lines.logged is None else lines.logged[left], lines.size,
     )  # fmt: skip
+
+
+def line_sizes(bodies: list[bytes], envelopes: list[bytes]) -> np.ndarray:
+    """The bytes of each delivery line but its subscription ids."""
+    count = len(bodies)
+    body_sizes = np.fromiter(map(len, bodies), np.int64, count)
+    return body_sizes + np.fromiter(map(len, envelopes), np.int64, count) + LINE_BYTES

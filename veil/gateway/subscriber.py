@@ -6,9 +6,8 @@ resume."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from veil.gateway import membership
+from veil.gateway.bundle import Admitted
 from veil.gateway.context import Gateway
 from veil.gateway.http import sized
 from veil.matching.stored import decode_subscription
@@ -17,16 +16,6 @@ from veil.protocol.errors import unknown
 from veil.security.admission import admit_subscription
 from veil.security.identity import Principal
 from veil.store.base import LiveSubscription
-
-
-class Admitted(NamedTuple):
-    """A subscription this connection may deliver: its number, where delivery starts and when this
-    gateway claimed it (`membership`)."""
-
-    sub_id: str
-    number: int
-    start_after: int
-    claimed: float
 
 
 async def admit(gateway: Gateway, handshake: Handshake, principal: Principal) -> list[Admitted]:

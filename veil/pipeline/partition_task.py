@@ -58,10 +58,10 @@ STUCK = 60.0
 ORDER_WAIT = 1.0  # seconds a matched range waits for the ranges before it, before the task looks around
 ARRIVAL_WAIT = 1.0  # seconds a task waits for the epoch's others to claim what their workers hold
 # What a round costs downstream grows with the subscriptions it delivers to: the gateway offers its
-# feed entry to each of their sessions and writes to their connections. Up to PACED_SUBSCRIPTIONS
+# feed entry to each of their connections and writes to their connections. Up to PACED_SUBSCRIPTIONS
 # of them the gap is `round_gap`; beyond, it grows in proportion (up to GAP_GROWTH times), and it
 # applies even when the partition caught up. Without that, with 20,000 subscriptions and a quarter
-# matching each reading, every group commit made a round that woke thousands of sessions, and the
+# matching each reading, every group commit made a round that woke thousands of connections, and the
 # gateway's event loop, busy with them, acknowledged ever fewer publications (16-27 readings/s of
 # 1,000 offered).
 PACED_SUBSCRIPTIONS = 1_000
@@ -71,7 +71,7 @@ GAP_GROWTH = 10
 # commit that landed while a round ran wait the whole gap: at 200 publications/s with 512
 # subscriptions, committed -> seen p99 was 98-99 ms paced and 2-3 ms not. Above, at saturation, a
 # round per commit made 1.6 times the rounds per publication, each a feed entry offered to every
-# session it matches, and throughput end to end fell 13 % (512 subscriptions).
+# connection it matches, and throughput end to end fell 13 % (512 subscriptions).
 PACED_RATE = 500
 RATE_WINDOW = 1.0
 

@@ -48,12 +48,6 @@ class LogEntry(NamedTuple):
     number: int | None = None  # a subscription's compact number (the one its queue and matches use)
 
 
-Backlogged = tuple[int, bytes, Origin]
-"""A delivery read from a subscription's backlog: (publication offset, bytes delivered, where they
-came from), plain tuples, since one is made per delivery. The bytes are the subscriber's cropped
-copy where cropping applied (and the origin says so)."""
-
-
 class FeedEntry(NamedTuple):
     """The matches of one round: parallel arrays of subscription numbers and publication
     offsets, sorted by subscription number, then publication."""
@@ -365,11 +359,6 @@ class GatewayStore(LogReader):
     @abstractmethod
     def copies(self, sub_nos: np.ndarray, pubs: np.ndarray) -> dict[tuple[int, int], bytes]:
         """The cropped copies among these (subscription number, publication) matches."""
-
-    @abstractmethod
-    def backlog(self, number: int, after_pub: int, limit: int) -> tuple[list[Backlogged], int]:
-        """A live subscription's queued deliveries (by number) after `after_pub`, in publication order, and the highest
-        feed seq visible to the same read (so a caller knows what the live feed must add)."""
 
     @abstractmethod
     def backlogs(

@@ -33,7 +33,7 @@ class CompactionSql(Dialect):
     def compact(self, limit: int, fanned_out: int, spill_before: float) -> int:
         with self._tx() as db:
             changes = get_status(db, "changes") or 0
-            # the hub offers entries to connected sessions first; spilling one it has not offered yet
+            # the hub offers entries to connected subscriptions first; spilling one it has not offered yet
             # would write rows that are about to be consumed
             spilled = self._spill(db, fanned_out, spill_before, limit, changes)
             consumed = 0

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from veil.protocol.envelope import Origin
-from veil.store.base import KIND_COPY, Backlogged, FeedEntry, Round, StatefulBatch
+from veil.store.base import KIND_COPY, FeedEntry, Round, StatefulBatch
 from veil.store.queues import FEED_READ_PAIRS, feed_rows, unpack
 from veil.store.relational.dialect import (
     LAST_FEED_SEQ,
@@ -77,20 +77,6 @@ class DeliverySql(Dialect):
             self._pairs(sub_nos, pubs),
         )
         return {(sub_no, pub): body for sub_no, pub, body in rows}
-
-    def backlog(self, number: int, after_pub: int, limit: int) -> tuple[list[Backlogged], int]:
-        numbers = np.array([number], np.int64)
-        with self._tx(write=False) as db:
-            watermark = db.execute(LAST_FEED_SEQ).fetchone()[0]
-            _, pubs, _ = self._queued(db, numbers, np.array([after_pub], np.int64), limit, watermark, 0)
-            bodies = self._bodies(db, pubs)
-            copies = self._copies(db, np.repeat(numbers, len(pubs)), pubs)
-        rows: list[Backlogged] = []
-        for pub in pubs.tolist():
-            copy = copies.get((int(numbers[0]), pub))
-            body, origin, _ = bodies[pub]
-            rows.append((pub, body, origin) if copy is None else (pub, copy, origin._replace(cropped=True)))
-        return rows, watermark
 
     def backlogs(
         self, numbers: np.ndarray, afters: np.ndarray, limit: int, from_seq: int = 0

@@ -1,5 +1,6 @@
-"""Multiplexed delivery connections: one connection carries many subscriptions of one client, each
-admitted as it would be alone, delivered as one `Bundle`; the client's acknowledgements go to it."""
+"""Delivery connections of subscriptions: one connection carries one subscription, or many of one
+client (multiplexed), each admitted as it would be alone, all delivered as one `Bundle`; the client's
+acknowledgements go to it."""
 
 from __future__ import annotations
 
@@ -8,21 +9,21 @@ import contextlib
 import ssl
 
 from veil.gateway import membership
-from veil.gateway.bundle import Bundle
+from veil.gateway.bundle import Admitted, Bundle
 from veil.gateway.channel import Close, Receive, Send, failure_line, read_while
 from veil.gateway.context import Gateway
 from veil.gateway.quotas import Client
-from veil.gateway.subscriber import Admitted, admit
+from veil.gateway.subscriber import admit
 from veil.protocol import Handshake, ProtocolError, parse_ack
 from veil.protocol.errors import unknown
 from veil.security.identity import Principal
 
 
-async def serve_multiplexed(
+async def serve_subscriptions(
     gateway: Gateway, handshake: Handshake, principal: Principal, client: Client, send: Send, close: Close,
     receive: Receive,
 ) -> None:  # fmt: skip
-    """Serve a connection that named several subscriptions, in `client`'s connection place, until the
+    """Serve a connection of the handshake's subscriptions, in `client`'s connection place, until the
     client leaves or none is left. Whatever ends it (the client, an error, the gateway stopping), its
     claims are given back."""
     try:
@@ -48,7 +49,7 @@ async def _deliver(gateway: Gateway, bundle: Bundle, admitted: list[Admitted], r
     hub, threads = gateway.hub, gateway.threads
     pusher: asyncio.Task[None] | None = None
     try:
-        await hub.attach_bundle(bundle)
+        hub.attach(bundle)
         # an unsubscription that ran before the attach found nothing to end (the id may be taken again since)
         numbers = await threads.read(threads.store.live_numbers, bundle.ids)
         gone = [a for a, now in zip(admitted, numbers, strict=True) if now != a.number]
@@ -58,13 +59,14 @@ async def _deliver(gateway: Gateway, bundle: Bundle, admitted: list[Admitted], r
         pusher = asyncio.create_task(bundle.run())
 
         def acknowledge(raw: bytes | str) -> None:
+            """After the handshake a client may only acknowledge; anything else is ignored."""
             if raw.strip():
                 with contextlib.suppress(ProtocolError):
                     bundle.acknowledge(parse_ack(raw))
 
         await read_while(pusher, receive, acknowledge)
     finally:
-        hub.detach_bundle(bundle)
+        hub.detach(bundle)
         try:  # a store error that ended the pusher is raised (and logged) after what it queued is given back
             if pusher is not None:
                 pusher.cancel()
