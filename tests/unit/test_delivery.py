@@ -40,14 +40,20 @@ class Connected:
     """A caught-up connection of one subscription (nothing queued for it in the store): what it was
     sent, and what it was closed with."""
 
-    def __init__(self, hub: DeliveryHub, number: int, ack: bool = False, envelope: bool = True) -> None:
+    def __init__(
+        self, hub: DeliveryHub, number: int, ack: bool = False, envelope: bool = True, live: bool = True
+    ) -> None:
         self.sent: list[bytes] = []
         self.closed: list[bytes | None] = []
         handshake = Handshake("a", f"s{number}", envelope, ack, None)
         admitted = [Admitted(f"s{number}", number, 0, 0.0)]
         self.bundle = Bundle(hub, handshake, admitted, self._send, self._close, Client(""))
-        self.bundle.live[:] = True
+        self.bundle.live[:] = live
         hub.attach(self.bundle)
+        if live:
+            self.run()
+
+    def run(self) -> None:
         RUNNING.add(asyncio.create_task(self.bundle.run()))
 
     async def _send(self, frames: list[bytes]) -> None:
@@ -133,3 +139,41 @@ async def test_a_connection_that_leaves_while_the_hub_reads_bodies_is_offered_no
             store.record_round(Round([5, 6, 8], [pub, pub, pub], pub))
             await until(lambda: staying.seqs() == [pub] and together.seqs() == [pub])
         assert leaving.sent == [] and not caplog.records and hub.behind() == 0
+
+
+async def test_a_subscription_that_catches_up_while_an_entry_is_being_offered_reads_that_entry_too(
+    tmp_path, monkeypatch
+):
+    """The hub chose whom to offer feed entry E2 before a subscription's backlog read (which saw only
+    E1) ended: going live then would skip E2 for good, the next entries moving its cursor past it."""
+    async with running_hub(tmp_path) as hub:
+        store = hub.threads.store
+        for sub_id in ("s1", "s2"):
+            store.put_subscription(sub_id, "alice", b"[]")
+        one, two = store.live_numbers(["s1", "s2"])
+        p1, p2, p3 = store.append_publications(published(b'{"n":1}', b'{"n":2}', b'{"n":3}'))
+        store.record_round(Round([one, two], [p1, p1], p1))
+        await until(lambda: hub.last_seq == store.last_feed_seq())
+        reading = Connected(hub, one)
+        late = Connected(hub, two, live=False)  # connected, its backlog not read yet
+        before_e2 = store.backlogs(np.array([two]), np.array([0]), 2048)
+        offering, go_on = asyncio.Event(), asyncio.Event()
+        lookup = hub.published
+
+        async def held(sub_nos: np.ndarray, pubs: np.ndarray, cropped: bool):
+            offering.set()
+            await go_on.wait()
+            return await lookup(sub_nos, pubs, cropped)
+
+        monkeypatch.setattr(hub, "published", held)
+        store.record_round(Round([one, two], [p2, p2], p2))
+        await offering.wait()  # the hub offers E2 to the first subscription only
+        monkeypatch.setattr(hub, "published", lookup)
+        backlogs = store.backlogs
+        monkeypatch.setattr(store, "backlogs", lambda *args: before_e2)
+        await late.bundle._refill()  # its read ends now, having seen E1 only
+        monkeypatch.setattr(store, "backlogs", backlogs)
+        go_on.set()
+        late.run()
+        store.record_round(Round([two], [p3], p3))
+        await until(lambda: late.seqs() == [p1, p2, p3] and reading.seqs() == [p2])

@@ -56,6 +56,7 @@ REFILL_BYTES = 1 << 20  # bytes of lines queued from one read of the store, abou
 LINE_BYTES = 48  # of a line besides its publication, envelope fields and subscription ids: seq, id, quotes
 UNACKED_DELIVERIES = 1 << 16  # written and remembered line by line for acknowledgements
 _keys = itertools.count()
+ONE_EACH = np.empty(0, np.int64)
 
 
 class Admitted(NamedTuple):
@@ -85,7 +86,7 @@ class Hub(Protocol):
 
     threads: StoreThreads
     quotas: Quotas
-    last_seq: int  # the feed entry fanned out last
+    offering: int  # the newest feed entry the hub has begun to offer (what a subscription's read must reach)
     forwarded: int  # deliveries sent and not yet counted in the store
 
     def taking(self, numbers: np.ndarray, key: int, on: bool) -> None: ...
@@ -101,16 +102,16 @@ class Hub(Protocol):
 
 class Lines(NamedTuple):
     """Queued lines: per line its publication, bytes and envelope fields; per line how many
-    deliveries it carries and per delivery, in line order, the subscription's place (None for both:
-    one delivery a line, to a connection's only subscription, as the feed offers them); `logged` only
-    for lines taken live from the feed (the latency histogram's samples); the bytes they hold of
-    their client's quota."""
+    deliveries it carries and per delivery, in line order, the subscription's place (`ONE_EACH` for
+    both where the feed offers a connection of one its lines: one delivery each, to its only
+    subscription); `logged` only for lines taken live from the feed (the latency histogram's
+    samples); the bytes they hold of their client's quota."""
 
     pubs: np.ndarray
     bodies: list[bytes]
     envelopes: list[bytes]
-    counts: np.ndarray | None
-    places: np.ndarray | None
+    counts: np.ndarray
+    places: np.ndarray
     logged: np.ndarray | None
     size: int
 
@@ -141,7 +142,7 @@ class Bundle:
         self.sent = admitted[0].start_after  # the last publication written to a connection of one
         self._numbers_sorted = np.sort(self.numbers)
         self._by_number = np.argsort(self.numbers)  # places in the order of _numbers_sorted
-        self._limit = QUEUE_LIMIT * len(admitted)  # deliveries queued, as many as as many connections of one would
+        self._limit = QUEUE_LIMIT * len(admitted)  # deliveries queued: what its subscriptions would queue alone
         self.live = np.zeros(len(admitted), bool)  # caught up: takes offers from the feed
         # where a subscription that takes no offers must read the unspilled feed from (entries before
         # it were offered to it): its reads then cost the entries it missed, not all the store keeps
@@ -203,18 +204,18 @@ class Bundle:
         room = self._room()
         count = len(pubs)
         if first > self.last_queued[0] and count <= self._limit - self.queued and size <= room:
-            self._queue(Lines(pubs, bodies, envelopes, None, None, logged, size), count)
+            self._queue(Lines(pubs, bodies, envelopes, ONE_EACH, ONE_EACH, logged, size), count)
             self.last_queued[0] = last
             return
         # what is new of them and fits is queued; the rest waits in the store
         skip = int(np.searchsorted(pubs, self.last_queued[0], side="right"))
-        room_left = min(self._limit - self.queued, len(pubs) - skip)
+        room_left = max(0, min(self._limit - self.queued, len(pubs) - skip))
         sizes = line_sizes(bodies[skip : skip + room_left], envelopes[skip : skip + room_left])
         fits = fitting(sizes, room, least=0)
         if fits:
             take = slice(skip, skip + fits)
             size = int(sizes[:fits].sum())
-            self._queue(Lines(pubs[take], bodies[take], envelopes[take], None, None, logged[take], size), fits)
+            self._queue(Lines(pubs[take], bodies[take], envelopes[take], ONE_EACH, ONE_EACH, logged[take], size), fits)
             self.last_queued[0] = pubs[skip + fits - 1]
         if len(pubs) - skip > fits:
             self._fall_behind(seq, np.zeros(1, np.int64))
@@ -372,13 +373,11 @@ class Bundle:
             size += batch[-1].size
         frames: list[bytes] = []
         for at, item in enumerate(batch):
-            assert item.places is not None  # a multiplexed connection's lines name their subscriptions
             self.queued -= len(item.places)
             self._queued_lines -= len(item.pubs)
             kept = self.open[item.places]
             if not kept.all():  # some subscriptions ended since these lines were queued
                 item = batch[at] = _without(item, kept)
-            assert item.places is not None and item.counts is not None
             bounds = np.cumsum(item.counts).tolist()
             quoted = self._quoted[item.places].tolist()
             low = 0
@@ -386,10 +385,11 @@ class Bundle:
                 ids = b'"subscriptionIds":[' + b",".join(quoted[low:high]) + b"]"
                 frames.append(wrap(pub, body, members + b"," + ids if members else ids))
                 low = high
-        with self.watch.writing():
-            await self._send(frames)
-        places = np.concatenate([item.places for item in batch if item.places is not None])
-        counts = np.concatenate([item.counts for item in batch if item.counts is not None])
+        if frames:  # (none, when every subscription its lines were for has ended)
+            with self.watch.writing():
+                await self._send(frames)
+        places = np.concatenate([item.places for item in batch])
+        counts = np.concatenate([item.counts for item in batch])
         pubs = np.repeat(np.concatenate([item.pubs for item in batch]), counts)
         if self.acks:
             self._remember(np.concatenate([item.pubs for item in batch]), np.cumsum(counts), places, pubs)
@@ -397,7 +397,7 @@ class Bundle:
             np.maximum.at(self.cursor, places, pubs)
         logged = [np.repeat(item.logged, item.counts) for item in batch if item.logged is not None]
         self._written_out(size, len(places), logged)
-        if trace.DIRECTORY and logged:
+        if trace.DIRECTORY and logged and len(pubs):
             trace.mark("written", int(pubs.min()) - 1, int(pubs.max()))
 
     def _written_out(self, size: int, deliveries: int, logged: list[np.ndarray]) -> None:
@@ -449,7 +449,6 @@ class Bundle:
             taken = fitting(sizes, min(self.hub.quotas.room(self.client), REFILL_BYTES), least=1)
             if taken < len(lines.pubs):  # a line's subscriptions have all lines before it queued
                 lines = _head(lines, sizes, taken)
-                assert lines.places is not None and lines.counts is not None  # made by _lines
                 queued = np.bincount(lines.places, minlength=size)[places]
                 cut = np.bincount(rows[known], minlength=size)[places] > queued
                 rows, pubs = lines.places, np.repeat(lines.pubs, lines.counts)
@@ -458,8 +457,9 @@ class Bundle:
             np.maximum.at(self.last_queued, rows, pubs)
         read = full & ~cut
         self.unread[places[read]] = np.maximum(self.unread[places[read]], reached)
-        # Rows the hub handled after our snapshot were not offered to us: read again before going live.
-        if self.hub.last_seq <= watermark:
+        # Rows the hub handled after our snapshot were not offered to us, nor those of an entry it is
+        # offering now (it chose whom to offer before our read ended): read again before going live.
+        if self.hub.offering <= watermark:
             caught_up = places[~full & ~cut]
             self.live[caught_up] = self.open[caught_up]
             self.hub.taking(self.numbers[caught_up], self.key, True)
@@ -496,7 +496,6 @@ def _lines(
 
 def _head(lines: Lines, sizes: np.ndarray, n: int) -> Lines:
     """The first n lines (of these sizes)."""
-    assert lines.counts is not None and lines.places is not None  # made by _lines
     deliveries = int(lines.counts[:n].sum())
     return Lines(
         lines.pubs[:n], lines.bodies[:n], lines.envelopes[:n], lines.counts[:n], lines.places[:deliveries],
@@ -507,7 +506,6 @@ def _head(lines: Lines, sizes: np.ndarray, n: int) -> Lines:
 def _without(lines: Lines, kept: np.ndarray) -> Lines:
     """The lines with only the deliveries `kept` (per delivery), and no line left without one; they
     still hold the bytes they were queued with."""
-    assert lines.counts is not None and lines.places is not None  # a multiplexed connection's lines
     line_of = np.repeat(np.arange(len(lines.pubs)), lines.counts)
     counts = np.bincount(line_of[kept], minlength=len(lines.pubs))
     left = counts > 0

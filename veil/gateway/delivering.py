@@ -40,9 +40,9 @@ async def serve_subscriptions(
         ending = failure_line(exc, gateway.threads.store.failures)
         raise
     finally:
-        await _release(gateway, admitted)  # (a claim taken since by a newer connection is not this one's)
-        if bundle is not None:
+        if bundle is not None:  # (told first: releasing writes to a store that may be failing)
             await bundle.close(ending)
+        await _release(gateway, admitted)  # (a claim taken since by a newer connection is not this one's)
 
 
 async def _deliver(gateway: Gateway, bundle: Bundle, admitted: list[Admitted], receive: Receive) -> None:

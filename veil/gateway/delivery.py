@@ -67,7 +67,8 @@ class DeliveryHub:
         self._bundle_of = np.full(1024, -1, np.int64)
         self._alone = np.zeros(1024, bool)
         self._place = np.zeros(1024, np.int64)
-        self.last_seq = 0
+        self.last_seq = 0  # the feed entry fanned out last
+        self.offering = 0  # the entry being fanned out (its subscriptions chosen, its bodies read), or the last
         self._cursors: dict[int, int] = {}  # by subscription number
         self.forwarded = 0  # deliveries sent and not yet counted in the store
         self.latency = Histogram(LATENCY_BOUNDS)  # publish (logged) -> delivery (written to the connection), s
@@ -75,7 +76,7 @@ class DeliveryHub:
         self._stopping = asyncio.Event()
 
     async def start(self) -> None:
-        self.last_seq = await self.threads.read(self.threads.store.last_feed_seq)
+        self.last_seq = self.offering = await self.threads.read(self.threads.store.last_feed_seq)
 
     def attach(self, bundle: Bundle) -> None:
         """Deliver the bundle's subscriptions through it from now on (but those of which a newer
@@ -130,7 +131,9 @@ class DeliveryHub:
             del self.holders[sub_id]
             self._taking[number] = False
             self._bundle_of[number] = -1
-        if bundle.cursor[place] > bundle.saved[place]:
+            self._alone[number] = False
+        # (a connection of one handed its cursor over as it moved)
+        if bundle.multiplexed and bundle.cursor[place] > bundle.saved[place]:
             self.save_cursor(number, int(bundle.cursor[place]))
 
     def detach(self, bundle: Bundle) -> None:
@@ -162,11 +165,13 @@ class DeliveryHub:
         votes: dict[str, list[int]] = {}
         silent: set[str] = set()
         for bundle in self._bundles.values():
+            behind, connected = bundle.standing()
+            if not connected:  # (let go of all its subscriptions, not yet gone)
+                continue
             identity = bundle.client.identity
             if bundle.watch.not_reading(now):
                 silent.add(identity)
                 continue
-            behind, connected = bundle.standing()
             vote = votes.setdefault(identity, [0, 0])
             vote[0] += behind
             vote[1] += connected
@@ -240,6 +245,7 @@ class DeliveryHub:
                     # rows this hub never offered went (another gateway's compaction spilled them while
                     # this one counted as gone): its subscriptions read their queues from the store again
                     self._resync()
+                self.offering = entry.seq
                 if self.holders:
                     try:
                         await self._fan_out(entry)

@@ -326,7 +326,7 @@ class GatewayStore(LogReader):
 
     @abstractmethod
     def live_numbers(self, sub_ids: Sequence[str]) -> list[int | None]:
-        """`subscription_number` of each id, read in one statement."""
+        """Each id's live subscription's number (None: no live subscription has it), read in one statement."""
 
     @abstractmethod
     def subscription_number(self, sub_id: str, owner: str | None = None) -> int | None:
