@@ -119,6 +119,15 @@ class Lines(NamedTuple):
 class Bundle:
     """A delivery connection's subscriptions, as arrays indexed by their place in the handshake."""
 
+    # (slots: the hub touches every connection per feed entry, and a compact instance keeps that cheap)
+    __slots__ = (
+        "_by_number", "_close", "_folded", "_id_bytes", "_limit", "_number", "_numbers_sorted", "_places",
+        "_queued_lines", "_quoted", "_remembered", "_send", "_serials", "_wake", "_write_next", "_write_of",
+        "_written", "acks", "client", "closed", "cursor", "envelope", "hub", "ids", "key", "last_queued",
+        "live", "multiplexed", "numbers", "open", "pending", "queued", "queued_bytes", "saved", "sent",
+        "unread", "watch",
+    )  # fmt: skip
+
     def __init__(
         self, hub: Hub, handshake: Handshake, admitted: list[Admitted], send: Send, close: Close, client: Client
     ) -> None:
