@@ -141,9 +141,8 @@ class Bundle:
         self._number = admitted[0].number  # a connection of one's, as a plain int for its every write
         self._places = {sub_id: place for place, sub_id in enumerate(self.ids)}
         self._quoted = np.array([dumps_kept(sub_id) for sub_id in self.ids], object)
-        self._id_bytes = np.array([len(quoted) + 1 for quoted in self._quoted], np.int64)  # with its comma
-        if not self.multiplexed:
-            self._id_bytes[:] = 0  # its lines name no subscription
+        # each id's bytes in a line, with its comma (none where the lines name no subscription)
+        self._id_bytes = np.array([(len(quoted) + 1) * self.multiplexed for quoted in self._quoted], np.int64)
         self.acks = handshake.ack
         self.last_queued = np.array([a.start_after for a in admitted], np.int64)
         self.cursor = self.last_queued.copy()  # delivered (or acknowledged, with acks): what to save
