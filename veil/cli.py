@@ -163,14 +163,20 @@ async def _publish(args: argparse.Namespace) -> int:
             raise SystemExit(f"veil publish: --payload-file {args.payload_file}: {exc.strerror}") from None
     async with _client(args) as client:
         documents = args.publication or [line for line in sys.stdin if line.strip()]
-        for document in documents:
+        for number, document in enumerate(documents, start=1):
+            key = args.idempotency_key
+            if key is not None and len(documents) > 1:
+                key = f"{key}#{number}"
             if args.seal is None:
-                print(await client.publish(document.encode(), valid_for=args.valid_for))
+                print(await client.publish(document.encode(), valid_for=args.valid_for, idempotency_key=key))
                 continue
             attributes = orjson.loads(document)
             if not isinstance(attributes, dict):
                 raise SystemExit("veil publish: with --seal, a publication is a JSON object of routing attributes")
-            print(await client.publish(attributes, valid_for=args.valid_for, seal=args.seal, payload=payload))
+            sealed = await client.publish(
+                attributes, valid_for=args.valid_for, seal=args.seal, payload=payload, idempotency_key=key
+            )
+            print(sealed)
     return 0
 
 
@@ -529,6 +535,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="milliseconds it stays valid: subscriptions made meanwhile receive it too (default: none, matched "
         "once and not kept)",
     )
+    publish.add_argument(
+        "--idempotency-key", metavar="KEY", help="names what is published (the Nth of several documents as KEY#N): "
+        "run again within the broker's --idempotency-window, it publishes nothing new and prints the same ids "
+        "(default: a random key per document, which covers the command's own retries)",
+    )  # fmt: skip
     publish.add_argument(
         "--seal", metavar="SCOPE", help="seal a payload for SCOPE's members, and publish into it (default: none)"
     )

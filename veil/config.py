@@ -203,6 +203,11 @@ class Config:
         ("VEIL_MAX_WINDOW_COUNT",),
     )  # fmt: skip
     max_validity_ms: int = _opt(DAY_MS * 30, "longest X-Valid-For, in milliseconds", ("VEIL_MAX_VALIDITY_MS",))
+    idempotency_window: float = _opt(
+        120.0, "seconds a publisher's idempotency key is remembered: a publish repeated with it meanwhile is "
+        "answered with the first publication's id and logged once",
+        ("VEIL_IDEMPOTENCY_WINDOW",),
+    )  # fmt: skip
     read_timeout: float = _opt(
         10.0, "seconds a client may take to send a request (or a WebSocket upgrade) once connected",
         ("VEIL_READ_TIMEOUT",),
@@ -354,6 +359,10 @@ class Config:
             raise ValueError("--max-batch-rows, --max-batch-matches and --max-body must be positive")
         if min(self.max_registry, self.max_publisher_rules) < 1:
             raise ValueError("--max-registry and --max-publisher-rules must be positive")
+        # at least as long as a client's retries last (the client library's: 30 s), or a retry that
+        # comes after its key is forgotten publishes again
+        if not 60 <= self.idempotency_window <= 7 * 86400:
+            raise ValueError("--idempotency-window: seconds, from 60 to 604800 (a week)")
         if not 0 <= self.round_gap_ms <= 10_000:
             raise ValueError("--round-gap-ms: from 0 to 10000")
         if not 1 <= self.epoch_seconds <= 3600:

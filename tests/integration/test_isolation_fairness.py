@@ -138,7 +138,7 @@ async def test_a_client_that_never_reads_does_not_stop_other_publishers_or_reade
             async def publish(i: int) -> None:
                 for n in range(rounds):
                     try:
-                        await publishers[i].publish({"canary": tag, "from": i, "n": n})
+                        await publishers[i].publish({"canary": tag, "from": i, "n": n}, retry_for=0)
                     except Exception as exc:  # every refusal is the failure
                         refused.append(f"publisher-{i}: {exc}")
                     await asyncio.sleep(0.3)
@@ -187,7 +187,7 @@ async def test_many_clients_that_never_read_do_not_stop_publishers(broker):
             refused = []
             for n in range(20):
                 try:
-                    await publisher.publish({"canary": tag, "n": n})
+                    await publisher.publish({"canary": tag, "n": n}, retry_for=0)  # a 503 is the failure
                 except VeilError as exc:
                     refused.append(str(exc))
                 await asyncio.sleep(0.1)

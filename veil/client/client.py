@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import random
 import ssl
+import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import quote, urlsplit
@@ -24,6 +27,7 @@ from veil.client.errors import (
     FATAL,
     BrokerFault,
     NotFound,
+    Overloaded,
     Replaced,
     TamperedPublication,
     UntrustedKey,
@@ -43,6 +47,7 @@ ERROR_KEYS = frozenset({"error", "field", "status"})
 MAX_FAILURES = 60
 ACK_EVERY = 256
 REGISTRY_VERSION = "X-Registry-Version"  # the registry version an answer shows, and a change is based on
+RETRY_FIRST, RETRY_MOST = 0.1, 2.0  # seconds between attempts at a publish: the first wait, and the longest
 CHANGE_ATTEMPTS = 8  # read-modify-write changes redone after another client's change came first (409)
 T = TypeVar("T")
 
@@ -79,6 +84,7 @@ class VeilClient:
         scope_managers: dict[str, dict[str, str]] | None = None,
         scope_versions: dict[str, int] | None = None,
         timeout: float = 30.0,
+        publish_retry: float = 30.0,
     ) -> None:
         """`recipient_key` is the private half of the key the registry lists for this client under
         `recipients` (X25519, or `HybridKey` for ML-KEM-768 with X25519): scope keys are wrapped for
@@ -86,7 +92,9 @@ class VeilClient:
         (key id -> base64) of the managers whose signed rosters this client believes: a scope key is
         used only as a roster one of them signed gives it. `scope_versions` (scope -> the newest key
         version seen) is kept up to date in place: an application that saves it and passes it again
-        after a restart is not rolled back below what it saw before."""
+        after a restart is not rolled back below what it saw before. A publish whose answer was lost
+        (the connection failed, or `timeout` passed) or that was refused for now (503) is sent again,
+        under the same idempotency key, for up to `publish_retry` seconds: it is published once."""
         parts = urlsplit(url)
         self.url = url.rstrip("/")
         self.host = parts.hostname or "127.0.0.1"
@@ -105,6 +113,7 @@ class VeilClient:
             client_context(ca_file, cert_file, key_file) if parts.scheme == "https" else None
         )
         self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self.publish_retry = publish_retry
         self._http: aiohttp.ClientSession | None = None
         self.positions: dict[str, int] = {}  # last consumed sequence number per subscription
         self.registry_version: int | None = None  # of the registry this client last read or changed
@@ -159,7 +168,11 @@ class VeilClient:
             if version is not None and version.isdigit():
                 self.registry_version = int(version)
             if response.status != 200:
-                raise error_from_body(response.status, payload)
+                error = error_from_body(response.status, payload)
+                after = response.headers.get("Retry-After", "")
+                if isinstance(error, Overloaded) and after.isascii() and after.isdigit():
+                    error.retry_after = float(after)
+                raise error
             return orjson.loads(payload) if payload else None
 
     async def publish(
@@ -170,13 +183,18 @@ class VeilClient:
         valid_for: int | None = None,
         seal: str | None = None,
         payload: bytes | None = None,
+        idempotency_key: str | None = None,
+        retry_for: float | None = None,
     ) -> str:
         """Publish; with `signing_key` (key id, private key) the exact bytes sent are signed; with
         `valid_for` (milliseconds) the publication is kept that long and subscriptions made meanwhile
         receive it too; with `seal` (a scope), `payload` is sealed for the scope's members beside the
-        publication's attributes (a dict), which route it in clear."""
+        publication's attributes (a dict), which route it in clear. `idempotency_key` names the
+        publication (a random one by default): the broker logs it once, however often it is sent
+        within its idempotency window; `retry_for` is this publish's `publish_retry` (0: sent once)."""
         if seal is not None:
-            return await self._publish_sealed(publication, seal, payload or b"", signing_key, valid_for)
+            keyed = (idempotency_key, retry_for)
+            return await self._publish_sealed(publication, seal, payload or b"", signing_key, valid_for, keyed)
         body = publication if isinstance(publication, bytes) else orjson.dumps(publication)
         extra: dict[str, str] = {}
         if signing_key is not None:
@@ -184,7 +202,30 @@ class VeilClient:
             extra.update({"X-Key-Id": key_id, "X-Signature": signatures.sign(private, body)})
         if valid_for is not None:
             extra["X-Valid-For"] = str(valid_for)
-        return (await self.request("/publish", body, extra=extra or None))["id"]
+        return (await self._published(body, "application/json", extra, idempotency_key, retry_for))["id"]
+
+    async def _published(
+        self, body: bytes, content_type: str, extra: dict[str, str], key: str | None, retry_for: float | None
+    ) -> Any:
+        """The answer to a publish, sent again under its idempotency key while no answer came (or
+        one cut short) or the broker was overloaded, backing off with jitter (or as long as the broker
+        asked), for up to `retry_for` seconds (`publish_retry` by default) after the first attempt."""
+        headers = {**extra, "Idempotency-Key": key or uuid.uuid4().hex}
+        deadline = time.monotonic() + (self.publish_retry if retry_for is None else retry_for)
+        wait = RETRY_FIRST
+        while True:
+            try:
+                return await self.request("/publish", body, content_type, headers)
+            except (aiohttp.ClientSSLError, aiohttp.ClientConnectorDNSError):  # they would be again
+                raise
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError, Overloaded) as exc:
+                pause = wait * random.uniform(0.5, 1.0)
+                if isinstance(exc, Overloaded) and exc.retry_after is not None:
+                    pause = max(pause, exc.retry_after)
+                if time.monotonic() + pause > deadline:
+                    raise
+            await asyncio.sleep(pause)
+            wait = min(2 * wait, RETRY_MOST)
 
     async def _publish_sealed(
         self,
@@ -193,6 +234,7 @@ class VeilClient:
         payload: bytes,
         signing_key: tuple[str, Ed25519PrivateKey] | None,
         valid_for: int | None,
+        keyed: tuple[str | None, float | None],
     ) -> str:
         if not isinstance(attributes, dict):
             raise TypeError("a sealed publication's attributes are a dict")
@@ -208,7 +250,10 @@ class VeilClient:
             if key is None:
                 raise VeilError("veil:sealed", f"the broker has no key of scope {scope!r} for this client", 0)
             body = orjson.dumps(seal_publication(attributes, payload, key, keyring.names[(scope, key.version)]))
-            return await self.publish(body, signing_key=signing_key, valid_for=valid_for)
+            named, retry_for = keyed
+            return await self.publish(
+                body, signing_key=signing_key, valid_for=valid_for, idempotency_key=named, retry_for=retry_for
+            )
 
         try:
             return await sealed_and_published()
@@ -302,9 +347,12 @@ class VeilClient:
 
         return await _redone(changed, lambda field: field == REGISTRY_VERSION)
 
-    async def publish_batch(self, publications: list[dict]) -> list[str]:
+    async def publish_batch(
+        self, publications: list[dict], idempotency_key: str | None = None, retry_for: float | None = None
+    ) -> list[str]:
+        """Publish in one request (NDJSON), retried as `publish` is: line N under the key `KEY#N`."""
         body = b"\n".join(orjson.dumps(p) for p in publications)
-        return (await self.request("/publish", body, "application/x-ndjson"))["ids"]
+        return (await self._published(body, "application/x-ndjson", {}, idempotency_key, retry_for))["ids"]
 
     async def subscribe(
         self,

@@ -48,7 +48,9 @@ class Quarantined(VeilError):
 
 
 class Overloaded(VeilError):
-    """503: the broker cannot take this now; retry later."""
+    """503: the broker cannot take this now; retry later (`retry_after`: the seconds it asked for)."""
+
+    retry_after: float | None = None
 
 
 class TamperedPublication(VeilError):

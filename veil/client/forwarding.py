@@ -136,7 +136,8 @@ class ForwardingPublisher:
         documents = split_publication(attributes, payload, self.k, len(self.brokers))
         results = await asyncio.gather(
             *(
-                broker.publish(doc, signing_key=self.signing_key)
+                # (not retried: a broker that is down must not hold up the k that took their shares)
+                broker.publish(doc, signing_key=self.signing_key, retry_for=0)
                 for broker, doc in zip(self.brokers, documents, strict=True)
             ),
             return_exceptions=True,

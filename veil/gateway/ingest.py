@@ -16,7 +16,7 @@ from collections.abc import Callable
 from veil.gateway.delivery import Clients
 from veil.gateway.store_threads import StoreThreads
 from veil.monitoring import trace
-from veil.store import Publication
+from veil.store import KEYS_KEPT, Publication
 
 MIN_CLIENTS = 8  # fewer connected clients never count as delivery overload
 
@@ -34,8 +34,10 @@ class Ingest:
         max_pending: int,
         max_lag: int,
         clients_behind: Callable[[], Clients] = lambda: Clients(0, 0, 0),
+        keys_kept: int = KEYS_KEPT,
     ) -> None:
         self._threads = threads
+        self._keys_kept = keys_kept  # ms a publisher's idempotency key is remembered
         self._max_pending = max_pending
         self._max_lag = max_lag
         # (publications, their future, received ns, the registry version they were admitted with)
@@ -81,13 +83,15 @@ class Ingest:
             versions = [version for _, _, _, version in group if version is not None]
             oldest = min(versions) if versions else None
             try:
-                offsets = await self._threads.write(self._threads.store.append_publications, everything, oldest)
+                offsets = await self._threads.write(
+                    self._threads.store.append_publications, everything, oldest, self._keys_kept
+                )
             except Exception as exc:  # the store failed, or the registry changed: none is acknowledged
                 for _, future, _, _ in group:
                     if not future.done():
                         future.set_exception(exc)
             else:
-                self.head = max(self.head, offsets[-1])
+                self.head = max(self.head, *offsets)  # (a repeat is answered with an older offset)
                 if trace.DIRECTORY:
                     _trace_commit(group, offsets)
                 position = 0
@@ -109,6 +113,7 @@ def _trace_commit(
 ) -> None:
     position = 0
     for bodies, _, received, _ in group:
-        trace.mark("received", offsets[position] - 1, offsets[position + len(bodies) - 1], received)
+        taken = offsets[position : position + len(bodies)]  # (a repeat's is its first publication's)
+        trace.mark("received", min(taken) - 1, max(taken), received)
         position += len(bodies)
-    trace.mark("committed", offsets[0] - 1, offsets[-1])
+    trace.mark("committed", min(offsets) - 1, max(offsets))

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from veil import __version__
 from veil.protocol.limits import DEFAULT
+from veil.protocol.reserved import MAX_KEY
 from veil.protocol.subscriptions import MAX_CREDENTIAL_LENGTH, MAX_ID_LENGTH, OPERATORS
 
 JSON = "application/json"
@@ -303,6 +304,11 @@ PUBLISH = _operation(
          "schema": {"type": "string", "pattern": "^[0-9]{1,15}$"},
          "description": f"milliseconds the publications stay valid for later subscriptions "
                         f"(1 to {DEFAULT.validity_ms})"},
+        {"name": "Idempotency-Key", "in": "header", "required": False,
+         "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY},
+         "description": "names what the request publishes (printable characters): repeated with it within "
+                        "the idempotency window, it is answered with the first ids and publishes nothing new; "
+                        "a batch's line N is keyed KEY#N"},
     ],
     requestBody={
         "required": True,

@@ -23,6 +23,7 @@ from veil.monitoring.dashboard import routes as dashboard_routes
 from veil.protocol import (
     ProtocolError,
     SubscribeRequest,
+    keyed,
     parse_announce,
     parse_publication,
     parse_publication_batch,
@@ -37,7 +38,7 @@ from veil.protocol.publications import Routed
 from veil.security import signatures
 from veil.security.admission import admit_announcement, admit_publication, admit_subscription
 from veil.security.identity import Principal
-from veil.security.registry import Registry
+from veil.security.registry import ANONYMOUS, Registry
 from veil.store import NotOwner, Publication, StaleRegistry
 
 BATCH_TYPES = frozenset({"application/x-ndjson", "application/jsonl", "application/x-jsonlines"})
@@ -103,12 +104,14 @@ async def _publish(request: web.Request, gateway: Gateway, registry: int | None)
         if signature is not None:
             raise ProtocolError("X-Signature", "sign publications one per request, not a batch")
         routed = await parsed(gateway, raw, parse_publication_batch, limits, gateway.config.max_pending)
+        keys = _keys(principal, keyed(routed, request.headers.get("Idempotency-Key"), batch=True))
         admit_publications(gateway.registry.current, principal, routed, batch=True)
-        batch = [Publication(r.body, publisher, valid_for=valid_for) for r in routed]
+        batch = [Publication(r.body, publisher, valid_for=valid_for, key=k) for r, k in zip(routed, keys, strict=True)]
         offsets = await gateway.ingest.append(batch, registry)
         gateway.metrics.publications.inc(len(offsets))
         return json_response({"ids": [str(o) for o in offsets]})
     one = await parsed(gateway, raw, parse_publication, limits)
+    (key,) = _keys(principal, keyed([one], request.headers.get("Idempotency-Key"), batch=False))
     admit_publications(gateway.registry.current, principal, [one], batch=False)
     body = one.body
     key_id = None
@@ -117,9 +120,16 @@ async def _publish(request: web.Request, gateway: Gateway, registry: int | None)
             raise ProtocolError("X-Signature", "sign a raw JSON object sent byte for byte (other forms are converted)")
         key_id = request.headers.get("X-Key-Id")
         signatures.check(gateway.registry.current.keys.get(publisher, {}), key_id, signature, raw)
-    offsets = await gateway.ingest.append([Publication(body, publisher, key_id, signature, valid_for)], registry)
+    offsets = await gateway.ingest.append([Publication(body, publisher, key_id, signature, valid_for, key)], registry)
     gateway.metrics.publications.inc()
     return json_response({"id": str(offsets[0])})
+
+
+def _keys(principal: Principal, keys: list[str | None]) -> list[str | None]:
+    """Idempotency keys are their publisher's own: clients without credentials share one identity,
+    where one could take another's key and have its publications answered as repeats, so theirs are
+    not remembered."""
+    return [None] * len(keys) if principal.identity == ANONYMOUS else keys
 
 
 @routes.post("/unpublish")

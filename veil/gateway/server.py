@@ -49,7 +49,8 @@ def build_gateway(config: Config) -> Gateway:
     hub = DeliveryHub(
         threads, quotas=Quotas(config.max_client_connections, config.max_client_queued, config.max_queued)
     )
-    ingest = Ingest(threads, config.max_pending, config.max_lag, hub.judged_clients_behind)
+    keys_kept = round(config.idempotency_window * 1000)
+    ingest = Ingest(threads, config.max_pending, config.max_lag, hub.judged_clients_behind, keys_kept)
     parsing = ThreadPoolExecutor(1, thread_name_prefix="parse")
     registry = CurrentRegistry(threads, parsing, config.max_registry)
     tokens = TokenVerifier(config.jwks, config.token_issuer, config.token_audience) if config.jwks else None

@@ -6,6 +6,7 @@ from veil.protocol.flatten import flatten
 from veil.protocol.handshake import Handshake, parse_ack, parse_handshake
 from veil.protocol.publications import (
     UnpublishRequest,
+    keyed,
     parse_publication,
     parse_publication_batch,
     parse_unpublish,
@@ -21,6 +22,7 @@ __all__ = [
     "UnpublishRequest",
     "UnsubscribeRequest",
     "flatten",
+    "keyed",
     "parse_ack",
     "parse_announce",
     "parse_handshake",

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from veil.protocol.errors import ProtocolError
 from veil.protocol.limits import DEFAULT, INT64_MAX, Limits, dumps_kept, load_json
-from veil.protocol.reserved import Reserved, reserved_of
+from veil.protocol.reserved import Reserved, idempotency_key, key_of, reserved_of
 from veil.protocol.subscriptions import auth_hash_of, load_object
 from veil.protocol.values import canonical_type, convert, type_of
 
@@ -35,6 +35,17 @@ def parse_valid_for(header: str | None, limits: Limits = DEFAULT) -> int | None:
     return valid_for
 
 
+def keyed(routed: list[Routed], header: str | None, batch: bool) -> list[str | None]:
+    """Each publication's idempotency key: its `veil:key` member, or the header's key (a batch's
+    line N as `KEY#N`), never both."""
+    if header is None:
+        return [r.key for r in routed]
+    header = idempotency_key(header, "Idempotency-Key")
+    if any(r.key is not None for r in routed):
+        raise ProtocolError("Idempotency-Key", "the publications name their own veil:key: send no header with them")
+    return [f"{header}#{r.line}" for r in routed] if batch else [header]
+
+
 def parse_unpublish(raw: bytes) -> UnpublishRequest:
     """`{"authHash": H, "id": "123"}`: the id that /publish returned."""
     doc = load_object(raw)
@@ -52,6 +63,7 @@ class Routed(NamedTuple):
     body: bytes
     reserved: Reserved | None
     line: int = 1  # in a batch, the line it came from (blank lines count)
+    key: str | None = None  # its `veil:key` member: the publisher's idempotency key
 
 
 def parse_publication(raw: bytes, limits: Limits = DEFAULT) -> Routed:
@@ -79,16 +91,20 @@ def _normalise(doc: object, raw: bytes, prefix: str) -> Routed:
         entries = doc.get("publication")
         if len(doc) == 1 and isinstance(entries, list):
             converted = _from_entries(entries, f"{prefix}publication", typed=True)
-            return Routed(dumps_kept(converted), reserved_of(converted, prefix))
+            return _routed(dumps_kept(converted), converted, prefix)
         body = dumps_kept(doc) if b"\n" in raw or b"\r" in raw else raw.strip()
-        return Routed(body, reserved_of(doc, prefix))
+        return _routed(body, doc, prefix)
     if isinstance(doc, list):
         converted = _from_entries(doc, f"{prefix}body", typed=False)
-        return Routed(dumps_kept(converted), reserved_of(converted, prefix))
+        return _routed(dumps_kept(converted), converted, prefix)
     raise ProtocolError(
         f"{prefix}body",
         'a publication is a JSON object, an array of {key, val} pairs, or {"publication": [...]}',
     )
+
+
+def _routed(body: bytes, doc: dict[str, Any], prefix: str) -> Routed:
+    return Routed(body, reserved_of(doc, prefix), key=key_of(doc, prefix))
 
 
 def _from_entries(entries: list[Any], field: str, typed: bool) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 `veil:sealed`, a payload sealed for that scope's members (base64; see security.sealing),
 `veil:origin`, who sealed it, when, under which random id (`{"publisher", "id", "time"}`, time in
 milliseconds since the epoch: the seal binds it, so subscribers tell a replay from a new
-publication), and `veil:forward`, what one broker carries of a secret-forwarded publication.
+publication), `veil:forward`, what one broker carries of a secret-forwarded publication, and
+`veil:key`, the publisher's idempotency key for the publication (a batch's lines name theirs so;
+the `Idempotency-Key` header names a request's).
 
 They travel inside the publication, so a publisher's signature covers them and the broker cannot
 move a publication to another scope unnoticed; the gateway reads them from the parse that validates
@@ -24,6 +26,8 @@ SCOPE = "veil:scope"
 SEALED = "veil:sealed"
 ORIGIN = "veil:origin"
 FORWARD = "veil:forward"  # a secret-forwarded copy's share and sealed payload (client.forwarding): opaque here
+KEY = "veil:key"
+MAX_KEY = 256  # characters of an idempotency key
 SEALED_HEADER = 4 + 16 + 16  # key version, salt, tag: the least a sealed payload is
 MAX_SCOPE_NAME = 256
 MAX_ORIGIN_ID = 64
@@ -73,3 +77,15 @@ def scope_of(attributes: Mapping[str, object]) -> object:
     """The scope a (flattened) publication is published into; None for the world. A value that is
     not a name, which the gateway never lets in, is returned as it is so that it matches no scope."""
     return attributes.get(SCOPE)
+
+
+def idempotency_key(value: object, field: str) -> str:
+    """An idempotency key as given in `field`: 1 to MAX_KEY printable characters."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_KEY or not value.isprintable():
+        raise ProtocolError(field, f"an idempotency key: 1 to {MAX_KEY} printable characters")
+    return value
+
+
+def key_of(publication: Mapping[str, object], prefix: str = "") -> str | None:
+    """A publication's `veil:key` member, None without one."""
+    return idempotency_key(publication[KEY], f"{prefix}{KEY}") if KEY in publication else None

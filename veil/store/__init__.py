@@ -2,6 +2,7 @@
 
 from veil.store.base import (
     BATCH_BOUNDS_MS,
+    KEYS_KEPT,
     KIND_CANCEL,
     KIND_COPY,
     KIND_PUBLICATION,
@@ -62,6 +63,7 @@ def open_store(url: str, create: bool = True) -> EventStore:
 
 __all__ = [
     "BATCH_BOUNDS_MS",
+    "KEYS_KEPT",
     "KIND_CANCEL",
     "KIND_COPY",
     "KIND_PUBLICATION",

@@ -25,6 +25,7 @@ KIND_REGISTRY = 3  # a new registry version: later publications are authorized u
 KIND_TICK = 4  # the clock moved: stateful subscriptions' windows move with it even when nothing is published
 KIND_COPY = 5  # a delivery decided after its publication was matched (stateful kinds, initial matches): a copy
 KIND_CANCEL = 6  # a publisher withdrew a valid publication: later subscriptions do not get it
+KEYS_KEPT = 120_000  # milliseconds a publisher's idempotency key is remembered, by default
 
 
 class Publication(NamedTuple):
@@ -36,6 +37,7 @@ class Publication(NamedTuple):
     key_id: str | None = None
     signature: str | None = None
     valid_for: int | None = None  # milliseconds it stays valid: kept, and matched by new subscriptions
+    key: str | None = None  # the publisher's idempotency key: a repeat within the window is not logged again
 
 
 class LogEntry(NamedTuple):
@@ -249,11 +251,17 @@ class GatewayStore(LogReader):
     failures: tuple[type[Exception], ...] = (StoreUnavailable,)
 
     @abstractmethod
-    def append_publications(self, publications: list[Publication], registry: int | None = None) -> list[int]:
+    def append_publications(
+        self, publications: list[Publication], registry: int | None = None, keys_kept: int = KEYS_KEPT
+    ) -> list[int]:
         """Durably append publications (one commit for all); returns their offsets. With `registry`,
         the version their publishers were authenticated and admitted with: StaleRegistry, and nothing
         written, if a newer one was stored meanwhile (a revocation holds from its acknowledgement on,
-        at the cost of one indexed read in a transaction that writes anyway)."""
+        at the cost of one indexed read in a transaction that writes anyway). A publication with a
+        `key` its publisher gave one within the last `keys_kept` milliseconds (this call's included)
+        is not logged: its offset is the first one's, whatever its bytes (the key names the
+        publication, as a message id does), so that a publisher retrying after a lost answer
+        publishes once."""
 
     @abstractmethod
     def put_registry(self, body: bytes, file_digest: int | None = None, base: int | None = None) -> int:
@@ -427,8 +435,8 @@ class GatewayStore(LogReader):
         every gateway has fanned out (seq <= `fanned_out`) and that were created before `spill_before` get
         their unconsumed matches spilled into per-subscription queues, then go; up to `limit` queued
         deliveries that their subscriptions consumed go, and so do publications that neither the
-        pipeline nor any queue still needs. Returns the rows handled; below `limit` means nothing is
-        left for now."""
+        pipeline nor any queue still needs, and up to `limit` idempotency keys past their window.
+        Returns the rows handled; below `limit` means nothing is left for now."""
 
     @abstractmethod
     def quarantine(self, after: int = 0, limit: int = 1000) -> list[QuarantineRecord]:

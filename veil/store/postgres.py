@@ -175,6 +175,15 @@ CREATE INDEX quarantined_subscriptions ON quarantine("offset") WHERE kind = 1;
 ALTER TABLE topk_bands RENAME TO subscription_state;
 {"; ".join(STATUS_WITHOUT_TOPK)};
 """,
+    # publishers' idempotency keys while they are kept: a repeat is answered with the first offset
+    """
+CREATE TABLE idempotency (
+    name TEXT PRIMARY KEY,  -- SHA-256 (hex) of [publisher, key] as JSON
+    pub BIGINT NOT NULL,
+    until BIGINT NOT NULL  -- ms since the epoch
+);
+CREATE INDEX idempotency_until ON idempotency(until);
+""",
 )
 
 

@@ -153,6 +153,12 @@ CREATE TABLE IF NOT EXISTS connections (  -- which gateway delivers to a connect
     gateway TEXT NOT NULL,
     since REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS idempotency (  -- publishers' idempotency keys while they are kept
+    name TEXT PRIMARY KEY,  -- SHA-256 (hex) of [publisher, key] as JSON
+    pub INTEGER NOT NULL,  -- the publication logged under it
+    until INTEGER NOT NULL  -- ms since the epoch
+);
+CREATE INDEX IF NOT EXISTS idempotency_until ON idempotency(until);
 CREATE TABLE IF NOT EXISTS status (
     name TEXT PRIMARY KEY,
     value INTEGER NOT NULL,

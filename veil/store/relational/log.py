@@ -8,10 +8,14 @@ subscription (all of it by number) reaches no later subscription that takes the 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from veil.store.base import (
+    KEYS_KEPT,
     KIND_CANCEL,
     KIND_REGISTRY,
     KIND_SUBSCRIBE,
@@ -43,17 +47,47 @@ LIVE = (
 
 
 class LogSql(Dialect):
-    def append_publications(self, publications: list[Publication], registry: int | None = None) -> list[int]:
+    def append_publications(
+        self, publications: list[Publication], registry: int | None = None, keys_kept: int = KEYS_KEPT
+    ) -> list[int]:
         now = now_ms()
         with self._tx() as db:
             if registry is not None and (newest := _registry_version(db)) > registry:
                 raise StaleRegistry(newest, registry)
-            offsets = self._insert_publications(db, now, publications)
-            add_status(db, "received", len(offsets))
-            db.executemany(
-                "INSERT INTO validity(pub, until) VALUES (?, ?)",
-                [(o, now + p.valid_for) for o, p in zip(offsets, publications, strict=True) if p.valid_for],
+            if all(p.key is None for p in publications):  # (the common case)
+                return self._log_publications(db, now, publications)
+            names = [_key_name(p) for p in publications]
+            known = dict(
+                db.execute(
+                    f"SELECT name, pub FROM idempotency WHERE name {self.IN_NAMES} AND until > ?",
+                    (self._names([n for n in names if n is not None]), now),
+                ).fetchall()
             )
+            # a key's first publication in this call is logged; its repeats, here or earlier, take its offset
+            first: dict[str, int] = {}
+            new: list[int] = []  # places of the publications to log
+            for at, name in enumerate(names):
+                if name is None or (name not in known and name not in first):
+                    if name is not None:
+                        first[name] = len(new)
+                    new.append(at)
+            logged = self._log_publications(db, now, [publications[at] for at in new]) if new else []
+            db.executemany(
+                "INSERT INTO idempotency(name, pub, until) VALUES (?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET pub = excluded.pub, until = excluded.until",
+                [(name, logged[place], now + keys_kept) for name, place in first.items()],
+            )
+            known.update((name, logged[place]) for name, place in first.items())
+            offsets = dict(zip(new, logged, strict=True))
+            return [offsets[at] if name is None else known[name] for at, name in enumerate(names)]
+
+    def _log_publications(self, db: Db, now: int, publications: list[Publication]) -> list[int]:
+        offsets = self._insert_publications(db, now, publications)
+        add_status(db, "received", len(offsets))
+        db.executemany(
+            "INSERT INTO validity(pub, until) VALUES (?, ?)",
+            [(o, now + p.valid_for) for o, p in zip(offsets, publications, strict=True) if p.valid_for],
+        )
         return offsets
 
     def put_announcement(self, ann_id: str, owner: str, body: bytes) -> None:
@@ -285,3 +319,12 @@ def append_entry(db: Db, columns: str, values: tuple[Any, ...]) -> int:
     """Append one log entry; returns its offset."""
     marks = ", ".join("?" * len(values))
     return int(db.execute(f'INSERT INTO log({columns}) VALUES ({marks}) RETURNING "offset"', values).fetchone()[0])
+
+
+def _key_name(publication: Publication) -> str | None:
+    """Where a publication's idempotency key is remembered: keys are the publisher's own, so another
+    publisher's equal key names another publication. A digest, so that however long an identity
+    (a claimed authHash, a token's subject) every name fits an index entry."""
+    if publication.key is None:
+        return None
+    return hashlib.sha256(orjson.dumps([publication.publisher, publication.key])).hexdigest()
