@@ -93,8 +93,9 @@ class VeilClient:
         used only as a roster one of them signed gives it. `scope_versions` (scope -> the newest key
         version seen) is kept up to date in place: an application that saves it and passes it again
         after a restart is not rolled back below what it saw before. A publish whose answer was lost
-        (the connection failed, or `timeout` passed) or that was refused for now (503) is sent again,
-        under the same idempotency key, for up to `publish_retry` seconds: it is published once."""
+        (the connection failed or was cut off, or `timeout` passed) or that was refused for now (503)
+        is sent again, under the same idempotency key, for up to `publish_retry` seconds: it is
+        published once."""
         parts = urlsplit(url)
         self.url = url.rstrip("/")
         self.host = parts.hostname or "127.0.0.1"
@@ -193,8 +194,9 @@ class VeilClient:
         publication (a random one by default): the broker logs it once, however often it is sent
         within its idempotency window; `retry_for` is this publish's `publish_retry` (0: sent once)."""
         if seal is not None:
-            keyed = (idempotency_key, retry_for)
-            return await self._publish_sealed(publication, seal, payload or b"", signing_key, valid_for, keyed)
+            return await self._publish_sealed(
+                publication, seal, payload or b"", signing_key, valid_for, idempotency_key, retry_for
+            )
         body = publication if isinstance(publication, bytes) else orjson.dumps(publication)
         extra: dict[str, str] = {}
         if signing_key is not None:
@@ -234,7 +236,8 @@ class VeilClient:
         payload: bytes,
         signing_key: tuple[str, Ed25519PrivateKey] | None,
         valid_for: int | None,
-        keyed: tuple[str | None, float | None],
+        idempotency_key: str | None,
+        retry_for: float | None,
     ) -> str:
         if not isinstance(attributes, dict):
             raise TypeError("a sealed publication's attributes are a dict")
@@ -250,9 +253,8 @@ class VeilClient:
             if key is None:
                 raise VeilError("veil:sealed", f"the broker has no key of scope {scope!r} for this client", 0)
             body = orjson.dumps(seal_publication(attributes, payload, key, keyring.names[(scope, key.version)]))
-            named, retry_for = keyed
             return await self.publish(
-                body, signing_key=signing_key, valid_for=valid_for, idempotency_key=named, retry_for=retry_for
+                body, signing_key=signing_key, valid_for=valid_for, idempotency_key=idempotency_key, retry_for=retry_for
             )
 
         try:

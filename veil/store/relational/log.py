@@ -64,22 +64,20 @@ class LogSql(Dialect):
                 ).fetchall()
             )
             # a key's first publication in this call is logged; its repeats, here or earlier, take its offset
-            first: dict[str, int] = {}
-            new: list[int] = []  # places of the publications to log
-            for at, name in enumerate(names):
-                if name is None or (name not in known and name not in first):
-                    if name is not None:
-                        first[name] = len(new)
-                    new.append(at)
-            logged = self._log_publications(db, now, [publications[at] for at in new]) if new else []
+            first: dict[str, int] = {}  # name -> place of its first publication here
+            new = [
+                at for at, name in enumerate(names)
+                if name is None or (name not in known and first.setdefault(name, at) == at)
+            ]  # fmt: skip
+            offsets = self._log_publications(db, now, [publications[at] for at in new]) if new else []
+            logged = dict(zip(new, offsets, strict=True))
+            known.update((name, logged[at]) for name, at in first.items())
             db.executemany(
                 "INSERT INTO idempotency(name, pub, until) VALUES (?, ?, ?) "
                 "ON CONFLICT (name) DO UPDATE SET pub = excluded.pub, until = excluded.until",
-                [(name, logged[place], now + keys_kept) for name, place in first.items()],
+                [(name, known[name], now + keys_kept) for name in first],
             )
-            known.update((name, logged[place]) for name, place in first.items())
-            offsets = dict(zip(new, logged, strict=True))
-            return [offsets[at] if name is None else known[name] for at, name in enumerate(names)]
+            return [logged[at] if name is None else known[name] for at, name in enumerate(names)]
 
     def _log_publications(self, db: Db, now: int, publications: list[Publication]) -> list[int]:
         offsets = self._insert_publications(db, now, publications)
