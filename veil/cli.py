@@ -13,6 +13,7 @@ import re
 import signal
 import sys
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -243,6 +244,22 @@ async def _unpublish(args: argparse.Namespace) -> int:
     return 0
 
 
+AGO = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}  # ms per unit of a --since time ago
+
+
+def _since(text: str) -> int:
+    """--since as milliseconds since the epoch."""
+    from veil.protocol import ProtocolError
+    from veil.protocol.subscriptions import parse_since
+
+    if text[:-1].isdigit() and text[-1:] in AGO:
+        return time.time_ns() // 1_000_000 - int(text[:-1]) * AGO[text[-1]]
+    try:
+        return parse_since(int(text) if text.isdigit() else text)
+    except ProtocolError as error:
+        raise argparse.ArgumentTypeError(f"{error.problem} (or a time ago: 90s, 15m, 2h, 1d)") from None
+
+
 async def _subscribe(args: argparse.Namespace) -> int:
     async with _client(args) as client:
         if args.existing:
@@ -258,7 +275,7 @@ async def _subscribe(args: argparse.Namespace) -> int:
         subscription_id = args.id or uuid.uuid4().hex
         made: str | None = None
         try:
-            await client.subscribe(data, subscription_id, topk=topk, scope=args.scope)
+            await client.subscribe(data, subscription_id, topk=topk, scope=args.scope, since=args.since)
             if args.id is None:
                 made = await _created(client, subscription_id)
             kept = "kept: connect again with --existing --id" if args.id else "removed when this command ends"
@@ -581,6 +598,12 @@ def build_parser() -> argparse.ArgumentParser:
         "publisher or opened payload)",
     )  # fmt: skip
     subscribe.add_argument("--count", type=int, help="exit after this many deliveries (default: never)")
+    subscribe.add_argument(
+        "--since", type=_since,
+        help="first receive what it matches of the publications the broker retains (its --retention) that were "
+        "logged since then: an RFC 3339 time (2026-11-29T08:00:00Z), milliseconds since the epoch, or a time ago "
+        "(90s, 15m, 2h, 1d) (default: none, only what is published from now on)",
+    )  # fmt: skip
     subscribe.add_argument(
         "--top-k", type=int, help="top-k/w: only the K best matches of each window (default: none, all matches)"
     )

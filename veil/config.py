@@ -208,6 +208,11 @@ class Config:
         "answered with the first publication's id and logged once",
         ("VEIL_IDEMPOTENCY_WINDOW",),
     )  # fmt: skip
+    retention: float = _opt(
+        0.0, "seconds the log keeps publications after they are logged, for subscriptions that ask for what "
+        "matched since a time (\"since\" in /subscribe); 0: only as long as a queue or the pipeline needs them",
+        ("VEIL_RETENTION",),
+    )  # fmt: skip
     read_timeout: float = _opt(
         10.0, "seconds a client may take to send a request (or a WebSocket upgrade) once connected",
         ("VEIL_READ_TIMEOUT",),
@@ -363,6 +368,8 @@ class Config:
         # comes after its key is forgotten publishes again
         if not 60 <= self.idempotency_window <= 7 * 86400:
             raise ValueError("--idempotency-window: seconds, from 60 to 604800 (a week)")
+        if not 0 <= self.retention <= 366 * 86400:
+            raise ValueError("--retention: seconds, from 0 to 31622400 (366 days)")
         if not 0 <= self.round_gap_ms <= 10_000:
             raise ValueError("--round-gap-ms: from 0 to 10000")
         if not 1 <= self.epoch_seconds <= 3600:

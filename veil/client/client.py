@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import math
 import random
 import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import quote, urlsplit
 
@@ -363,15 +365,24 @@ class VeilClient:
         *,
         topk: dict | None = None,
         scope: str | None = None,
+        since: datetime | int | None = None,
     ) -> dict:
         """`topk` makes it a top-k subscription: {"k": K, "w": MILLISECONDS, "score": [TERM, ...]}, or
         "n": COUNT instead of "w" for the last COUNT matches; `scope` makes it in that scope (the
-        world by default)."""
+        world by default); `since` (an aware datetime, or milliseconds since the epoch) has it
+        receive first what it matches of the publications the broker retains that were logged
+        from then on."""
         doc: dict[str, Any] = {"data": data}
         if topk is not None:
             doc["topk"] = topk
         if scope is not None:
             doc["scope"] = scope
+        if isinstance(since, datetime):
+            if since.utcoffset() is None:
+                raise ValueError("since: an aware datetime (a naive one means whatever this machine's zone is)")
+            since = math.floor(since.timestamp() * 1000)
+        if since is not None:
+            doc["since"] = since
         if self.auth_hash is not None:
             doc["authHash"] = self.auth_hash
         if subscription_id:

@@ -132,7 +132,11 @@ class Background:
                     fanned_out = await membership.fanned_out(self.gateway)
                     spill_before = time.time() - SPILL_AFTER
                     began = time.monotonic()
-                    handled = await threads.write(threads.store.compact, COMPACT_CHUNK, fanned_out, spill_before)
+                    retention = self.gateway.config.retention
+                    retained_since = round((time.time() - retention) * 1000) if retention else None
+                    handled = await threads.write(
+                        threads.store.compact, COMPACT_CHUNK, fanned_out, spill_before, retained_since
+                    )
                     await asyncio.sleep(time.monotonic() - began)
             except Exception:
                 log.exception("compacting the store failed")

@@ -18,7 +18,7 @@ from aiohttp import web
 from veil import __version__
 from veil.protocol.limits import DEFAULT
 from veil.protocol.reserved import MAX_KEY
-from veil.protocol.subscriptions import MAX_CREDENTIAL_LENGTH, MAX_ID_LENGTH, OPERATORS
+from veil.protocol.subscriptions import LATEST_SINCE_MS, MAX_CREDENTIAL_LENGTH, MAX_ID_LENGTH, OPERATORS
 
 JSON = "application/json"
 Schema = dict[str, object]
@@ -57,6 +57,14 @@ AUTH_HASH: Schema = {
     "type": "string", "minLength": 1, "maxLength": MAX_CREDENTIAL_LENGTH,
     "description": "the client's static hash (SELIS), where the broker accepts those",
 }  # fmt: skip
+SINCE: Schema = {
+    "oneOf": [
+        {"type": "integer", "minimum": 0, "maximum": LATEST_SINCE_MS, "description": "ms since the epoch"},
+        {"type": "string", "format": "date-time", "description": "an RFC 3339 time with its offset"},
+    ],
+    "description": "first deliver what it matches of the publications retained (--retention) that were logged "
+    "since then, in publication order; 400 when the broker keeps none or it is further back than it keeps",
+}
 
 SCHEMAS: dict[str, Schema] = {
     "Error": _object(
@@ -114,6 +122,7 @@ SCHEMAS: dict[str, Schema] = {
             "data": _ref("Constraints"),
             "topk": _ref("TopK"),
             "scope": {**ID, "description": "the scope the subscription is made in (members only)"},
+            "since": SINCE,
         },
         ("data",),
         closed=False,
@@ -131,6 +140,7 @@ SCHEMAS: dict[str, Schema] = {
             "data": {"type": "array", "items": _ref("Constraint")},
             "scope": STRING,
             "topk": _ref("TopK"),
+            "since": {"type": "integer", "description": "the moment its replay started from, ms since the epoch"},
             "created": {"type": "string", "description": "the log offset of the subscribe that made it"},
         },
         ("subscriptionId", "data", "created"),

@@ -37,6 +37,8 @@ def described(sub_id: str, created: int, body: bytes) -> dict[str, Any]:
         doc["scope"] = stored.scope
     if stored.topk is not None:
         doc["topk"] = stored.topk
+    if stored.since is not None:
+        doc["since"] = stored.since
     return doc
 
 

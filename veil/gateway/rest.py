@@ -4,6 +4,7 @@ from `request.app[GATEWAY]`; what they raise is answered by the `errors` middlew
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import orjson
@@ -151,13 +152,24 @@ async def subscribe(request: web.Request) -> web.Response:
     owner = principal.identity
     if req.topk is not None and gateway.config.partition_mode == "publications":
         raise ProtocolError("topk", "top-k subscriptions need the broker's --partition-mode subscriptions")
+    if req.since is not None:
+        _check_since(req.since, gateway.config.retention)
     registry = gateway.registry.current
     admitted = await sized(gateway, len(raw), admit_subscription, registry, principal, predicates, req.scope)
-    body = encode_subscription(req.predicates, req.topk, req.scope, admitted)
+    body = encode_subscription(req.predicates, req.topk, req.scope, admitted, req.since)
     sub_id = req.subscription_id or uuid.uuid4().hex
     most = gateway.config.max_client_subscriptions
     await gateway.threads.write(gateway.threads.store.put_subscription, sub_id, owner, body, most)
     return where_delivered(gateway, wsport=gateway.config.ws, subscriptionId=sub_id)
+
+
+def _check_since(since: int, retention: float) -> None:
+    """A replay reaches back no further than the log keeps publications: an earlier `since` would
+    silently miss what was dropped, so it is refused."""
+    if not retention:
+        raise ProtocolError("since", "this broker keeps no publications to replay (its --retention is 0)")
+    if since < time.time() * 1000 - retention * 1000:  # (one later than now replays nothing: clocks differ)
+        raise ProtocolError("since", f"before what the log keeps: at most {retention:g} s ago (--retention)")
 
 
 @routes.post("/unsubscribe")

@@ -2,7 +2,8 @@
 the predicates (a stateful subscription's Boolean filter) and what else it has: its `topk` document
 (as the protocol validated it: the kind's spec, `veil.matching.kinds`), the scope it was made in and
 whether its owner was admitted to that scope by the attributes of its credentials rather than by the
-registry. Plain subscriptions keep the bare array, the form the log has always held."""
+registry, and the moment from which it replays the retained log (`since`). Plain subscriptions keep
+the bare array, the form the log has always held."""
 
 from __future__ import annotations
 
@@ -19,13 +20,14 @@ class Stored(NamedTuple):
     topk: dict[str, Any] | None = None  # a stateful subscription's spec, as /subscribe took it
     scope: str = ""  # "" for the world
     admitted: bool = False  # a member of its scope by its credentials' attributes
+    since: int | None = None  # ms since the epoch: it receives the retained publications logged from then on
 
 
 def encode_subscription(
     predicates: Sequence[Sequence[Any]], topk: Mapping[str, Any] | None = None, scope: str | None = None,
-    admitted: bool = False,
+    admitted: bool = False, since: int | None = None,
 ) -> bytes:  # fmt: skip
-    if topk is None and not scope:
+    if topk is None and not scope and since is None:
         return orjson.dumps(predicates)
     doc: dict[str, object] = {"data": predicates}
     if topk is not None:
@@ -33,6 +35,8 @@ def encode_subscription(
     if scope:
         doc["scope"] = scope
         doc["admitted"] = admitted
+    if since is not None:
+        doc["since"] = since
     return orjson.dumps(doc)
 
 
@@ -44,7 +48,9 @@ def decode_subscription(body: bytes) -> Stored:
     if isinstance(topk, list):  # logged before kinds: [k, window, [[key, weight, target, prefer], ...]]
         k, window, terms = topk
         topk = {"k": k, "w": window, "score": [_term(*term) for term in terms]}
-    return Stored([Predicate(*p) for p in doc["data"]], topk, doc.get("scope", ""), doc.get("admitted", False))
+    return Stored(
+        [Predicate(*p) for p in doc["data"]], topk, doc.get("scope", ""), doc.get("admitted", False), doc.get("since")
+    )
 
 
 def _term(key: str, weight: float, target: float | None, prefer: str | None) -> dict[str, Any]:

@@ -20,15 +20,16 @@ the round is processed as usual.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
 
-from veil.matching import matches
+from veil.matching import Predicate, matches
 from veil.matching.kinds import Arrivals, NumericColumns
 from veil.matching.stored import decode_subscription
+from veil.pipeline.authorize import Authorizer
 from veil.pipeline.guard import FAULTS, attempt, isolate, rearm
 from veil.pipeline.worker_state import State, Unranked
 from veil.protocol import flatten
@@ -36,15 +37,29 @@ from veil.store import KIND_PUBLICATION, KIND_REGISTRY, KIND_SUBSCRIBE, KIND_TIC
 
 RUN_LIMIT = 4096  # publications matched per index call
 Valid = list[tuple[int, bytes, str]]  # publications still valid at a subscription: (offset, body, publisher)
+# a page of the retained log a subscription replays: (offset, body, publisher, registry version), with
+# the registry documents of the versions it names
+Retained = tuple[list[tuple[int, bytes, str, int]], Mapping[int, bytes | None]]
+
+
+class Initial(NamedTuple):
+    """What a new subscription receives ahead of its other matches: the publications still valid
+    when it was logged (authorized under the registry then in force), and with a `since`, the
+    retained ones logged from then on, a page at a time (each authorized under the registry in
+    force when it was logged, as it would have been live)."""
+
+    valid: Valid
+    retained: Iterable[Retained] = ()
 
 
 def match_round(
-    state: State, entries: Sequence[LogEntry], end: int, valid: Mapping[int, Valid] | None = None,
+    state: State, entries: Sequence[LogEntry], end: int, initial: Mapping[int, Initial] | None = None,
     entry_timeout: float = 0.0, set_aside: Sequence[Quarantined] = (),
 ) -> Round:  # fmt: skip
-    """The round of `entries` (the partition's entries of the log up to `end`); `valid`: for each
-    subscription entry's offset, the publications valid at it (`PipelineStore.valid_at`), whose
-    matches it receives first; `set_aside`: what loading the state already quarantined."""
+    """The round of `entries` (the partition's entries of the log up to `end`); `initial`: for each
+    subscription entry's offset, the publications whose matches it receives first
+    (`PipelineStore.valid_at`, `PipelineStore.retained_since`); `set_aside`: what loading the
+    state already quarantined."""
     run = _Run()
     out = _Output()
     for aside in set_aside:
@@ -62,13 +77,16 @@ def match_round(
         if entry.kind == KIND_TICK:
             out.expired(state, clock)
         else:
-            _apply(state, out, entry._replace(time=clock), (valid or {}).get(entry.offset, []), entry_timeout)
+            _apply(state, out, entry._replace(time=clock), (initial or {}).get(entry.offset, NONE), entry_timeout)
     run.match(state, out, entry_timeout)
     out.expired(state, clock)
     return out.round(state, end)
 
 
-def _apply(state: State, out: _Output, entry: LogEntry, valid: Valid, entry_timeout: float) -> None:
+NONE = Initial([])
+
+
+def _apply(state: State, out: _Output, entry: LogEntry, initial: Initial, entry_timeout: float) -> None:
     """A subscription or registry change (`entry.time`: the clock of the log at it); one that fails
     (or runs past the bound) is set aside and leaves the subscription out (the registry as it was)."""
     kind, sub_id, body = entry.kind, entry.sub_id or "", entry.body
@@ -89,7 +107,7 @@ def _apply(state: State, out: _Output, entry: LogEntry, valid: Valid, entry_time
                 unranked = True  # refused whole: nothing to rebuild the state for
                 raise
             if not state.is_stateful[number]:
-                out.initial(state, number, body, valid)
+                out.initial(state, number, body, initial)
         else:
             state.remove(sub_id)
 
@@ -230,29 +248,49 @@ class _Output:
         self.initials: list[tuple[int, int, bytes | None]] = []  # (number, publication, cropped copy)
         self.quarantined: dict[tuple[int, str | None], Quarantined] = {}
 
-    def initial(self, state: State, number: int, body: bytes, valid: Valid) -> None:
-        """A new subscription's initial matches: the still-valid publications it matches and may see.
-        They are older than the subscription and than all its other matches, so they queue as
-        plain matches ahead of those."""
-        if not valid:
+    def initial(self, state: State, number: int, body: bytes, initial: Initial) -> None:
+        """A new subscription's initial matches: the still-valid publications, then the retained
+        ones it asked for, that it matches and may see. They are older than the subscription and
+        than all its other matches, so they queue as plain matches ahead of those. Each page of a
+        replay has the entry's time bound to itself: a replay's cost is the retained log's, not a fault."""
+        if not initial.valid and not initial.retained:
             return
         predicates = decode_subscription(body).predicates
-        documents = [flatten(orjson.loads(published)) for _, published, _ in valid]
-        found = [i for i, document in enumerate(documents) if matches(predicates, document)]
+        self._initial(state, number, predicates, initial.valid, state.authorizer)
+        for page, registries in initial.retained:
+            rearm()
+            versions = [version for _, _, _, version in page]
+            for version in dict.fromkeys(versions):
+                mine = [(offset, published, publisher) for offset, published, publisher, at in page if at == version]
+                self._initial(state, number, predicates, mine, state.authorizer_at(version, registries[version]))
+
+    def _initial(
+        self, state: State, number: int, predicates: list[Predicate], publications: Valid, authorizer: Authorizer
+    ) -> None:
+        """The publications a new subscription matches and `authorizer` lets it see, to its initials."""
+        documents: list[dict[str, Any]] = []
+        found: list[int] = []
+        for i, (_, published, _) in enumerate(publications):
+            try:
+                document = flatten(orjson.loads(published))
+            except (orjson.JSONDecodeError, TypeError, ValueError):  # (the pipeline quarantined it when logged)
+                continue
+            if matches(predicates, document):
+                documents.append(document)
+                found.append(i)
         if not found:
             return
-        positions = np.array(found, np.int64)
 
         def each(column: np.ndarray) -> np.ndarray:
             return np.full(len(found), column[number], column.dtype)
 
-        keep, copies = state.authorizer.filter(
-            [documents[i] for i in found], [valid[i][1] for i in found], [valid[i][2] for i in found],
+        keep, copies = authorizer.filter(
+            documents, [publications[i][1] for i in found], [publications[i][2] for i in found],
             np.arange(len(found), dtype=np.int64), each(state.owners), each(state.scopes), each(state.admitted),
         )  # fmt: skip
         crops = dict(copies)
         for pair in np.flatnonzero(keep).tolist():
-            self.initials.append((number, valid[int(positions[pair])][0], crops.get(pair)))
+            self.initials.append((number, publications[found[pair]][0], crops.get(pair)))
 
     def expired(self, state: State, now: int) -> None:
         """What the clock's move to `now` selects."""

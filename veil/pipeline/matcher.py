@@ -10,11 +10,14 @@ and the state rebuilt next time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import orjson
+
+from veil.matching.stored import decode_subscription
 from veil.monitoring import trace
 from veil.pipeline import worker_state
-from veil.pipeline.match import Valid, match_round
+from veil.pipeline.match import Initial, Retained, match_round
 from veil.pipeline.partition import partition_of
 from veil.store import (
     KIND_CANCEL,
@@ -27,6 +30,8 @@ from veil.store import (
     PipelineStore,
     Round,
 )
+
+REPLAY_PAGE = 1000  # retained publications a replay reads and matches at a time
 
 
 class Matcher:
@@ -68,7 +73,7 @@ class Matcher:
         fresh = source != "kept"
         replaying = fresh and store.partition_offset(self.progress(part)) > start
         trace.mark("state", start, end)
-        done = match_round(state, entries, end, self._valid(store, entries), self.entry_timeout, failed)
+        done = match_round(state, entries, end, self._initial(store, entries), self.entry_timeout, failed)
         if replaying:  # what it computed is dropped: rebuild from the store next time
             worker_state.discard(key)
             done = done._replace(stateful=None)
@@ -81,16 +86,18 @@ class Matcher:
         trace.mark("matched", start, end)
         return done._replace(part=self.progress(part), start=start, built=source == "built")
 
-    def _valid(self, store: PipelineStore, entries: list[LogEntry]) -> dict[int, Valid]:
+    def _initial(self, store: PipelineStore, entries: list[LogEntry]) -> dict[int, Initial]:
         """For each new subscription, the publications still valid when it was logged (by the log's
-        clock there): its initial matches are among them."""
-        valid: dict[int, Valid] = {}
+        clock there) and those retained since its `since`: its initial matches are among them."""
+        initial: dict[int, Initial] = {}
         clock = 0
         for entry in entries:
             clock = max(clock, entry.time or 0)
             if entry.kind == KIND_SUBSCRIBE:
-                valid[entry.offset] = store.valid_at(entry.offset, clock)
-        return valid
+                since = _since(entry.body)
+                retained = () if since is None else _retained(store, entry.offset, since)
+                initial[entry.offset] = Initial(store.valid_at(entry.offset, clock, since), retained)
+        return initial
 
     def _wanted(self, entry: LogEntry, part: int) -> bool:
         """Subscription partitioning: every partition matches every publication against 1/N of the
@@ -103,3 +110,24 @@ class Matcher:
     def _routed_here(self, part: int) -> Callable[[str], bool]:
         """Whether a subscription id is held by partition `part`."""
         return lambda sub_id: self.by_publication or partition_of(sub_id, self.partitions) == part
+
+
+def _since(body: bytes | None) -> int | None:
+    """The `since` of a subscription's stored body (None for a body it cannot read: the round sets
+    that subscription aside)."""
+    try:
+        return decode_subscription(body or b"").since
+    except (orjson.JSONDecodeError, TypeError, ValueError, KeyError):
+        return None
+
+
+def _retained(store: PipelineStore, offset: int, since: int) -> Iterator[Retained]:
+    """The retained log a subscription replays, read a page at a time as the round matches it, each
+    page with the registry versions it names (read once a replay)."""
+    registries: dict[int, bytes | None] = {}
+    after = 0
+    while page := store.retained_since(offset, since, after, REPLAY_PAGE):
+        for version in {version for _, _, _, version in page} - registries.keys():
+            registries[version] = store.registry_at(version) if version else None
+        yield page, registries
+        after = page[-1][0]

@@ -55,6 +55,7 @@ from veil.pipeline.numbering import scope_number, user_number
 from veil.security.registry import registry_from_json
 from veil.store import KIND_SUBSCRIBE, PipelineStore, Quarantined, StatefulBatch
 
+EARLIER_REGISTRIES = 4  # authorizers of earlier registry versions kept for replays
 LATEST_DUE = 2**62  # ms: later expiries are reported as this one (msgpack and SQLite hold int64)
 Key = tuple[str, int, int]  # (store URL, partitions, partition or 0 for all: `Matcher.state_key`)
 Source = Literal["kept", "caught up", "built"]  # where a checked-out state came from
@@ -78,6 +79,7 @@ class State:
         self.with_authorization = with_authorization
         self.registry_body = registry_body
         self.authorizer = Authorizer(registry_from_json(registry_body), with_authorization)
+        self._earlier: dict[int, Authorizer] = {}  # registry version -> its authorizer, least recent first
         # stateful subscriptions are ranked by the one partition holding each, in log order: with
         # publication partitioning every partition holds them and ranks a slice of the log
         self.ranks = ranks
@@ -89,7 +91,7 @@ class State:
         self.suspect = False
 
     def add(self, sub_id: str, number: int, owner: str, body: bytes) -> None:
-        predicates, topk, scope, admitted = decode_subscription(body)  # a bad body changes nothing
+        predicates, topk, scope, admitted, _ = decode_subscription(body)  # a bad body changes nothing
         kind = None if topk is None else self.kinds.spec(topk)
         if kind is not None and not self.ranks:
             raise Unranked(f"{kind[0].name} subscriptions need the pipeline's --partition-mode subscriptions")
@@ -159,6 +161,17 @@ class State:
         if body != self.registry_body:  # compiling a large registry costs: only when it changed
             self.authorizer = Authorizer(registry_from_json(body), self.with_authorization)
             self.registry_body = body
+
+    def authorizer_at(self, version: int, body: bytes | None) -> Authorizer:
+        """The authorizer of an earlier registry version (its document `body`), for a replay of the
+        publications logged under it: the last few are kept, as consecutive replays name the same ones."""
+        if body == self.registry_body:
+            return self.authorizer
+        authorizer = self._earlier.pop(version, None) or Authorizer(registry_from_json(body), self.with_authorization)
+        self._earlier[version] = authorizer
+        while len(self._earlier) > EARLIER_REGISTRIES:
+            del self._earlier[next(iter(self._earlier))]
+        return authorizer
 
 
 def checkout(

@@ -7,6 +7,7 @@ types are checked against the operators here, satisfiability is the matcher's bu
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from typing import Any, NamedTuple, TypeGuard
 
 from veil.protocol.errors import ProtocolError
@@ -17,6 +18,7 @@ MAX_ID_LENGTH = 256
 MAX_CREDENTIAL_LENGTH = 16 * 1024  # an authHash or a bearer token
 MIN_WINDOW_MS = 1  # below a millisecond, `time + w == time` for the log's clock
 MAX_TERM_VALUE = 1e15  # weights and targets: sums of terms stay far from overflow
+LATEST_SINCE_MS = 253402300799999  # 9999-12-31T23:59:59.999Z: the last moment RFC 3339 can name
 
 OPERATORS = {
     "eq": "eq", "=": "eq", "==": "eq",
@@ -45,6 +47,7 @@ class SubscribeRequest(NamedTuple):
     predicates: list[tuple[str, str, object]]
     topk: dict[str, Any] | None = None  # a stateful subscription's spec, canonical: `parse_topk`
     scope: str | None = None  # the scope it is made in; None for the world
+    since: int | None = None  # replay the retained publications logged from then on (ms since the epoch)
 
 
 class UnsubscribeRequest(NamedTuple):
@@ -63,9 +66,36 @@ def parse_subscribe(raw: bytes, limits: Limits = DEFAULT) -> SubscribeRequest:
     scope = doc.get("scope")
     if scope is not None and (not isinstance(scope, str) or not 0 < len(scope) <= MAX_ID_LENGTH):
         raise ProtocolError("scope", f"the name of a scope: a non-empty string of at most {MAX_ID_LENGTH} characters")
+    since = doc.get("since")
+    if since is not None:
+        if topk is not None:
+            raise ProtocolError("since", "a top-k subscription ranks what is published from its start: no replay")
+        since = parse_since(since)
     return SubscribeRequest(
-        auth, sub_id or None, predicates, None if topk is None else parse_topk(topk, limits), scope or None
+        auth, sub_id or None, predicates, None if topk is None else parse_topk(topk, limits), scope or None, since
     )
+
+
+def parse_since(value: object, field: str = "since") -> int:
+    """A moment as milliseconds since the epoch: given so, or as an RFC 3339 time with its offset
+    (`2026-11-29T08:00:00Z`); a time without an offset would mean whatever the broker's zone is."""
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.upper())  # (RFC 3339 allows a lower-case t and z)
+        except ValueError:
+            raise ProtocolError(field, f"not an RFC 3339 time: {value[:64]!r}") from None
+        if moment.utcoffset() is None:
+            raise ProtocolError(field, "an RFC 3339 time needs its offset (Z or +HH:MM)")
+        return _since_ms(moment.timestamp() * 1000, field)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _since_ms(value, field)
+    raise ProtocolError(field, "milliseconds since the epoch (an integer) or an RFC 3339 time (a string)")
+
+
+def _since_ms(ms: float, field: str) -> int:
+    if not 0 <= ms <= LATEST_SINCE_MS:
+        raise ProtocolError(field, "from the epoch (0) to the year 9999")
+    return math.floor(ms)
 
 
 def parse_constraints(data: object, field: str, limits: Limits = DEFAULT) -> list[tuple[str, str, object]]:

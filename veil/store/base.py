@@ -430,12 +430,13 @@ class GatewayStore(LogReader):
         """The connection that claimed these at `at` ended (a later claim by the same gateway stays)."""
 
     @abstractmethod
-    def compact(self, limit: int, fanned_out: int, spill_before: float) -> int:
+    def compact(self, limit: int, fanned_out: int, spill_before: float, retained_since: int | None = None) -> int:
         """One bounded step of housekeeping (the policy is `veil.store.queues`'s). Feed entries that
         every gateway has fanned out (seq <= `fanned_out`) and that were created before `spill_before` get
         their unconsumed matches spilled into per-subscription queues, then go; up to `limit` queued
         deliveries that their subscriptions consumed go, and so do publications that neither the
-        pipeline nor any queue still needs, and up to `limit` idempotency keys past their window.
+        pipeline nor any queue still needs, nor were logged since `retained_since` (ms: the retention,
+        with the registry versions in force then), and up to `limit` idempotency keys past their window.
         Returns the rows handled; below `limit` means nothing is left for now."""
 
     @abstractmethod
@@ -472,9 +473,20 @@ class PipelineStore(LogReader):
         (where the pipeline's own copies are most of the log, not reading them is most of the work)."""
 
     @abstractmethod
-    def valid_at(self, offset: int, time: int) -> list[tuple[int, bytes, str]]:
+    def valid_at(self, offset: int, time: int, since: int | None = None) -> list[tuple[int, bytes, str]]:
         """The publications logged before `offset`, valid at `time` (ms) and not withdrawn before
-        `offset`, as (offset, body, publisher): a subscription logged there receives the ones it matches."""
+        `offset`, as (offset, body, publisher): a subscription logged there receives the ones it matches.
+        With `since`, those logged before it only (the later ones are `retained_since`'s)."""
+
+    @abstractmethod
+    def retained_since(
+        self, offset: int, since: int, after: int = 0, limit: int = 1000
+    ) -> list[tuple[int, bytes, str, int]]:
+        """A page of the publications the log still holds that were logged at `since` (ms) or later
+        and before `offset`, after offset `after`, in log order, at most `limit`: those neither
+        quarantined nor withdrawn before `offset`, as (offset, body, publisher, the registry version
+        in force when it was logged, 0 for none): a subscription logged at `offset` asking for what
+        matched since then receives the ones it matches and may see under that version."""
 
     @abstractmethod
     def record_round(self, done: Round) -> bool:

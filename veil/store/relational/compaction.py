@@ -19,6 +19,7 @@ from veil.store.relational.dialect import (
     now_ms,
     set_status,
 )
+from veil.store.relational.log import CLOCKS_DIFFER, first_logged
 
 # The oldest publication any queue holds. The key is (sub_no, pub): a plain MIN(pub) scans every
 # queued row (180 ms at 5 M rows, once per compaction chunk), one seek per subscription number does not;
@@ -39,7 +40,7 @@ class CompactionSql(Dialect):
     _consumed_clean = -1  # that count when compaction last found no consumed rows left
     _swept_at = 0.0  # when publications were last swept (time.monotonic)
 
-    def compact(self, limit: int, fanned_out: int, spill_before: float) -> int:
+    def compact(self, limit: int, fanned_out: int, spill_before: float, retained_since: int | None = None) -> int:
         with self._tx() as db:
             changes = get_status(db, "changes") or 0
             # the hub offers entries to connected subscriptions first; spilling one it has not offered yet
@@ -64,7 +65,7 @@ class CompactionSql(Dialect):
             # the sweep of publications derives the horizon, which seeks every subscription's queue:
             # once a round (when spilling is done for now), not once a step of a large spill
             if spilled + consumed < limit or time.monotonic() - self._swept_at > SWEEP_AT_LEAST:
-                published = self._sweep(db, limit)
+                published = self._sweep(db, limit, retained_since)
                 self._swept_at = time.monotonic()
             # idempotency keys past their window, every call: at high rates as many expire a second as
             # are published, and they do not wait for spilling to be done
@@ -74,7 +75,7 @@ class CompactionSql(Dialect):
             ).rowcount
         return spilled + consumed + fed + published + forgotten
 
-    def _sweep(self, db: Db, limit: int) -> int:
+    def _sweep(self, db: Db, limit: int, retained_since: int | None) -> int:
         """Drop up to `limit` publications below the horizon; returns the rows dropped."""
         # Publications at or below the processed offset are never read by the pipeline again (a
         # replayed batch starts after the last recorded one), and below the oldest queued delivery
@@ -84,7 +85,10 @@ class CompactionSql(Dialect):
             f"SELECT {PROCESSED}, {OLDEST_QUEUED}, (SELECT MIN(first) FROM feed), "
             "(SELECT value FROM status WHERE name = 'held')"
         ).fetchone()
-        below = horizon(processed, oldest_spilled, oldest_fed, held)
+        # The retention keeps what was logged since `retained_since` (and the registry versions in
+        # force then) for the subscriptions that replay it.
+        retained = None if retained_since is None else first_logged(db, retained_since - CLOCKS_DIFFER)
+        below = horizon(processed, oldest_spilled, oldest_fed, held, retained)
         # Valid publications stay for the subscriptions to come, until the pipeline has passed the
         # moment they expire or their withdrawal.
         clock = db.execute(
@@ -103,7 +107,7 @@ class CompactionSql(Dialect):
         # there and later ones (`registry_at`), and a whole copy per change would otherwise pile up
         published += db.execute(
             'DELETE FROM registry WHERE "offset" < (SELECT MAX("offset") FROM registry WHERE "offset" <= ?)',
-            (processed,),
+            (processed if retained is None else min(processed, retained),),
         ).rowcount
         return published
 

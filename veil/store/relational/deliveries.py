@@ -124,6 +124,10 @@ class DeliverySql(Dialect):
             reached = from_seq
         order = np.lexsort((pubs, sub_nos))
         sub_nos, pubs = sub_nos[order], pubs[order]
+        # a match queued twice (a replaced subscription's initial matches again, in a later feed row)
+        # is delivered once
+        once = np.r_[True, (sub_nos[1:] != sub_nos[:-1]) | (pubs[1:] != pubs[:-1])][: len(pubs)]
+        sub_nos, pubs = sub_nos[once], pubs[once]
         kept = _ranks(sub_nos) < limit
         return sub_nos[kept], pubs[kept], reached
 

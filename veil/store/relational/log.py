@@ -17,6 +17,7 @@ import orjson
 from veil.store.base import (
     KEYS_KEPT,
     KIND_CANCEL,
+    KIND_PUBLICATION,
     KIND_REGISTRY,
     KIND_SUBSCRIBE,
     KIND_TICK,
@@ -34,6 +35,9 @@ from veil.store.base import (
 from veil.store.queues import NEVER
 from veil.store.relational.dialect import Db, Dialect, add_status, count_change, get_status, now_ms, set_status
 
+# ms by which the clocks of gateways sharing a store (which time what they log) may disagree: a replay
+# looks that far before the first entry its clock reaches, and filters by time from there
+CLOCKS_DIFFER = 60_000
 NOT_QUARANTINED = 'NOT EXISTS (SELECT 1 FROM quarantine q WHERE q."offset" = s.created)'
 # each version with the number it was logged with: an id freed and taken again has a newer one
 SUBSCRIPTION_ROWS = (
@@ -124,17 +128,37 @@ class LogSql(Dialect):
                 raise UnknownPublication(pub)
             if row[0] != publisher:
                 raise NotOwner("publication", pub)
-            offset = append_entry(db, "kind, time", (KIND_CANCEL, now_ms()))
+            # (naming the publication, so that a replay of the retained log leaves it out too)
+            offset = append_entry(db, "kind, copy_of, time", (KIND_CANCEL, pub, now_ms()))
             db.execute("UPDATE validity SET cancelled = ? WHERE pub = ?", (offset, pub))
         return offset
 
-    def valid_at(self, offset: int, time: int) -> list[tuple[int, bytes, str]]:
+    def valid_at(self, offset: int, time: int, since: int | None = None) -> list[tuple[int, bytes, str]]:
         with self._read() as db:
             return db.execute(
                 "SELECT v.pub, l.body, COALESCE(l.client, '') FROM validity v "
                 'JOIN log l ON l."offset" = v.pub '
-                "WHERE v.pub < ? AND v.until > ? AND (v.cancelled IS NULL OR v.cancelled > ?) ORDER BY v.pub",
-                (offset, time, offset),
+                "WHERE v.pub < ? AND v.until > ? AND (v.cancelled IS NULL OR v.cancelled > ?) "
+                "AND COALESCE(l.time, 0) < ? ORDER BY v.pub",
+                (offset, time, offset, NEVER if since is None else since),
+            ).fetchall()
+
+    def retained_since(
+        self, offset: int, since: int, after: int = 0, limit: int = 1000
+    ) -> list[tuple[int, bytes, str, int]]:
+        with self._read() as db:
+            start = after or first_logged(db, since - CLOCKS_DIFFER) - 1
+            return db.execute(
+                """SELECT l."offset", l.body, COALESCE(l.client, ''),
+                    COALESCE((SELECT MAX(r."offset") FROM registry r WHERE r."offset" < l."offset"), 0)
+                FROM log l WHERE l."offset" > ? AND l."offset" < ? AND l.kind = ? AND COALESCE(l.time, 0) >= ?
+                -- a quarantined publication delivers to nobody; a withdrawn one to no later subscription
+                AND NOT EXISTS (SELECT 1 FROM quarantine q WHERE q."offset" = l."offset")
+                AND NOT EXISTS (SELECT 1 FROM validity v WHERE v.pub = l."offset" AND v.cancelled < ?)
+                AND l."offset" NOT IN (SELECT c.copy_of FROM log c WHERE c."offset" > ? AND c."offset" < ?
+                    AND c.kind = ? AND c.copy_of IS NOT NULL)
+                ORDER BY l."offset" LIMIT ?""",
+                (start, offset, KIND_PUBLICATION, since, offset, start, offset, KIND_CANCEL, limit),
             ).fetchall()
 
     def put_registry(self, body: bytes, file_digest: int | None = None, base: int | None = None) -> int:
@@ -326,3 +350,19 @@ def _key_name(publication: Publication) -> str | None:
     if publication.key is None:
         return None
     return hashlib.sha256(orjson.dumps([publication.publisher, publication.key])).hexdigest()
+
+
+def first_logged(db: Db, since: int) -> int:
+    """The first offset of the log logged at `since` (ms) or later, by a binary search over offsets
+    (the log has no index by time; its times rise with its offsets but where clocks disagree)."""
+    low, high = db.execute('SELECT COALESCE(MIN("offset"), 0), COALESCE(MAX("offset"), 0) + 1 FROM log').fetchone()
+    while low < high:
+        middle = (low + high) // 2
+        at, logged = db.execute(
+            'SELECT "offset", COALESCE(time, 0) FROM log WHERE "offset" >= ? ORDER BY "offset" LIMIT 1', (middle,)
+        ).fetchone()
+        if logged >= since:
+            high = middle
+        else:
+            low = at + 1
+    return int(low)
