@@ -11,7 +11,7 @@ publication is matched against exactly the subscriptions whose changes precede i
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -25,7 +25,9 @@ KIND_REGISTRY = 3  # a new registry version: later publications are authorized u
 KIND_TICK = 4  # the clock moved: stateful subscriptions' windows move with it even when nothing is published
 KIND_COPY = 5  # a delivery decided after its publication was matched (stateful kinds, initial matches): a copy
 KIND_CANCEL = 6  # a publisher withdrew a valid publication: later subscriptions do not get it
+KIND_REDELIVER = 7  # a dead letter its subscription's owner replays: queued for it again, in log order
 KEYS_KEPT = 120_000  # milliseconds a publisher's idempotency key is remembered, by default
+DEAD_LETTER_REASONS = ("deliveries", "bytes", "age")  # which bound of a queue a dead letter was past
 
 
 class Publication(NamedTuple):
@@ -38,6 +40,31 @@ class Publication(NamedTuple):
     signature: str | None = None
     valid_for: int | None = None  # milliseconds it stays valid: kept, and matched by new subscriptions
     key: str | None = None  # the publisher's idempotency key: a repeat within the window is not logged again
+
+
+class QueueBounds(NamedTuple):
+    """The most a subscription's queue holds: deliveries, bytes of their publications and their age
+    (ms since they were logged). What is past them leaves the queue for its dead letters."""
+
+    deliveries: int
+    bytes: int
+    age_ms: int
+
+    def within(self, other: QueueBounds) -> QueueBounds:
+        return QueueBounds(*(min(mine, theirs) for mine, theirs in zip(self, other, strict=True)))
+
+
+class DeadLetter(NamedTuple):
+    """A delivery that left its subscription's queue past one of its bounds (`reason`, one of
+    DEAD_LETTER_REASONS), kept whole: its publication may be compacted away meanwhile."""
+
+    seq: int
+    pub: int  # the publication's id (a copy's original's)
+    reason: str
+    at: int  # ms since the epoch when it was dead-lettered
+    logged: int  # and when its publication was
+    body: bytes
+    origin: Origin
 
 
 class LogEntry(NamedTuple):
@@ -300,11 +327,14 @@ class GatewayStore(LogReader):
         """(owner, body) of an announcement."""
 
     @abstractmethod
-    def put_subscription(self, sub_id: str, owner: str, body: bytes, most: int | None = None) -> int:
+    def put_subscription(
+        self, sub_id: str, owner: str, body: bytes, most: int | None = None, bounds: QueueBounds | None = None
+    ) -> int:
         """Register a subscription, or replace its owner's live one (which keeps its number); NotOwner
         if the id belongs to someone else's live subscription; TooMany if it is new and its owner has
         `most` live subscriptions already. Any other new subscription gets a number never given
-        before, even under an id used before."""
+        before, even under an id used before. `bounds`: those its subscriber set on its queue (None:
+        the operator's)."""
 
     @abstractmethod
     def remove_subscription(self, sub_id: str, owner: str) -> int:
@@ -438,6 +468,38 @@ class GatewayStore(LogReader):
         pipeline nor any queue still needs, nor were logged since `retained_since` (ms: the retention,
         with the registry versions in force then), and up to `limit` idempotency keys past their window.
         Returns the rows handled; below `limit` means nothing is left for now."""
+
+    @abstractmethod
+    def bound_queues(self, bounds: QueueBounds, now: int, alive_since: float, limit: int) -> int:
+        """Dead-letter what the queues of live subscriptions that no gateway renewed since
+        `alive_since` holds (none is read) hold past their bounds (each subscription's own, within
+        the operator's `bounds`) at `now` (ms), after their cursors, oldest first, about `limit`
+        deliveries at most; returns how many. A bound is checked against counts, not the queue:
+        only a queue past one is read."""
+
+    @abstractmethod
+    def bound_held_queues(
+        self, floors: Mapping[int, int], gateway: str, bounds: QueueBounds, now: int, limit: int
+    ) -> int:
+        """`bound_queues` for subscriptions `gateway` holds (those another holds are left alone), by
+        number, each after its floor: the last delivery its connection read from the store."""
+
+    @abstractmethod
+    def dead_letters(self, number: int, after: int = 0, limit: int = 1000) -> list[DeadLetter]:
+        """A subscription's dead letters with seq > `after`, oldest first."""
+
+    @abstractmethod
+    def dead_letter_count(self, number: int) -> int: ...
+
+    @abstractmethod
+    def purge_dead_letters(self, number: int, upto: int | None = None) -> int:
+        """Drop a subscription's dead letters (those with seq <= `upto`); returns how many."""
+
+    @abstractmethod
+    def replay_dead_letters(self, sub_id: str, number: int, upto: int | None = None) -> int:
+        """Queue a live subscription's dead letters (those with seq <= `upto`) again, in their order,
+        and drop them; returns how many. They are logged (KIND_REDELIVER), so the pipeline queues each
+        after everything queued for the subscription before, still under the registry in force."""
 
     @abstractmethod
     def quarantine(self, after: int = 0, limit: int = 1000) -> list[QuarantineRecord]:

@@ -33,6 +33,12 @@ ADDED_COLUMNS = (  # (table, column, declaration) added since the first release
     ("log", "cropped", "INTEGER NOT NULL DEFAULT 0"),
     ("log", "number", "INTEGER"),
     ("quarantine", "released", "REAL"),
+    ("deliveries", "size", "INTEGER NOT NULL DEFAULT 0"),
+)
+# Stores written before queues were counted: their spilled rows counted once (their sizes were not kept)
+QUEUES_COUNTED = (
+    "INSERT INTO queues(sub_no, deliveries, bytes) SELECT sub_no, COUNT(*), 0 FROM deliveries "
+    "WHERE NOT EXISTS (SELECT 1 FROM queues) GROUP BY sub_no"
 )
 # Stores written before the envelope's facts were columns kept them as a JSON fragment (`meta`).
 FROM_META = """
@@ -89,8 +95,35 @@ CREATE TABLE IF NOT EXISTS subscription_numbers (  -- each id's newest number (r
 CREATE TABLE IF NOT EXISTS deliveries (
     sub_no INTEGER NOT NULL,
     pub INTEGER NOT NULL,
+    size INTEGER NOT NULL DEFAULT 0,  -- bytes of the publication
     PRIMARY KEY (sub_no, pub)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS queues (  -- each subscription's spilled rows: how many, and their publications' bytes
+    sub_no INTEGER PRIMARY KEY,
+    deliveries INTEGER NOT NULL,
+    bytes INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS queue_bounds (  -- the bounds a subscriber set on its subscription's queue
+    sub_no INTEGER PRIMARY KEY,
+    deliveries INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    age INTEGER NOT NULL  -- ms
+);
+CREATE TABLE IF NOT EXISTS dead_letters (  -- deliveries that left their queue past one of its bounds
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    sub_no INTEGER NOT NULL,
+    pub INTEGER NOT NULL,  -- the publication's offset (its own, for a copy)
+    reason TEXT NOT NULL,
+    at INTEGER NOT NULL,  -- ms since the epoch
+    logged INTEGER NOT NULL,  -- when the publication was, ms
+    body BLOB NOT NULL,  -- what was to be delivered, the cropped copy for one
+    client TEXT,
+    key_id TEXT,
+    signature TEXT,
+    copy_of INTEGER,
+    cropped INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS dead_letters_sub ON dead_letters(sub_no, seq);
 CREATE TABLE IF NOT EXISTS feed (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     pairs BLOB NOT NULL,
@@ -175,6 +208,7 @@ class SqliteStore(RelationalStore):
     NOT_IN_IDS = "NOT IN (SELECT value FROM json_each(?))"
     IN_NAMES = IN_IDS
     PAIRS = "(SELECT value ->> 0 AS sub_no, value ->> 1 AS pub FROM json_each(?)) AS j"
+    TRIPLES = "(SELECT value ->> 0 AS sub_no, value ->> 1 AS pub, value ->> 2 AS size FROM json_each(?)) AS j"
     GREATEST = "MAX"
     LEAST = "MIN"
 
@@ -226,6 +260,10 @@ class SqliteStore(RelationalStore):
     def _pairs(self, sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[str]:
         return (orjson.dumps(np.column_stack([sub_nos, pubs]), option=orjson.OPT_SERIALIZE_NUMPY).decode(),)
 
+    def _triples(self, sub_nos: np.ndarray, pubs: np.ndarray, sizes: np.ndarray) -> tuple[str]:
+        columns = np.column_stack([sub_nos, pubs, sizes]).astype(np.int64)
+        return (orjson.dumps(columns, option=orjson.OPT_SERIALIZE_NUMPY).decode(),)
+
     def _insert_publications(self, db: Db, now: int, publications: list[Publication]) -> list[int]:
         db.executemany(
             f"INSERT INTO log(kind, body, client, key_id, signature, time) VALUES ({KIND_PUBLICATION}, ?, ?, ?, ?, ?)",
@@ -268,6 +306,7 @@ def _migrate(db: sqlite3.Connection) -> None:
             db.execute(NUMBERED, (KIND_SUBSCRIBE,))
             db.execute("ALTER TABLE log DROP COLUMN meta")
         db.execute(FEED_SEQ)
+        db.execute(QUEUES_COUNTED)
         if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'topk_bands'").fetchone():
             db.execute("INSERT OR REPLACE INTO subscription_state SELECT number, blob FROM topk_bands")
             db.execute("DROP TABLE topk_bands")

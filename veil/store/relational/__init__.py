@@ -8,13 +8,15 @@ transaction-level advisory lock), so offsets and feed sequence numbers become vi
 they were given: a reader that has seen offset N has seen everything below it.
 
 Its parts: `log` (what is logged), `deliveries` (feed rows, backlogs, cursors), `status` (what the
-pipeline reports: progress, heartbeat, subscription state, quarantine), `compaction` and `gateways`
+pipeline reports: progress, heartbeat, subscription state, quarantine), `dead_letters` (queues' bounds
+and what left them past those), `compaction` and `gateways`
 (their feed positions and connections), over `dialect`
 (the connection protocol, transactions and the `status` table's helpers). What is queued where, and
 when it goes, is `veil.store.queues`'s policy: here is its SQL.
 """
 
 from veil.store.relational.compaction import CompactionSql
+from veil.store.relational.dead_letters import DeadLetterSql
 from veil.store.relational.deliveries import DeliverySql
 from veil.store.relational.dialect import LAST_FEED_SEQ, STATUS_WITHOUT_TOPK, Cursor, Db, Transaction
 from veil.store.relational.gateways import GatewaySql
@@ -22,7 +24,7 @@ from veil.store.relational.log import LogSql
 from veil.store.relational.status import StatusSql
 
 
-class RelationalStore(LogSql, DeliverySql, StatusSql, CompactionSql, GatewaySql):
+class RelationalStore(LogSql, DeliverySql, DeadLetterSql, StatusSql, CompactionSql, GatewaySql):
     """The whole store interface; a dialect subclasses it."""
 
 

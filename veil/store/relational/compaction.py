@@ -7,8 +7,9 @@ import time
 
 import numpy as np
 
-from veil.store.base import KIND_CANCEL, KIND_COPY, KIND_PUBLICATION, KIND_REGISTRY, KIND_TICK
+from veil.store.base import KIND_CANCEL, KIND_COPY, KIND_PUBLICATION, KIND_REDELIVER, KIND_REGISTRY, KIND_TICK
 from veil.store.queues import consumed_floor, horizon, spill_end, unconsumed, unpack
+from veil.store.relational.dead_letters import dequeue
 from veil.store.relational.dialect import (
     PROCESSED,
     SPILL_POSITION,
@@ -53,9 +54,7 @@ class CompactionSql(Dialect):
                     "SELECT n.no, c.pub FROM cursors c JOIN subscription_numbers n USING (sub_id) "
                     "WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.sub_no = n.no AND d.pub <= c.pub)"
                 ).fetchall():
-                    consumed += db.execute(
-                        "DELETE FROM deliveries WHERE sub_no = ? AND pub <= ?", (number, pub)
-                    ).rowcount
+                    consumed += dequeue(db, number, 0, pub)[0]
                     if consumed >= limit:
                         break
                 else:
@@ -98,9 +97,9 @@ class CompactionSql(Dialect):
         ).fetchone()[0]
         published = db.execute("DELETE FROM validity WHERE until <= ? OR cancelled <= ?", (clock, processed)).rowcount
         published += db.execute(
-            'DELETE FROM log WHERE "offset" IN (SELECT "offset" FROM log WHERE kind IN (?, ?, ?, ?, ?) '
+            'DELETE FROM log WHERE "offset" IN (SELECT "offset" FROM log WHERE kind IN (?, ?, ?, ?, ?, ?) '
             'AND "offset" <= ? AND "offset" NOT IN (SELECT pub FROM validity) ORDER BY "offset" LIMIT ?)',
-            (KIND_PUBLICATION, KIND_COPY, KIND_TICK, KIND_CANCEL, KIND_REGISTRY, below, limit),
+            (KIND_PUBLICATION, KIND_COPY, KIND_TICK, KIND_CANCEL, KIND_REGISTRY, KIND_REDELIVER, below, limit),
         ).rowcount
         published += db.execute("DELETE FROM copies WHERE pub <= ?", (below,)).rowcount
         # registry versions superseded before the processed offset: the pipeline reads the one in force
@@ -130,12 +129,7 @@ class CompactionSql(Dialect):
             floor = self._consumed_floor(db, changes) if floor is None else floor
             keep = unconsumed(sub_nos, pubs, floor)
             if keep.any():  # pairs are sorted by (subscription, publication): the B-tree fills in order
-                db.execute(
-                    # WHERE: without it, SQLite reads ON CONFLICT as the ON of a join
-                    f"INSERT INTO deliveries(sub_no, pub) SELECT j.sub_no, j.pub FROM {self.PAIRS} WHERE TRUE "
-                    "ON CONFLICT (sub_no, pub) DO NOTHING",
-                    self._pairs(sub_nos[keep], pubs[keep]),
-                )
+                self._queue(db, sub_nos[keep], pubs[keep])
             looked += end - position
             if end < len(entry.pubs):
                 position = end
@@ -147,6 +141,28 @@ class CompactionSql(Dialect):
             set_status(db, "spilled", spilled)
             set_status(db, "spill_position", position)
         return looked
+
+    def _queue(self, db: Db, sub_nos: np.ndarray, pubs: np.ndarray) -> None:
+        """Spilled matches into their subscriptions' queue rows, with their publications' sizes, and
+        counted per subscription (what the queues' bounds are checked against)."""
+        wanted = np.unique(pubs)
+        known = dict(
+            db.execute(f'SELECT "offset", length(body) FROM log WHERE "offset" {self.IN_IDS}', (self._ids(wanted),))
+        )
+        sizes = np.array([known.get(pub) or 0 for pub in wanted.tolist()], np.int64)[np.searchsorted(wanted, pubs)]
+        db.execute(
+            # WHERE: without it, SQLite reads ON CONFLICT as the ON of a join
+            f"INSERT INTO deliveries(sub_no, pub, size) SELECT j.sub_no, j.pub, j.size FROM {self.TRIPLES} WHERE TRUE "
+            "ON CONFLICT (sub_no, pub) DO NOTHING",
+            self._triples(sub_nos, pubs, sizes),
+        )
+        numbers, starts = np.unique(sub_nos, return_index=True)  # (sorted by subscription already)
+        counts = np.diff(np.r_[starts, len(sub_nos)])
+        db.executemany(
+            "INSERT INTO queues(sub_no, deliveries, bytes) VALUES (?, ?, ?) ON CONFLICT (sub_no) DO UPDATE "
+            "SET deliveries = queues.deliveries + excluded.deliveries, bytes = queues.bytes + excluded.bytes",
+            list(zip(numbers.tolist(), counts.tolist(), np.add.reduceat(sizes, starts).tolist(), strict=True)),
+        )
 
     def _consumed_floor(self, db: Db, changes: int) -> np.ndarray:
         """`consumed_floor`, derived again only when subscriptions or cursors changed (at 100,000

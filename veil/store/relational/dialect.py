@@ -52,6 +52,7 @@ class Dialect(EventStore):
     NOT_IN_IDS: str
     IN_NAMES: str  # `column IN_NAMES` with one parameter made by `_names`
     PAIRS: str  # a table j(sub_no, pub) of the parameters `_pairs` makes
+    TRIPLES: str  # a table j(sub_no, pub, size) of the parameters `_triples` makes
     GREATEST: str  # the scalar max and min of two values
     LEAST: str
     NEW_NUMBER: str  # a subscription number never given before (the caller holds the write lock)
@@ -72,6 +73,9 @@ class Dialect(EventStore):
 
     @abstractmethod
     def _pairs(self, sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[Any, ...]: ...
+
+    @abstractmethod
+    def _triples(self, sub_nos: np.ndarray, pubs: np.ndarray, sizes: np.ndarray) -> tuple[Any, ...]: ...
 
     def _live_numbers(self, db: Db, sub_ids: Sequence[str]) -> dict[str, int]:
         """The numbers of these ids' live subscriptions (an id without one is left out)."""

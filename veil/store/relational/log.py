@@ -26,6 +26,7 @@ from veil.store.base import (
     LogEntry,
     NotOwner,
     Publication,
+    QueueBounds,
     StaleRegistry,
     TooMany,
     UnknownAnnouncement,
@@ -198,7 +199,9 @@ class LogSql(Dialect):
             ).fetchone()
         return row[0] if row else None
 
-    def put_subscription(self, sub_id: str, owner: str, body: bytes, most: int | None = None) -> int:
+    def put_subscription(
+        self, sub_id: str, owner: str, body: bytes, most: int | None = None, bounds: QueueBounds | None = None
+    ) -> int:
         with self._tx() as db:
             live = db.execute(LIVE, (sub_id,)).fetchone()
             if live is not None and live[0] != owner:
@@ -218,6 +221,11 @@ class LogSql(Dialect):
                 "INSERT INTO subscriptions(sub_id, created, owner, body) VALUES (?, ?, ?, ?)",
                 (sub_id, offset, owner, body),
             )
+            db.execute("DELETE FROM queue_bounds WHERE sub_no = ?", (number,))
+            if bounds is not None:
+                db.execute(
+                    "INSERT INTO queue_bounds(sub_no, deliveries, bytes, age) VALUES (?, ?, ?, ?)", (number, *bounds)
+                )
             count_change(db)
         return offset
 
@@ -240,7 +248,8 @@ class LogSql(Dialect):
             db.execute("UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id))
             # matches computed before the unsubscription may still arrive in the feed under its number:
             # no live subscription has that number any more, so they are neither spilled nor served
-            db.execute("DELETE FROM deliveries WHERE sub_no = ?", (live[1],))
+            for table in ("deliveries", "queues", "queue_bounds", "dead_letters"):
+                db.execute(f"DELETE FROM {table} WHERE sub_no = ?", (live[1],))
             db.execute("DELETE FROM cursors WHERE sub_id = ?", (sub_id,))
             # nor is its connection's claim: a later subscription of the id may connect through any gateway
             db.execute("DELETE FROM connections WHERE sub_id = ?", (sub_id,))
