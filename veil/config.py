@@ -213,6 +213,10 @@ class Config:
         "matched since a time (\"since\" in /subscribe); 0: only as long as a queue or the pipeline needs them",
         ("VEIL_RETENTION",),
     )  # fmt: skip
+    max_replay: int = _opt(
+        1_000_000, "most log entries a subscription's replay (\"since\") may read: an earlier since is refused",
+        ("VEIL_MAX_REPLAY",),
+    )  # fmt: skip
     read_timeout: float = _opt(
         10.0, "seconds a client may take to send a request (or a WebSocket upgrade) once connected",
         ("VEIL_READ_TIMEOUT",),
@@ -368,6 +372,8 @@ class Config:
         # comes after its key is forgotten publishes again
         if not 60 <= self.idempotency_window <= 7 * 86400:
             raise ValueError("--idempotency-window: seconds, from 60 to 604800 (a week)")
+        if self.max_replay < 1:
+            raise ValueError("--max-replay must be positive")
         if not 0 <= self.retention <= 366 * 86400:
             raise ValueError("--retention: seconds, from 0 to 31622400 (366 days)")
         if not 0 <= self.round_gap_ms <= 10_000:

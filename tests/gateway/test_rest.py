@@ -2,6 +2,7 @@
 the admin API and health, and what reaches the store."""
 
 import asyncio
+import time
 
 import orjson
 import pytest
@@ -180,3 +181,21 @@ async def test_the_grafana_dashboard_asks_only_for_metrics_the_gateway_exposes(h
     asked = {name for panel in dashboard["panels"] for target in panel["targets"]
              for name in re.findall(r"\bveil_[a-z_]+", target["expr"])}  # fmt: skip
     assert asked and asked <= exposed, asked - exposed
+
+
+async def test_a_replay_is_bounded_and_one_at_a_time_per_client(http, gateway):
+    """No pipeline runs here: a subscription made with `since` stays unmatched."""
+    gateway.config.retention, gateway.config.max_replay = 600, 3
+    since = int(time.time() * 1000) - 1000
+    for n in range(3):
+        await post(http, "/publish", {"n": n})
+    status, reply = await post(http, "/subscribe", {"data": [], "since": since})
+    assert (status, reply["field"]) == (413, "since") and "--max-replay" in reply["error"]
+    gateway.config.max_replay = 1000
+    assert (await post(http, "/subscribe", {"data": [], "since": since}))[0] == 200
+    status, reply = await post(http, "/subscribe", {"data": [], "since": since})
+    assert (status, reply["field"]) == (429, "since")
+    assert (await post(http, "/subscribe", {"data": []}))[0] == 200  # without a replay
+    assert (await post(http, "/subscribe", {"data": [], "since": since}, auth=BOB))[0] == 200  # another's
+    status, reply = await post(http, "/subscribe", {"data": [], "since": since - 601_000}, auth=BOB)
+    assert (status, reply["field"]) == (400, "since")

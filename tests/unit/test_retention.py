@@ -87,22 +87,60 @@ def test_a_match_queued_twice_is_read_once(store):
     assert queued.tolist() == pubs and sub_nos.tolist() == [number, number]
 
 
+def test_compaction_keeps_what_subscriptions_the_pipeline_has_yet_to_reach_replay(store):
+    pubs = store.append_publications([Publication(b'{"n":1}', "bob"), Publication(b'{"n":2}', "bob")])
+    since = _tick()
+    store.record_round(Round([], [], store.head_offset()))
+    sub = store.put_subscription("s", "alice", encode_subscription([], since=since), since=since)
+    assert store.replaying("alice") and not store.replaying("bob")
+    past = _tick() + CLOCKS_DIFFER  # a retention that keeps neither
+    while store.compact(1000, 1 << 40, time.time() + 1, past):
+        pass
+    assert set(store.bodies(np.array(pubs))) == set(pubs)  # its since, less the clocks' margin, holds them
+    store.record_round(Round([], [], sub))
+    assert not store.replaying("alice")
+    while store.compact(1000, 1 << 40, time.time() + 1, past):
+        pass
+    assert store.bodies(np.array(pubs)) == {}
+
+
+def test_an_empty_log_is_compacted_with_a_retention(store):
+    assert store.compact(1000, 0, time.time(), _tick()) == 0
+    assert store.logged_since(0) == 0
+
+
 def _registry(allowed: bool) -> bytes:
     """Alice may receive everything, or nothing."""
     return orjson.dumps({"users": {"alice": {}}, "rules": {"alice": [[]]} if allowed else {}})
 
 
-def test_a_replay_is_authorized_under_the_registry_in_force_at_each_publication():
-    """Alice may receive now; she could when the first publication was logged and not when the
-    second one was: the replay gives her the first only, as live delivery would have."""
-    state = State(_registry(True), with_authorization=True)
+@pytest.mark.parametrize("now", [True, False])
+def test_a_replay_is_authorized_under_the_registry_in_force_at_each_publication_and_now(now):
+    """Alice could receive when the first publication was logged and not when the second one was:
+    the replay gives her the first only, as live delivery would have; and nothing once she may
+    receive nothing now (a right taken away since holds)."""
+    state = State(_registry(now), with_authorization=True)
     body = encode_subscription([["n", "ge", 0]], since=1)
     page = [(1, b'{"n":1}', "bob", 10), (2, b'{"n":2}', "bob", 20), (3, b'{"x":1}', "bob", 10), (4, b"{", "bob", 10)]
     replay = Initial([(0, b'{"n":0}', "bob")], [(page, {10: _registry(True), 20: _registry(False)})])
     entry = LogEntry(5, KIND_SUBSCRIBE, "s", body, "alice", 0, 7)
     done = match_round(state, [entry], 5, {5: replay}, entry_timeout=5)
-    assert done.stateful is not None and [(n, p) for n, p, _ in done.stateful.initials] == [(7, 0), (7, 1)]
+    initials = [] if done.stateful is None else [(n, p) for n, p, _ in done.stateful.initials]
+    assert initials == ([(7, 0), (7, 1)] if now else [])
     assert not done.quarantined  # the unreadable publication is left out, the subscription stays
+
+
+def test_a_replayed_copy_is_cropped_as_the_registry_in_force_crops_it_then_as_the_earlier_one_did():
+    def cropping(*fields: str) -> bytes:
+        crops = [{"data": [], "users": ["alice"], "fields": list(fields)}] if fields else []
+        return orjson.dumps({"users": {"alice": {}}, "rules": {"alice": [[]]}, "cropping": {"bob": crops}})
+
+    state = State(cropping("b"), with_authorization=True)
+    replay = Initial([], [([(1, b'{"a":1,"b":2,"c":3}', "bob", 10)], {10: cropping("c")})])
+    entry = LogEntry(5, KIND_SUBSCRIBE, "s", encode_subscription([], since=1), "alice", 0, 7)
+    done = match_round(state, [entry], 5, {5: replay})
+    [(_, _, copy)] = done.stateful.initials
+    assert orjson.loads(copy) == {"a": 1}
 
 
 @pytest.mark.parametrize(

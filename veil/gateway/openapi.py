@@ -32,6 +32,7 @@ ERROR_MEANINGS = {
     409: "the request conflicts with the current state (a stale key or registry version, a taken id)",
     413: "the request is larger than a limit (body, lines of a batch, attributes, constraints, rules)",
     428: "the change must name the registry version it was made from (X-Registry-Version)",
+    429: "a per-client limit (which the message names): the client's subscriptions, or its replay in progress",
     503: "the broker sheds load or its store cannot take writes now: retry after `Retry-After` seconds",
 }
 BODY_ERRORS = (400, 401, 403, 408, 413, 503)
@@ -63,7 +64,8 @@ SINCE: Schema = {
         {"type": "string", "format": "date-time", "description": "an RFC 3339 time with its offset"},
     ],
     "description": "first deliver what it matches of the publications retained (--retention) that were logged "
-    "since then, in publication order; 400 when the broker keeps none or it is further back than it keeps",
+    "since then, in publication order; 400 when the broker keeps none or it is further back than it keeps, "
+    "413 past --max-replay log entries, 429 while a replay of the client's is not yet matched",
 }
 
 SCHEMAS: dict[str, Schema] = {
@@ -341,7 +343,10 @@ PATHS: dict[str, Schema] = {
     "/subscribe": {
         "post": _operation(
             "Subscribe (or replace a subscription of yours); deliveries come on the TCP or WebSocket port",
-            {"200": _json(_ref("Where"), "where the subscription's deliveries are served"), **_errors(*BODY_ERRORS)},
+            {
+                "200": _json(_ref("Where"), "where the subscription's deliveries are served"),
+                **_errors(*BODY_ERRORS, 429),
+            },
             requestBody=_body(_ref("SubscribeRequest")),
         )
     },

@@ -153,23 +153,31 @@ async def subscribe(request: web.Request) -> web.Response:
     if req.topk is not None and gateway.config.partition_mode == "publications":
         raise ProtocolError("topk", "top-k subscriptions need the broker's --partition-mode subscriptions")
     if req.since is not None:
-        _check_since(req.since, gateway.config.retention)
+        await _check_since(gateway, owner, req.since)
     registry = gateway.registry.current
     admitted = await sized(gateway, len(raw), admit_subscription, registry, principal, predicates, req.scope)
     body = encode_subscription(req.predicates, req.topk, req.scope, admitted, req.since)
     sub_id = req.subscription_id or uuid.uuid4().hex
     most = gateway.config.max_client_subscriptions
-    await gateway.threads.write(gateway.threads.store.put_subscription, sub_id, owner, body, most)
+    await gateway.threads.write(gateway.threads.store.put_subscription, sub_id, owner, body, most, None, req.since)
     return where_delivered(gateway, wsport=gateway.config.ws, subscriptionId=sub_id)
 
 
-def _check_since(since: int, retention: float) -> None:
-    """A replay reaches back no further than the log keeps publications: an earlier `since` would
-    silently miss what was dropped, so it is refused."""
+async def _check_since(gateway: Gateway, owner: str, since: int) -> None:
+    """A replay reaches back no further than the log keeps publications (an earlier `since` would
+    silently miss what was dropped) nor reads more than `--max-replay` entries, and a client has one
+    at a time in the pipeline: a replay is matched inside a matching round, which it holds up."""
+    retention = gateway.config.retention
     if not retention:
         raise ProtocolError("since", "this broker keeps no publications to replay (its --retention is 0)")
     if since < time.time() * 1000 - retention * 1000:  # (one later than now replays nothing: clocks differ)
         raise ProtocolError("since", f"before what the log keeps: at most {retention:g} s ago (--retention)")
+    store, most = gateway.threads.store, gateway.config.max_replay
+    entries = await gateway.threads.read(store.logged_since, since)
+    if entries > most:
+        raise ProtocolError("since", f"about {entries} log entries to replay; at most {most} (--max-replay)", 413)
+    if await gateway.threads.read(store.replaying, owner):
+        raise ProtocolError("since", "a replay of yours is still being matched: subscribe again once it is", 429)
 
 
 @routes.post("/unsubscribe")

@@ -251,46 +251,66 @@ class _Output:
     def initial(self, state: State, number: int, body: bytes, initial: Initial) -> None:
         """A new subscription's initial matches: the still-valid publications, then the retained
         ones it asked for, that it matches and may see. They are older than the subscription and
-        than all its other matches, so they queue as plain matches ahead of those. Each page of a
-        replay has the entry's time bound to itself: a replay's cost is the retained log's, not a fault."""
+        than all its other matches, so they queue as plain matches ahead of those. A replayed one
+        is one its subscriber may receive now and could have received live when it was logged
+        (under the registry then in force): a right given since does not reach back, one taken
+        away since holds, and the copy is cropped as the registry in force crops it, then as the
+        earlier one did."""
         if not initial.valid and not initial.retained:
             return
         predicates = decode_subscription(body).predicates
-        self._initial(state, number, predicates, initial.valid, state.authorizer)
+        poisoned = {q.offset for q in self.quarantined.values() if q.kind == KIND_PUBLICATION}
+        self._initial(state, number, predicates, initial.valid, [state.authorizer], poisoned)
         for page, registries in initial.retained:
-            rearm()
-            versions = [version for _, _, _, version in page]
-            for version in dict.fromkeys(versions):
+            for version in dict.fromkeys(version for _, _, _, version in page):
                 mine = [(offset, published, publisher) for offset, published, publisher, at in page if at == version]
-                self._initial(state, number, predicates, mine, state.authorizer_at(version, registries[version]))
+                then = state.authorizer_at(version, registries[version])
+                self._initial(state, number, predicates, mine, [state.authorizer, then], poisoned)
 
     def _initial(
-        self, state: State, number: int, predicates: list[Predicate], publications: Valid, authorizer: Authorizer
-    ) -> None:
-        """The publications a new subscription matches and `authorizer` lets it see, to its initials."""
+        self, state: State, number: int, predicates: list[Predicate], publications: Valid,
+        authorizers: list[Authorizer], poisoned: set[int],
+    ) -> None:  # fmt: skip
+        """The publications a new subscription matches and every one of `authorizers` lets it see
+        (each cropping what the one before left), to its initials; those this round set aside
+        (`poisoned`) deliver to nobody."""
+        offsets: list[int] = []
         documents: list[dict[str, Any]] = []
-        found: list[int] = []
-        for i, (_, published, _) in enumerate(publications):
+        bodies: list[bytes] = []
+        publishers: list[str] = []
+        for offset, published, publisher in publications:
+            if offset in poisoned:
+                continue
             try:
                 document = flatten(orjson.loads(published))
             except (orjson.JSONDecodeError, TypeError, ValueError):  # (the pipeline quarantined it when logged)
                 continue
             if matches(predicates, document):
+                offsets.append(offset)
                 documents.append(document)
-                found.append(i)
-        if not found:
-            return
-
-        def each(column: np.ndarray) -> np.ndarray:
-            return np.full(len(found), column[number], column.dtype)
-
-        keep, copies = authorizer.filter(
-            documents, [publications[i][1] for i in found], [publications[i][2] for i in found],
-            np.arange(len(found), dtype=np.int64), each(state.owners), each(state.scopes), each(state.admitted),
-        )  # fmt: skip
-        crops = dict(copies)
-        for pair in np.flatnonzero(keep).tolist():
-            self.initials.append((number, publications[found[pair]][0], crops.get(pair)))
+                bodies.append(published)
+                publishers.append(publisher)
+        cropped = [False] * len(offsets)
+        for authorizer in dict.fromkeys(authorizers):  # (the same one once)
+            if not offsets:
+                return
+            owners, scopes, admitted = (
+                np.full(len(offsets), column[number], column.dtype)
+                for column in (state.owners, state.scopes, state.admitted)
+            )
+            keep, copies = authorizer.filter(
+                documents, bodies, publishers, np.arange(len(offsets), dtype=np.int64), owners, scopes, admitted
+            )
+            for pair, copy in copies:
+                bodies[pair], documents[pair], cropped[pair] = copy, flatten(orjson.loads(copy)), True
+            kept = np.flatnonzero(keep).tolist()
+            offsets = [offsets[i] for i in kept]
+            documents = [documents[i] for i in kept]
+            bodies = [bodies[i] for i in kept]
+            publishers = [publishers[i] for i in kept]
+            cropped = [cropped[i] for i in kept]
+        for offset, copy, was_cropped in zip(offsets, bodies, cropped, strict=True):
+            self.initials.append((number, offset, copy if was_cropped else None))
 
     def expired(self, state: State, now: int) -> None:
         """What the clock's move to `now` selects."""

@@ -123,11 +123,9 @@ def _since(body: bytes | None) -> int | None:
 
 def _retained(store: PipelineStore, offset: int, since: int) -> Iterator[Retained]:
     """The retained log a subscription replays, read a page at a time as the round matches it, each
-    page with the registry versions it names (read once a replay)."""
-    registries: dict[int, bytes | None] = {}
+    page with the registry versions it names."""
     after = 0
     while page := store.retained_since(offset, since, after, REPLAY_PAGE):
-        for version in {version for _, _, _, version in page} - registries.keys():
-            registries[version] = store.registry_at(version) if version else None
-        yield page, registries
+        versions = {version for _, _, _, version in page}
+        yield page, {version: store.registry_at(version) if version else None for version in versions}
         after = page[-1][0]

@@ -328,13 +328,23 @@ class GatewayStore(LogReader):
 
     @abstractmethod
     def put_subscription(
-        self, sub_id: str, owner: str, body: bytes, most: int | None = None, bounds: QueueBounds | None = None
-    ) -> int:
+        self, sub_id: str, owner: str, body: bytes, most: int | None = None, bounds: QueueBounds | None = None,
+        since: int | None = None,
+    ) -> int:  # fmt: skip
         """Register a subscription, or replace its owner's live one (which keeps its number); NotOwner
         if the id belongs to someone else's live subscription; TooMany if it is new and its owner has
         `most` live subscriptions already. Any other new subscription gets a number never given
         before, even under an id used before. `bounds`: those its subscriber set on its queue (None:
-        the operator's)."""
+        the operator's); `since` (ms): it replays the retained log from then on (compaction keeps what
+        it replays until the pipeline has)."""
+
+    @abstractmethod
+    def logged_since(self, time: int) -> int:
+        """About how many log entries were logged at `time` (ms) or later: what a replay from then reads at most."""
+
+    @abstractmethod
+    def replaying(self, owner: str) -> bool:
+        """Whether a subscription of `owner`'s made with a `since` is not yet past the pipeline."""
 
     @abstractmethod
     def remove_subscription(self, sub_id: str, owner: str) -> int:

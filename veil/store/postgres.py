@@ -216,6 +216,14 @@ CREATE TABLE dead_letters (
 );
 CREATE INDEX dead_letters_sub ON dead_letters(sub_no, seq);
 """,
+    # replays of the retained log: the time a subscription replays from; withdrawals by the
+    # publication they name (kind 6: KIND_CANCEL), named from validity where logged without it
+    """
+ALTER TABLE subscriptions ADD COLUMN since BIGINT;
+CREATE INDEX log_withdrawals ON log(copy_of) WHERE kind = 6;
+UPDATE log SET copy_of = v.pub FROM validity v
+    WHERE v.cancelled = log."offset" AND log.kind = 6 AND log.copy_of IS NULL;
+""",
 )
 
 

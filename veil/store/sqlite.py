@@ -34,6 +34,14 @@ ADDED_COLUMNS = (  # (table, column, declaration) added since the first release
     ("log", "number", "INTEGER"),
     ("quarantine", "released", "REAL"),
     ("deliveries", "size", "INTEGER NOT NULL DEFAULT 0"),
+    ("subscriptions", "since", "INTEGER"),
+)
+# Withdrawals by the publication they name (kind 6: KIND_CANCEL), for replays of the retained log
+# (made once the log has the column); those logged before they named it, named from validity
+WITHDRAWALS = "CREATE INDEX IF NOT EXISTS log_withdrawals ON log(copy_of) WHERE kind = 6"
+WITHDRAWALS_NAMED = (
+    "UPDATE log SET copy_of = (SELECT v.pub FROM validity v WHERE v.cancelled = log.offset) "
+    "WHERE kind = 6 AND copy_of IS NULL"
 )
 # Stores written before queues were counted: their spilled rows counted once (their sizes were not kept)
 QUEUES_COUNTED = (
@@ -81,6 +89,7 @@ CREATE TABLE IF NOT EXISTS subscriptions (
     deleted INTEGER,
     owner TEXT NOT NULL,
     body BLOB NOT NULL,
+    since INTEGER,  -- ms: it replays the retained publications logged from then on
     PRIMARY KEY (sub_id, created)
 );
 CREATE INDEX IF NOT EXISTS subscriptions_created ON subscriptions(created);
@@ -307,6 +316,8 @@ def _migrate(db: sqlite3.Connection) -> None:
             db.execute("ALTER TABLE log DROP COLUMN meta")
         db.execute(FEED_SEQ)
         db.execute(QUEUES_COUNTED)
+        db.execute(WITHDRAWALS)
+        db.execute(WITHDRAWALS_NAMED)
         if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'topk_bands'").fetchone():
             db.execute("INSERT OR REPLACE INTO subscription_state SELECT number, blob FROM topk_bands")
             db.execute("DROP TABLE topk_bands")

@@ -86,7 +86,12 @@ class CompactionSql(Dialect):
         ).fetchone()
         # The retention keeps what was logged since `retained_since` (and the registry versions in
         # force then) for the subscriptions that replay it.
-        retained = None if retained_since is None else first_logged(db, retained_since - CLOCKS_DIFFER)
+        # so do the subscriptions that the pipeline has yet to reach, from their own `since`
+        pending = db.execute(
+            f"SELECT MIN(since) FROM subscriptions WHERE created > {PROCESSED} AND since IS NOT NULL"
+        ).fetchone()[0]
+        kept = [moment for moment in (retained_since, pending) if moment is not None]
+        retained = first_logged(db, min(kept) - CLOCKS_DIFFER) if kept else None
         below = horizon(processed, oldest_spilled, oldest_fed, held, retained)
         # Valid publications stay for the subscriptions to come, until the pipeline has passed the
         # moment they expire or their withdrawal.

@@ -34,7 +34,16 @@ from veil.store.base import (
     UnknownSubscription,
 )
 from veil.store.queues import NEVER
-from veil.store.relational.dialect import Db, Dialect, add_status, count_change, get_status, now_ms, set_status
+from veil.store.relational.dialect import (
+    PROCESSED,
+    Db,
+    Dialect,
+    add_status,
+    count_change,
+    get_status,
+    now_ms,
+    set_status,
+)
 
 # ms by which the clocks of gateways sharing a store (which time what they log) may disagree: a replay
 # looks that far before the first entry its clock reaches, and filters by time from there
@@ -150,17 +159,32 @@ class LogSql(Dialect):
         with self._read() as db:
             start = after or first_logged(db, since - CLOCKS_DIFFER) - 1
             return db.execute(
-                """SELECT l."offset", l.body, COALESCE(l.client, ''),
+                f"""SELECT l."offset", l.body, COALESCE(l.client, ''),
                     COALESCE((SELECT MAX(r."offset") FROM registry r WHERE r."offset" < l."offset"), 0)
                 FROM log l WHERE l."offset" > ? AND l."offset" < ? AND l.kind = ? AND COALESCE(l.time, 0) >= ?
                 -- a quarantined publication delivers to nobody; a withdrawn one to no later subscription
                 AND NOT EXISTS (SELECT 1 FROM quarantine q WHERE q."offset" = l."offset")
                 AND NOT EXISTS (SELECT 1 FROM validity v WHERE v.pub = l."offset" AND v.cancelled < ?)
-                AND l."offset" NOT IN (SELECT c.copy_of FROM log c WHERE c."offset" > ? AND c."offset" < ?
-                    AND c.kind = ? AND c.copy_of IS NOT NULL)
+                AND NOT EXISTS (SELECT 1 FROM log c WHERE c.copy_of = l."offset" AND c.kind = {KIND_CANCEL}
+                    AND c."offset" < ?)
                 ORDER BY l."offset" LIMIT ?""",
-                (start, offset, KIND_PUBLICATION, since, offset, start, offset, KIND_CANCEL, limit),
+                (start, offset, KIND_PUBLICATION, since, offset, offset, limit),
             ).fetchall()
+
+    def logged_since(self, time: int) -> int:
+        with self._read() as db:
+            newest = db.execute('SELECT MAX("offset") FROM log').fetchone()[0]
+            return 0 if newest is None else max(0, int(newest) - first_logged(db, time - CLOCKS_DIFFER) + 1)
+
+    def replaying(self, owner: str) -> bool:
+        with self._read() as db:
+            return (
+                db.execute(
+                    f"SELECT 1 FROM subscriptions WHERE owner = ? AND since IS NOT NULL AND created > {PROCESSED}",
+                    (owner,),
+                ).fetchone()
+                is not None
+            )
 
     def put_registry(self, body: bytes, file_digest: int | None = None, base: int | None = None) -> int:
         with self._tx() as db:  # write transactions are serialized: no version lands between check and insert
@@ -200,8 +224,9 @@ class LogSql(Dialect):
         return row[0] if row else None
 
     def put_subscription(
-        self, sub_id: str, owner: str, body: bytes, most: int | None = None, bounds: QueueBounds | None = None
-    ) -> int:
+        self, sub_id: str, owner: str, body: bytes, most: int | None = None, bounds: QueueBounds | None = None,
+        since: int | None = None,
+    ) -> int:  # fmt: skip
         with self._tx() as db:
             live = db.execute(LIVE, (sub_id,)).fetchone()
             if live is not None and live[0] != owner:
@@ -218,8 +243,8 @@ class LogSql(Dialect):
             )
             db.execute("UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id))
             db.execute(
-                "INSERT INTO subscriptions(sub_id, created, owner, body) VALUES (?, ?, ?, ?)",
-                (sub_id, offset, owner, body),
+                "INSERT INTO subscriptions(sub_id, created, owner, body, since) VALUES (?, ?, ?, ?, ?)",
+                (sub_id, offset, owner, body, since),
             )
             db.execute("DELETE FROM queue_bounds WHERE sub_no = ?", (number,))
             if bounds is not None:
@@ -367,9 +392,12 @@ def first_logged(db: Db, since: int) -> int:
     low, high = db.execute('SELECT COALESCE(MIN("offset"), 0), COALESCE(MAX("offset"), 0) + 1 FROM log').fetchone()
     while low < high:
         middle = (low + high) // 2
-        at, logged = db.execute(
+        row = db.execute(
             'SELECT "offset", COALESCE(time, 0) FROM log WHERE "offset" >= ? ORDER BY "offset" LIMIT 1', (middle,)
         ).fetchone()
+        if row is None:  # (an empty log)
+            break
+        at, logged = row
         if logged >= since:
             high = middle
         else:
