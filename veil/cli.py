@@ -438,6 +438,18 @@ async def _subscriptions(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _dead_letters(args: argparse.Namespace) -> int:
+    async with _client(args) as client:
+        if args.action == "replay":
+            print(f"replayed {await client.replay_dead_letters(args.id, args.upto)}")
+        elif args.action == "purge":
+            print(f"purged {await client.purge_dead_letters(args.id, args.upto)}")
+        else:
+            async for letter in client.dead_letters(args.id, args.after):
+                print(orjson.dumps(letter).decode())
+    return 0
+
+
 def _token(args: argparse.Namespace) -> int:
     from veil.protocol import ProtocolError
     from veil.security.attributes import parse_attributes
@@ -673,6 +685,21 @@ def build_parser() -> argparse.ArgumentParser:
     subscriptions.add_argument("ids", nargs="*", metavar="ID", help="subscription ids (show, remove)")
     subscriptions.add_argument("--all", action="store_true", help="remove: every subscription of yours")
     subscriptions.set_defaults(run=_asynchronous(_subscriptions))
+
+    dead = commands.add_parser(
+        "dead-letters",
+        help="list, replay or purge what left a subscription's queue past its bounds (yours; any one's for an admin)",
+    )
+    _client_arguments(dead)
+    dead.add_argument(
+        "action", nargs="?", choices=("list", "replay", "purge"), default="list",
+        help="list: one JSON line per dead letter, oldest first, with its seq, reason and publication; replay: queue "
+        "them again, in their order; purge: drop them (default: list)",
+    )  # fmt: skip
+    dead.add_argument("id", help="subscription id")
+    dead.add_argument("--after", type=int, default=0, help="list: the dead letters after this seq (default: all)")
+    dead.add_argument("--upto", type=int, help="replay, purge: those up to this seq (default: all)")
+    dead.set_defaults(run=_asynchronous(_dead_letters))
 
     token = commands.add_parser(
         "token", help="development identity provider: a bearer token signed with a key of --dir (made once)"

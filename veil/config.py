@@ -213,6 +213,18 @@ class Config:
         "matched since a time (\"since\" in /subscribe); 0: only as long as a queue or the pipeline needs them",
         ("VEIL_RETENTION",),
     )  # fmt: skip
+    max_queued_deliveries: int = _opt(
+        1_000_000, "most deliveries a subscription's queue holds (a subscriber may ask for fewer): the oldest past it "
+        "go to its dead letters", ("VEIL_MAX_QUEUED_DELIVERIES",),
+    )  # fmt: skip
+    max_queued_bytes: int = _opt(
+        1 << 30, "most bytes of publications a subscription's queue holds (a subscriber may ask for fewer)",
+        ("VEIL_MAX_QUEUED_BYTES",),
+    )  # fmt: skip
+    max_queued_age: float = _opt(
+        7 * 86400.0, "seconds a delivery stays queued after its publication (a subscriber may ask for less)",
+        ("VEIL_MAX_QUEUED_AGE",),
+    )  # fmt: skip
     max_replay: int = _opt(
         1_000_000, "most log entries a subscription's replay (\"since\") may read: an earlier since is refused",
         ("VEIL_MAX_REPLAY",),
@@ -372,6 +384,8 @@ class Config:
         # comes after its key is forgotten publishes again
         if not 60 <= self.idempotency_window <= 7 * 86400:
             raise ValueError("--idempotency-window: seconds, from 60 to 604800 (a week)")
+        if min(self.max_queued_deliveries, self.max_queued_bytes) < 1 or self.max_queued_age < 1:
+            raise ValueError("--max-queued-deliveries, --max-queued-bytes and --max-queued-age (s) must be positive")
         if self.max_replay < 1:
             raise ValueError("--max-replay must be positive")
         if not 0 <= self.retention <= 366 * 86400:

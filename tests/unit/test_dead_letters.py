@@ -8,9 +8,13 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import orjson
 import pytest
 
-from veil.store import KIND_REDELIVER, DeadLetter, Publication, QueueBounds, Round
+from veil.matching.stored import encode_subscription
+from veil.pipeline.match import match_round
+from veil.pipeline.worker_state import State
+from veil.store import KIND_REDELIVER, DeadLetter, LogEntry, Publication, QueueBounds, Round
 
 WIDE = QueueBounds(10**9, 10**12, 10**12)
 
@@ -110,3 +114,17 @@ def test_replacing_a_subscription_replaces_its_bounds(store, bounds):
     number, pubs = queued(store, "s", [b"{}"] * 4)
     store.bound_queues(WIDE._replace(deliveries=3), time.time_ns() // 1_000_000, time.time() - 10, 1000)
     assert backlog(store, number) == pubs[2 if bounds else 1 :]
+
+
+def test_a_replayed_dead_letter_is_queued_for_its_live_subscription_only():
+    state = State(orjson.dumps({"users": {"alice": {}}, "rules": {"alice": [[]]}}), with_authorization=True)
+    state.add("s", 7, "alice", encode_subscription([["n", "ge", 5]]))  # (what it matches now does not matter)
+    entries = [
+        LogEntry(10, KIND_REDELIVER, "s", b'{"n":1}', "bob", 0, 7),
+        LogEntry(11, KIND_REDELIVER, "s", b'{"n":2}', "bob", 0, 6),  # an earlier subscription of the id's
+        LogEntry(12, KIND_REDELIVER, "t", b'{"n":3}', "bob", 0, 8),  # none of this partition's
+    ]
+    done = match_round(state, entries, 12)
+    assert list(zip(np.asarray(done.sub_nos).tolist(), np.asarray(done.pubs).tolist(), strict=True)) == [(7, 10)]
+    state.set_registry(orjson.dumps({"users": {"alice": {}}, "rules": {}}))  # she may receive nothing now
+    assert len(match_round(state, entries[:1], 13).pubs) == 0

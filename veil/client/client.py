@@ -366,12 +366,14 @@ class VeilClient:
         topk: dict | None = None,
         scope: str | None = None,
         since: datetime | int | None = None,
+        limits: dict[str, int] | None = None,
     ) -> dict:
         """`topk` makes it a top-k subscription: {"k": K, "w": MILLISECONDS, "score": [TERM, ...]}, or
         "n": COUNT instead of "w" for the last COUNT matches; `scope` makes it in that scope (the
         world by default); `since` (an aware datetime, or milliseconds since the epoch) has it
         receive first what it matches of the publications the broker retains that were logged
-        from then on."""
+        from then on; `limits` ({"deliveries": N, "bytes": N, "age": MILLISECONDS}, any of them) bound
+        its queue below the broker's bounds: what is past them goes to its dead letters."""
         doc: dict[str, Any] = {"data": data}
         if topk is not None:
             doc["topk"] = topk
@@ -383,6 +385,8 @@ class VeilClient:
             since = math.floor(since.timestamp() * 1000)
         if since is not None:
             doc["since"] = since
+        if limits is not None:
+            doc["limits"] = limits
         if self.auth_hash is not None:
             doc["authHash"] = self.auth_hash
         if subscription_id:
@@ -413,6 +417,31 @@ class VeilClient:
     async def subscription(self, subscription_id: str) -> dict:
         """One live subscription of yours (`VeilError` 404 when you hold none of that id)."""
         return await self.request(f"/subscriptions/{quote(subscription_id, safe='')}", b"", method="GET")
+
+    async def dead_letters(self, subscription_id: str, after: int = 0) -> AsyncIterator[dict]:
+        """A subscription's dead letters (yours, or any one's for an admin), oldest first, read a page
+        at a time: each as it would have been delivered (`id`, `publisher`, `publication`, ...) with
+        its `seq`, the `reason` it left the queue (`deliveries`, `bytes` or `age`) and when (`at`)."""
+        path = f"/subscriptions/{quote(subscription_id, safe='')}/dead-letters"
+        while True:
+            page = await self.request(f"{path}?after={after}", b"", method="GET")
+            for letter in page["deadLetters"]:
+                yield letter
+            if page["next"] is None:
+                return
+            after = int(page["next"])
+
+    async def replay_dead_letters(self, subscription_id: str, upto: int | None = None) -> int:
+        """Queue a subscription's dead letters (up to seq `upto`) again, in their order; how many."""
+        body = orjson.dumps({} if upto is None else {"upto": upto})
+        path = f"/subscriptions/{quote(subscription_id, safe='')}/dead-letters/replay"
+        return int((await self.request(path, body))["replayed"])
+
+    async def purge_dead_letters(self, subscription_id: str, upto: int | None = None) -> int:
+        """Drop a subscription's dead letters (up to seq `upto`); how many."""
+        query = "" if upto is None else f"?upto={upto}"
+        path = f"/subscriptions/{quote(subscription_id, safe='')}/dead-letters{query}"
+        return int((await self.request(path, b"", method="DELETE"))["purged"])
 
     async def open_channel(self, transport: str = "tcp") -> Channel:
         """A connection to the broker's delivery port for `transport` ("tcp" or "ws")."""

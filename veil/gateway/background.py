@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Coroutine
 
-from veil.gateway import membership
+from veil.gateway import membership, queue_bounds
 from veil.gateway.context import Gateway
 from veil.gateway.pipeline_process import PipelineProcess
 from veil.protocol import ProtocolError
@@ -36,8 +36,8 @@ class Background:
         hub = self.gateway.hub
         loops: list[Coroutine[None, None, None]] = [
             hub.poll(), hub.save_cursors_periodically(), self._track_progress(), self._compact(),
-            membership.stay_alive(self.gateway), self.gateway.registry.follow(),
-            self.gateway.credentials.follow(self.gateway.registry, self.gateway.auth),
+            queue_bounds.bound_queues(self.gateway), membership.stay_alive(self.gateway),
+            self.gateway.registry.follow(), self.gateway.credentials.follow(self.gateway.registry, self.gateway.auth),
         ]  # fmt: skip
         if self.pipeline is not None:
             loops.append(self.pipeline.supervise())

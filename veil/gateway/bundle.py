@@ -91,6 +91,8 @@ class Hub(Protocol):
 
     def taking(self, numbers: np.ndarray, key: int, on: bool) -> None: ...
 
+    def refilling(self) -> contextlib.AbstractAsyncContextManager[None]: ...
+
     def leave(self, bundle: Bundle, place: int) -> None: ...
 
     def save_cursor(self, number: int, pub: int) -> None: ...
@@ -331,7 +333,8 @@ class Bundle:
             if self.pending:
                 await self._write_next()
             elif self._refilling():
-                await self._refill()
+                async with self.hub.refilling():
+                    await self._refill()
             else:
                 self._wake.clear()
                 await self._wake.wait()

@@ -19,7 +19,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -74,6 +74,12 @@ class DeliveryHub:
         self.latency = Histogram(LATENCY_BOUNDS)  # publish (logged) -> delivery (written to the connection), s
         self._sent: list[tuple[int, list[np.ndarray]]] = []  # (when, logged times) of sends not yet observed
         self._stopping = asyncio.Event()
+        # connections' reads of their backlogs, and whether one may start: the queues' bounds are
+        # applied after what each has read, which must not move meanwhile (`bound_backlogs`)
+        self._refills = 0
+        self._no_refills = asyncio.Event()
+        self._may_refill = asyncio.Event()
+        self._may_refill.set()
 
     async def start(self) -> None:
         self.last_seq = self.offering = await self.threads.read(self.threads.store.last_feed_seq)
@@ -178,6 +184,35 @@ class DeliveryHub:
         return Clients(
             sum(2 * behind > connected for behind, connected in votes.values()), len(votes), len(silent - votes.keys())
         )
+
+    @contextlib.asynccontextmanager
+    async def refilling(self) -> AsyncIterator[None]:
+        """A connection reads its backlog from the store (not while the queues' bounds are applied)."""
+        await self._may_refill.wait()
+        self._refills += 1
+        try:
+            yield
+        finally:
+            self._refills -= 1
+            if not self._refills:
+                self._no_refills.set()
+
+    async def bound_backlogs(self, bound: Callable[[dict[int, int]], Awaitable[object]]) -> None:
+        """Apply the queues' bounds (`bound`) to the subscriptions connected here that read their
+        backlog from the store, each after what its connection has read of it, while none reads more."""
+        self._may_refill.clear()
+        try:
+            while self._refills:
+                self._no_refills.clear()
+                await self._no_refills.wait()
+            floors: dict[int, int] = {}
+            for bundle in self._bundles.values():
+                places = np.flatnonzero(bundle.open & ~bundle.live)
+                floors.update(zip(bundle.numbers[places].tolist(), bundle.last_queued[places].tolist(), strict=True))
+            if floors:
+                await bound(floors)
+        finally:
+            self._may_refill.set()
 
     def queued(self) -> int:
         """Deliveries queued in memory for connected subscriptions."""

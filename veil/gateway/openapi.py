@@ -19,6 +19,7 @@ from veil import __version__
 from veil.protocol.limits import DEFAULT
 from veil.protocol.reserved import MAX_KEY
 from veil.protocol.subscriptions import LATEST_SINCE_MS, MAX_CREDENTIAL_LENGTH, MAX_ID_LENGTH, OPERATORS
+from veil.store import DEAD_LETTER_REASONS
 
 JSON = "application/json"
 Schema = dict[str, object]
@@ -52,6 +53,7 @@ def _object(properties: dict[str, Schema], required: tuple[str, ...] = (), close
 
 
 STRING: Schema = {"type": "string"}
+SEQ: Schema = {"type": "string", "pattern": "^[0-9]{1,18}$"}
 INTEGER: Schema = {"type": "integer"}
 ID: Schema = {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH}
 AUTH_HASH: Schema = {
@@ -125,6 +127,7 @@ SCHEMAS: dict[str, Schema] = {
             "topk": _ref("TopK"),
             "scope": {**ID, "description": "the scope the subscription is made in (members only)"},
             "since": SINCE,
+            "limits": _ref("QueueLimits"),
         },
         ("data",),
         closed=False,
@@ -146,6 +149,35 @@ SCHEMAS: dict[str, Schema] = {
             "created": {"type": "string", "description": "the log offset of the subscribe that made it"},
         },
         ("subscriptionId", "data", "created"),
+    ),
+    "QueueLimits": {
+        **_object(
+            {
+                "deliveries": {"type": "integer", "minimum": 1, "description": "most deliveries queued"},
+                "bytes": {"type": "integer", "minimum": 1, "description": "most bytes of their publications"},
+                "age": {"type": "integer", "minimum": 1, "description": "most ms since a queued one was published"},
+            }
+        ),
+        "description": "the most the subscription's queue holds, each at most the broker's --max-queued-*: the "
+        "oldest deliveries past a bound go to its dead letters",
+    },
+    "DeadLetter": _object(
+        {
+            "seq": INTEGER, "id": STRING, "publisher": STRING, "keyId": STRING, "signature": STRING,
+            "cropped": {"type": "boolean"},
+            "reason": {"type": "string", "enum": list(DEAD_LETTER_REASONS), "description": "the bound it was past"},
+            "at": {"type": "integer", "description": "when it left the queue, ms since the epoch"},
+            "logged": {"type": "integer", "description": "when its publication was logged, ms since the epoch"},
+            "publication": {"description": "what would have been delivered"},
+        },
+        ("seq", "id", "reason", "at", "logged", "publication"),
+    ),
+    "DeadLetters": _object(
+        {
+            "deadLetters": {"type": "array", "items": _ref("DeadLetter")},
+            "next": {"type": ["integer", "null"], "description": "the `after` of the next page; null on the last"},
+        },
+        ("deadLetters", "next"),
     ),
     "OwnSubscriptions": _object(
         {
@@ -376,6 +408,45 @@ PATHS: dict[str, Schema] = {
             "One of your live subscriptions (404 for an id you hold no live subscription of)",
             {"200": _json(_ref("OwnSubscription")), **_errors(400, 401, 403, 404, 503)},
             parameters=[_auth_header(), _path("id", STRING, "the subscription id")],
+        )
+    },
+    "/subscriptions/{id}/dead-letters": {
+        "get": _operation(
+            "What left a subscription's queue past its bounds, oldest first, a page at a time (its owner, or an "
+            "admin; 404 for anyone else)",
+            {"200": _json(_ref("DeadLetters")), **_errors(400, 401, 403, 404, 503)},
+            parameters=[
+                _auth_header(), _path("id", STRING, "the subscription id"),
+                {"name": "after", "in": "query", "required": False, "schema": SEQ,
+                 "description": "list the dead letters after this seq (the previous page's next)"},
+                {"name": "limit", "in": "query", "required": False,
+                 "schema": {"type": "string", "pattern": "^[0-9]{1,4}$"},
+                 "description": "dead letters per page, 1 to 1000 (default 100); a page ends before 1 MiB"},
+            ],
+        ),
+        "delete": _operation(
+            "Drop a subscription's dead letters (its owner, or an admin)",
+            {"200": _json(_object({"purged": INTEGER}, ("purged",))), **_errors(400, 401, 403, 404, 503)},
+            parameters=[
+                _auth_header(), _path("id", STRING, "the subscription id"),
+                {"name": "upto", "in": "query", "required": False, "schema": SEQ,
+                 "description": "only those up to this seq (default: all)"},
+            ],
+        ),
+    },
+    "/subscriptions/{id}/dead-letters/replay": {
+        "post": _operation(
+            "Queue a subscription's dead letters again, in their order, after what it has queued (its owner, or "
+            "an admin); each still only if its subscriber may receive it under the registry in force",
+            {"200": _json(_object({"replayed": INTEGER}, ("replayed",))), **_errors(*BODY_ERRORS, 404)},
+            parameters=[_auth_header(), _path("id", STRING, "the subscription id")],
+            requestBody={
+                "required": False,
+                "content": {JSON: {"schema": _object(
+                    {"upto": {"type": "integer", "minimum": 0, "description": "only those up to this seq"}}, (),
+                    closed=False,
+                )}},
+            },
         )
     },
     "/announce": {

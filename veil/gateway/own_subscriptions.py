@@ -59,17 +59,17 @@ def _answer(rows: list[tuple[str, int, bytes]], following: str | None) -> bytes:
     return orjson.dumps({"subscriptions": [described(*row) for row in rows], "next": following})
 
 
-def _owner(request: web.Request) -> str:
+def owner_of(request: web.Request) -> str:
     """Who asks; anonymous clients are refused: they share one identity, and a list would hand every
     one of them the random ids the others' subscriptions are kept under."""
     gateway = request.app[GATEWAY]
     owner = client_of(gateway, request, request.headers.get("X-Auth-Hash"))
     if owner == ANONYMOUS:
-        raise ProtocolError("authHash", "anonymous clients have no subscriptions of their own to list", 403)
+        raise ProtocolError("authHash", "anonymous clients have no subscriptions of their own to look at", 403)
     return owner
 
 
-def _identifier(text: str, field: str) -> str:
+def identifier(text: str, field: str) -> str:
     """An id as /subscribe takes it; anything else could not name a subscription (and some stores
     refuse it outright, as PostgreSQL does a NUL)."""
     if len(text) > MAX_ID_LENGTH or not text.isprintable():
@@ -87,8 +87,8 @@ def _limit(request: web.Request) -> int:
 @routes.get("/subscriptions")
 async def listed(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    owner = _owner(request)
-    limit, after = _limit(request), _identifier(request.query.get("after", ""), "after")
+    owner = owner_of(request)
+    limit, after = _limit(request), identifier(request.query.get("after", ""), "after")
     rows, following = await gateway.threads.read(page, gateway.threads.store, owner, after, limit)
     # up to a megabyte of subscriptions: decoded and written on the parsing thread, off the event loop
     body = await asyncio.get_running_loop().run_in_executor(gateway.parsing, _answer, rows, following)
@@ -98,8 +98,8 @@ async def listed(request: web.Request) -> web.Response:
 @routes.get("/subscriptions/{id}")
 async def shown(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    owner = _owner(request)
-    sub_id = _identifier(request.match_info["id"], "subscriptionId")
+    owner = owner_of(request)
+    sub_id = identifier(request.match_info["id"], "subscriptionId")
     store = gateway.threads.store
     rows = await gateway.threads.read(store.owned_subscriptions, owner, "", 1, sub_id)
     if not rows:

@@ -12,11 +12,13 @@ from aiohttp import web
 
 from veil.gateway.admin import routes as admin_routes
 from veil.gateway.context import GATEWAY, Gateway
+from veil.gateway.dead_letters import routes as dead_letter_routes
 from veil.gateway.errors import errors, json_response
 from veil.gateway.http import body_of, client_of, current_registry, parsed, principal_of, sized
 from veil.gateway.openapi import routes as openapi_routes
 from veil.gateway.own_subscriptions import routes as own_subscription_routes
 from veil.gateway.publisher_rules import routes as publisher_rule_routes
+from veil.gateway.queue_bounds import subscriber_bounds
 from veil.gateway.scope_keys import routes as scope_key_routes
 from veil.matching import Predicate, Unsatisfiable, check_satisfiable
 from veil.matching.stored import encode_subscription
@@ -159,7 +161,8 @@ async def subscribe(request: web.Request) -> web.Response:
     body = encode_subscription(req.predicates, req.topk, req.scope, admitted, req.since)
     sub_id = req.subscription_id or uuid.uuid4().hex
     most = gateway.config.max_client_subscriptions
-    await gateway.threads.write(gateway.threads.store.put_subscription, sub_id, owner, body, most, None, req.since)
+    bounds = None if req.limits is None else subscriber_bounds(req.limits, gateway.config)
+    await gateway.threads.write(gateway.threads.store.put_subscription, sub_id, owner, body, most, bounds, req.since)
     return where_delivered(gateway, wsport=gateway.config.ws, subscriptionId=sub_id)
 
 
@@ -227,6 +230,7 @@ def create_app(gateway: Gateway) -> web.Application:
     app.add_routes(scope_key_routes)
     app.add_routes(publisher_rule_routes)
     app.add_routes(own_subscription_routes)
+    app.add_routes(dead_letter_routes)
     app.add_routes(openapi_routes)
     app.add_routes(dashboard_routes)
     return app

@@ -182,6 +182,11 @@ class SubscriptionIndex:
         self._number.append(number)
         self._file(slot, stored)
 
+    def number_of(self, sub_id: str) -> int | None:
+        """The number a stored subscription was added with (None: not stored)."""
+        slot = self._slots.get(sub_id)
+        return None if slot is None else int(self._number.data[slot])
+
     def remove(self, sub_id: str) -> None:
         slot = self._slots.pop(sub_id, None)
         if slot is None:

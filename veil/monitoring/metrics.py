@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 
 from veil.monitoring.figures import StoreFigures
 from veil.monitoring.histogram import Histogram, family
-from veil.store import BATCH_BOUNDS_MS
+from veil.store import BATCH_BOUNDS_MS, DEAD_LETTER_REASONS
 
 log = logging.getLogger("veil.gateway")
 PIPELINE_STATES = ("starting", "running", "restarting", "stuck")
@@ -136,6 +136,15 @@ class _Figures(Collector):
              "deliveries queued and not yet sent, store-wide (a lower bound: resends count as sent)"),
         ):  # fmt: skip
             yield GaugeMetricFamily(name, text, value=float(value))
+        dead = CounterMetricFamily(
+            "veil_dead_lettered",
+            "deliveries that left their subscription's queue for its dead letters, by the bound they were past "
+            "(kept in the store: survives restarts)",
+            labels=["reason"],
+        )
+        for reason, count in zip(DEAD_LETTER_REASONS, totals.dead_lettered, strict=True):
+            dead.add_metric([reason], float(count))
+        yield dead
         yield family(
             "veil_batch_duration_seconds",
             "the pipeline's rounds, from reading the log to recording the round, as the matcher task timed them",

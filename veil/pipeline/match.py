@@ -33,7 +33,16 @@ from veil.pipeline.authorize import Authorizer
 from veil.pipeline.guard import FAULTS, attempt, isolate, rearm
 from veil.pipeline.worker_state import State, Unranked
 from veil.protocol import flatten
-from veil.store import KIND_PUBLICATION, KIND_REGISTRY, KIND_SUBSCRIBE, KIND_TICK, LogEntry, Quarantined, Round
+from veil.store import (
+    KIND_PUBLICATION,
+    KIND_REDELIVER,
+    KIND_REGISTRY,
+    KIND_SUBSCRIBE,
+    KIND_TICK,
+    LogEntry,
+    Quarantined,
+    Round,
+)
 
 RUN_LIMIT = 4096  # publications matched per index call
 Valid = list[tuple[int, bytes, str]]  # publications still valid at a subscription: (offset, body, publisher)
@@ -76,6 +85,8 @@ def match_round(
         run.match(state, out, entry_timeout)
         if entry.kind == KIND_TICK:
             out.expired(state, clock)
+        elif entry.kind == KIND_REDELIVER:
+            out.redeliver(state, entry)
         else:
             _apply(state, out, entry._replace(time=clock), (initial or {}).get(entry.offset, NONE), entry_timeout)
     run.match(state, out, entry_timeout)
@@ -311,6 +322,33 @@ class _Output:
             cropped = [cropped[i] for i in kept]
         for offset, copy, was_cropped in zip(offsets, bodies, cropped, strict=True):
             self.initials.append((number, offset, copy if was_cropped else None))
+
+    def redeliver(self, state: State, entry: LogEntry) -> None:
+        """A dead letter its subscription's owner replays: queued again for the subscription of that
+        number if it is still live and may still receive it (the registry in force may crop it
+        further). It queues in log order, after whatever was queued for it before; a stateful
+        subscription's goes as what it selected (its queue holds copies logged in that order)."""
+        number = entry.number
+        if number is None or state.index.number_of(entry.sub_id or "") != number or entry.body is None:
+            return
+        try:
+            document = flatten(orjson.loads(entry.body))
+        except (orjson.JSONDecodeError, TypeError, ValueError):
+            return
+        keep, copies = state.authorizer.filter(
+            [document], [entry.body], [entry.client or ""], np.zeros(1, np.int64), state.owners[[number]],
+            state.scopes[[number]], state.admitted[[number]],
+        )  # fmt: skip
+        if not keep[0]:
+            return
+        copy = dict(copies).get(0)
+        if state.is_stateful[number]:
+            self.logged.append((number, entry.offset, copy))
+        elif copy is not None:
+            self.copies(np.array([entry.offset]), np.array([number]), [copy])
+        else:
+            self.offsets.append(np.array([entry.offset], np.int64))
+            self.sub_nos.append(np.array([number], np.int64))
 
     def expired(self, state: State, now: int) -> None:
         """What the clock's move to `now` selects."""

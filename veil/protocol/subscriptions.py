@@ -18,6 +18,7 @@ MAX_ID_LENGTH = 256
 MAX_CREDENTIAL_LENGTH = 16 * 1024  # an authHash or a bearer token
 MIN_WINDOW_MS = 1  # below a millisecond, `time + w == time` for the log's clock
 MAX_TERM_VALUE = 1e15  # weights and targets: sums of terms stay far from overflow
+MAX_LIMIT = 2**62  # of a queue limit: stores hold int64
 LATEST_SINCE_MS = 253402300799999  # 9999-12-31T23:59:59.999Z: the last moment RFC 3339 can name
 
 OPERATORS = {
@@ -48,6 +49,16 @@ class SubscribeRequest(NamedTuple):
     topk: dict[str, Any] | None = None  # a stateful subscription's spec, canonical: `parse_topk`
     scope: str | None = None  # the scope it is made in; None for the world
     since: int | None = None  # replay the retained publications logged from then on (ms since the epoch)
+    limits: QueueLimits | None = None  # the most its queue holds, by the subscriber (the operator's otherwise)
+
+
+class QueueLimits(NamedTuple):
+    """What a subscriber asks its subscription's queue to hold at most (None: as much as the operator
+    lets it): deliveries, bytes of their publications, milliseconds since they were published."""
+
+    deliveries: int | None = None
+    bytes: int | None = None
+    age: int | None = None
 
 
 class UnsubscribeRequest(NamedTuple):
@@ -71,9 +82,21 @@ def parse_subscribe(raw: bytes, limits: Limits = DEFAULT) -> SubscribeRequest:
         if topk is not None:
             raise ProtocolError("since", "a top-k subscription ranks what is published from its start: no replay")
         since = parse_since(since)
+    bounds = doc.get("limits")
     return SubscribeRequest(
-        auth, sub_id or None, predicates, None if topk is None else parse_topk(topk, limits), scope or None, since
-    )
+        auth, sub_id or None, predicates, None if topk is None else parse_topk(topk, limits), scope or None, since,
+        None if bounds is None else parse_queue_limits(bounds),
+    )  # fmt: skip
+
+
+def parse_queue_limits(doc: object) -> QueueLimits:
+    """`{"deliveries": N, "bytes": N, "age": MILLISECONDS}`, any of them: positive integers."""
+    if not isinstance(doc, dict) or not doc.keys() <= set(QueueLimits._fields):
+        raise ProtocolError("limits", 'an object of any of {"deliveries": N, "bytes": N, "age": MILLISECONDS}')
+    for name, value in doc.items():
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+            raise ProtocolError(f"limits.{name}", f"a positive integer, at most {MAX_LIMIT}")
+    return QueueLimits(**doc)
 
 
 def parse_since(value: object, field: str = "since") -> int:

@@ -153,6 +153,7 @@ class Totals(NamedTuple):
     forwarded: int = 0  # deliveries sent to subscribers (again after a reconnect, if unacknowledged)
     subscriptions: int = 0  # live now
     subscribers: int = 0  # their distinct owners
+    dead_lettered: tuple[int, ...] = (0,) * len(DEAD_LETTER_REASONS)  # deliveries past a bound, by reason
 
     @property
     def queued(self) -> int:

@@ -261,7 +261,9 @@ class DeliverySql(Dialect):
         originals = {
             row[0]: row[1:]
             for row in db.execute(
-                f'SELECT "offset", body, client, key_id, signature FROM log WHERE "offset" {self.IN_IDS}',
+                # (a replayed dead letter's copy keeps its original's id, and its cropping)
+                f'SELECT "offset", body, client, key_id, signature, COALESCE(copy_of, "offset"), cropped FROM log '
+                f'WHERE "offset" {self.IN_IDS}',
                 (self._ids([pub for _, pub, _ in batch.deliveries]),),
             )
         }
@@ -270,11 +272,12 @@ class DeliverySql(Dialect):
         for number, pub, cropped in batch.deliveries:
             if pub not in originals:  # kept while any state holds it: gone means nobody does
                 continue
-            body, client, key_id, signature = originals[pub]
+            body, client, key_id, signature, original, was_cropped = originals[pub]
+            cut = cropped is not None or bool(was_cropped)
             offset = append_entry(
                 db,
                 "kind, body, client, key_id, signature, copy_of, cropped, time",
-                (KIND_COPY, cropped or body, client, key_id, signature, pub, cropped is not None, now),
+                (KIND_COPY, cropped or body, client, key_id, signature, original, cut, now),
             )
             logged.append((number, offset))
         db.executemany(

@@ -11,6 +11,7 @@ import numpy as np
 
 from veil.store.base import (
     BATCH_BOUNDS_MS,
+    DEAD_LETTER_REASONS,
     KIND_SUBSCRIBE,
     BatchDurations,
     PipelineStatus,
@@ -81,16 +82,17 @@ class StatusSql(Dialect):
 
     def totals(self) -> Totals:
         with self._read() as db:
-            counted = dict(
-                db.execute(
-                    "SELECT name, value FROM status WHERE name IN ('received', 'matched', 'matches', 'forwarded')"
-                ).fetchall()
-            )
+            reasons = [f"dead_lettered.{reason}" for reason in DEAD_LETTER_REASONS]
+            names = ", ".join(f"'{name}'" for name in ["received", "matched", "matches", "forwarded", *reasons])
+            counted = {
+                name: int(value)
+                for name, value in db.execute(f"SELECT name, value FROM status WHERE name IN ({names})")
+            }
             subscriptions, subscribers = db.execute(
                 "SELECT COUNT(*), COUNT(DISTINCT owner) FROM subscriptions WHERE deleted IS NULL"
             ).fetchone()
-        return Totals(**{name: int(value) for name, value in counted.items()}, subscriptions=subscriptions,
-                      subscribers=subscribers)  # fmt: skip
+        dead_lettered = tuple(counted.pop(name, 0) for name in reasons)
+        return Totals(**counted, subscriptions=subscriptions, subscribers=subscribers, dead_lettered=dead_lettered)
 
     def batch_durations(self) -> BatchDurations:
         buckets = [f"batch_{i}" for i in range(len(BATCH_BOUNDS_MS) + 1)]
