@@ -50,7 +50,7 @@ async def test_the_owner_reads_replays_and_purges_its_dead_letters(http, gateway
     store = gateway.threads.store
     head = store.head_offset()
     status, reply = await request(http, "POST", "/subscriptions/s/dead-letters/replay", body=b'{"upto": %d}' % first)
-    assert (status, reply) == (200, {"replayed": 1})
+    assert (status, reply) == (200, {"replayed": 1, "left": 0})
     [entry] = store.log_range(head, store.head_offset())
     assert (entry.kind, entry.sub_id, entry.body) == (KIND_REDELIVER, "s", b'{"n":0}')
     assert await request(http, "DELETE", "/subscriptions/s/dead-letters", ROOT) == (200, {"purged": 2})  # an admin

@@ -17,7 +17,7 @@ import pytest
 from tests.integration.helpers import client_for, nothing_more, run_id, take
 from veil.client import VeilError
 
-WAIT = 60.0  # seconds for a spill and a pass of the bounds (every 5 s), with margin
+WAIT = 90.0  # seconds for a spill and a pass of the bounds (counts every 5 s, ages every 30), with margin
 
 
 async def letters(client, sub_id: str, count: int) -> list[dict]:

@@ -235,4 +235,4 @@ def test_the_openapi_document_holds_for_every_endpoint(broker, tmp_path):
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
-    assert "Tested: 21" in result.stdout, result.stdout[-3000:]
+    assert "Tested: 24" in result.stdout, result.stdout[-3000:]

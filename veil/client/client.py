@@ -432,10 +432,16 @@ class VeilClient:
             after = int(page["next"])
 
     async def replay_dead_letters(self, subscription_id: str, upto: int | None = None) -> int:
-        """Queue a subscription's dead letters (up to seq `upto`) again, in their order; how many."""
+        """Queue a subscription's dead letters (up to seq `upto`) again, in their order; how many (the
+        broker takes a bounded number a request: this asks until none is left)."""
         body = orjson.dumps({} if upto is None else {"upto": upto})
         path = f"/subscriptions/{quote(subscription_id, safe='')}/dead-letters/replay"
-        return int((await self.request(path, body))["replayed"])
+        replayed = 0
+        while True:
+            answer = await self.request(path, body)
+            replayed += int(answer["replayed"])
+            if not answer["left"] or not answer["replayed"]:
+                return replayed
 
     async def purge_dead_letters(self, subscription_id: str, upto: int | None = None) -> int:
         """Drop a subscription's dead letters (up to seq `upto`); how many."""

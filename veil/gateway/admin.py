@@ -18,6 +18,7 @@ from veil.security.registry import Registry, parse_registry
 from veil.store import (
     KIND_CANCEL,
     KIND_PUBLICATION,
+    KIND_REDELIVER,
     KIND_REGISTRY,
     KIND_SUBSCRIBE,
     KIND_TICK,
@@ -28,7 +29,7 @@ from veil.store import (
 
 KIND_NAMES = {
     KIND_PUBLICATION: "publication", KIND_SUBSCRIBE: "subscription", KIND_UNSUBSCRIBE: "unsubscription",
-    KIND_REGISTRY: "registry", KIND_TICK: "tick", KIND_CANCEL: "unpublication",
+    KIND_REGISTRY: "registry", KIND_TICK: "tick", KIND_CANCEL: "unpublication", KIND_REDELIVER: "redelivery",
 }  # fmt: skip
 routes = web.RouteTableDef()
 

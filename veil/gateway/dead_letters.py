@@ -55,14 +55,9 @@ def _line(letter: DeadLetter) -> bytes:
     )  # fmt: skip
 
 
-def _page(letters: list[DeadLetter], limit: int) -> bytes:
-    taken = size = 0
-    for letter in letters[:limit]:
-        if taken and size + len(letter.body) > PAGE_BYTES:
-            break
-        taken, size = taken + 1, size + len(letter.body)
-    following = str(letters[taken - 1].seq).encode() if len(letters) > taken else b"null"
-    return b'{"deadLetters":[%s],"next":%s}' % (b",".join(_line(letter) for letter in letters[:taken]), following)
+def _page(letters: list[DeadLetter], following: int | None) -> bytes:
+    listed = b",".join(_line(letter) for letter in letters)
+    return b'{"deadLetters":[%s],"next":%s}' % (listed, b"null" if following is None else b"%d" % following)
 
 
 @routes.get("/subscriptions/{id}/dead-letters")
@@ -73,15 +68,17 @@ async def listed(request: web.Request) -> web.Response:
     if not (len(text) <= 4 and text.isascii() and text.isdigit() and 1 <= int(text) <= MOST):
         raise ProtocolError("limit", f"a whole number from 1 to {MOST}")
     limit = int(text)
-    letters = await gateway.threads.read(gateway.threads.store.dead_letters, number, after, limit + 1)
-    body = await asyncio.get_running_loop().run_in_executor(gateway.parsing, _page, letters, limit)
+    store = gateway.threads.store
+    letters, following = await gateway.threads.read(store.dead_letters, number, after, limit, PAGE_BYTES)
+    body = await asyncio.get_running_loop().run_in_executor(gateway.parsing, _page, letters, following)
     return web.Response(body=body, content_type="application/json")
 
 
 @routes.post("/subscriptions/{id}/dead-letters/replay")
 async def replayed(request: web.Request) -> web.Response:
-    """Queue the dead letters again (those up to `upto`, all by default), in their order, after
-    whatever the subscription has queued: the pipeline queues them, under the registry in force."""
+    """Queue the dead letters again (those up to `upto`, all by default; REPLAY_MOST a request), in
+    their order, after whatever the subscription has queued: the pipeline queues them, under the
+    registry in force."""
     gateway, sub_id, number = await _subscription(request)
     raw = await body_of(gateway, request)
     doc = load_json(raw, "body", gateway.limits) if raw.strip() else {}
@@ -90,8 +87,8 @@ async def replayed(request: web.Request) -> web.Response:
     upto = doc.get("upto")
     if upto is not None and (isinstance(upto, bool) or not isinstance(upto, int) or not 0 <= upto < 10**SEQ_DIGITS):
         raise ProtocolError("upto", "the seq of a dead letter: a whole number")
-    count = await gateway.threads.write(gateway.threads.store.replay_dead_letters, sub_id, number, upto)
-    return json_response({"replayed": count})
+    count, left = await gateway.threads.write(gateway.threads.store.replay_dead_letters, sub_id, number, upto)
+    return json_response({"replayed": count, "left": left})
 
 
 @routes.delete("/subscriptions/{id}/dead-letters")

@@ -42,6 +42,9 @@ async def serve_subscriptions(
     finally:
         if bundle is not None:  # (told first: releasing writes to a store that may be failing)
             await bundle.close(ending)
+            # its cursors are saved before its claims go: the queues' bounds apply to an unclaimed
+            # subscription after its saved cursor, which must not be behind what was delivered
+            await gateway.hub.flush_cursors(bundles=False)
         await _release(gateway, admitted)  # (a claim taken since by a newer connection is not this one's)
 
 

@@ -438,7 +438,13 @@ PATHS: dict[str, Schema] = {
         "post": _operation(
             "Queue a subscription's dead letters again, in their order, after what it has queued (its owner, or "
             "an admin); each still only if its subscriber may receive it under the registry in force",
-            {"200": _json(_object({"replayed": INTEGER}, ("replayed",))), **_errors(*BODY_ERRORS, 404)},
+            {
+                "200": _json(
+                    _object({"replayed": INTEGER, "left": INTEGER}, ("replayed", "left")),
+                    "how many were queued again (at most 10,000 a request), and how many of those asked for are left",
+                ),
+                **_errors(*BODY_ERRORS, 404),
+            },
             parameters=[_auth_header(), _path("id", STRING, "the subscription id")],
             requestBody={
                 "required": False,

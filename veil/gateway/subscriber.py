@@ -38,9 +38,12 @@ async def admit(gateway: Gateway, handshake: Handshake, principal: Principal) ->
     except membership.Held as exc:
         raise _naming(handshake, exc.sub_id, exc.error or unknown("subscription")) from None
     admitted = []
+    # a resume point past the log's head names nothing: kept, it would hold the subscription's queue
+    # (and the log below it) where no delivery moves it, out of reach of the queues' bounds
+    head = await threads.read(store.head_offset) if any(one.resume_after is not None for one in each) else 0
     for one, live in zip(each, found, strict=True):
         assert live is not None  # checked above
-        start = one.resume_after
+        start = None if one.resume_after is None else min(one.resume_after, head)
         if start is None:
             start = max(live.cursor, hub.unsaved_cursor(one.subscription_id, live.number))
         admitted.append(Admitted(one.subscription_id, live.number, start, claimed))

@@ -127,6 +127,7 @@ class _Figures(Collector):
             ("veil_matched_publications", totals.matched, "publications that matched at least one subscription"),
             ("veil_matches", totals.matches, "deliveries queued: (publication, subscription) pairs"),
             ("veil_deliveries", totals.forwarded, "deliveries sent to subscribers (again after a reconnect)"),
+            ("veil_dead_letters_expired", totals.dead_letters_expired, "dead letters dropped past the age bound"),
         ):
             yield CounterMetricFamily(name, text + " (kept in the store: survives restarts)", value=float(value))
         for name, value, text in (

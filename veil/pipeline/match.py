@@ -20,6 +20,7 @@ the round is processed as usual.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -85,8 +86,10 @@ def match_round(
         run.match(state, out, entry_timeout)
         if entry.kind == KIND_TICK:
             out.expired(state, clock)
-        elif entry.kind == KIND_REDELIVER:
-            out.redeliver(state, entry)
+        elif entry.kind == KIND_REDELIVER:  # (one that fails is set aside: it delivers nothing)
+            _, error = attempt(entry_timeout, functools.partial(out.redeliver, state, entry))
+            if error is not None:
+                out.quarantine(Quarantined(entry.offset, entry.kind, entry.sub_id, entry.client, error))
         else:
             _apply(state, out, entry._replace(time=clock), (initial or {}).get(entry.offset, NONE), entry_timeout)
     run.match(state, out, entry_timeout)

@@ -28,6 +28,7 @@ KIND_CANCEL = 6  # a publisher withdrew a valid publication: later subscriptions
 KIND_REDELIVER = 7  # a dead letter its subscription's owner replays: queued for it again, in log order
 KEYS_KEPT = 120_000  # milliseconds a publisher's idempotency key is remembered, by default
 DEAD_LETTER_REASONS = ("deliveries", "bytes", "age")  # which bound of a queue a dead letter was past
+REPLAY_MOST = 10_000  # dead letters one replay queues again (one write transaction)
 
 
 class Publication(NamedTuple):
@@ -154,6 +155,7 @@ class Totals(NamedTuple):
     subscriptions: int = 0  # live now
     subscribers: int = 0  # their distinct owners
     dead_lettered: tuple[int, ...] = (0,) * len(DEAD_LETTER_REASONS)  # deliveries past a bound, by reason
+    dead_letters_expired: int = 0  # dead letters dropped past the age bound
 
     @property
     def queued(self) -> int:
@@ -481,12 +483,13 @@ class GatewayStore(LogReader):
         Returns the rows handled; below `limit` means nothing is left for now."""
 
     @abstractmethod
-    def bound_queues(self, bounds: QueueBounds, now: int, alive_since: float, limit: int) -> int:
+    def bound_queues(self, bounds: QueueBounds, now: int, alive_since: float, limit: int, ages: bool = True) -> int:
         """Dead-letter what the queues of live subscriptions that no gateway renewed since
         `alive_since` holds (none is read) hold past their bounds (each subscription's own, within
         the operator's `bounds`) at `now` (ms), after their cursors, oldest first, about `limit`
-        deliveries at most; returns how many. A bound is checked against counts, not the queue:
-        only a queue past one is read."""
+        deliveries at most, and drop the dead letters past the operator's age bound; returns how
+        many. Count and bytes bounds are checked against counts, not the queue: only a queue past
+        one is read; age bounds (`ages`) cost a read of each queue's oldest delivery."""
 
     @abstractmethod
     def bound_held_queues(
@@ -496,8 +499,14 @@ class GatewayStore(LogReader):
         number, each after its floor: the last delivery its connection read from the store."""
 
     @abstractmethod
-    def dead_letters(self, number: int, after: int = 0, limit: int = 1000) -> list[DeadLetter]:
-        """A subscription's dead letters with seq > `after`, oldest first."""
+    def dead_letters(
+        self, number: int, after: int = 0, limit: int = 1000, budget: int = 2**62
+    ) -> tuple[list[DeadLetter], int | None]:
+        """A subscription's dead letters with seq > `after`, oldest first, at most `limit` and no more
+        than hold `budget` bytes of publications (one at least), and the `after` of the next page
+        (None: there is none). A dead letter holds its publication
+        (and cropped copy) in the store as a queued delivery does; it goes after `bound_queues`'s age
+        bound, counted from when it left its queue."""
 
     @abstractmethod
     def dead_letter_count(self, number: int) -> int: ...
@@ -507,10 +516,13 @@ class GatewayStore(LogReader):
         """Drop a subscription's dead letters (those with seq <= `upto`); returns how many."""
 
     @abstractmethod
-    def replay_dead_letters(self, sub_id: str, number: int, upto: int | None = None) -> int:
-        """Queue a live subscription's dead letters (those with seq <= `upto`) again, in their order,
-        and drop them; returns how many. They are logged (KIND_REDELIVER), so the pipeline queues each
-        after everything queued for the subscription before, still under the registry in force."""
+    def replay_dead_letters(
+        self, sub_id: str, number: int, upto: int | None = None, most: int = REPLAY_MOST
+    ) -> tuple[int, int]:
+        """Queue a live subscription's dead letters (the first `most` of those with seq <= `upto`)
+        again, in their order, and drop them; returns how many, and how many of those asked for are
+        left. They are logged (KIND_REDELIVER), so the pipeline queues each after everything queued
+        for the subscription before, still under the registry in force."""
 
     @abstractmethod
     def quarantine(self, after: int = 0, limit: int = 1000) -> list[QuarantineRecord]:

@@ -205,16 +205,11 @@ CREATE TABLE dead_letters (
     sub_no BIGINT NOT NULL,
     pub BIGINT NOT NULL,
     reason TEXT NOT NULL,
-    at BIGINT NOT NULL,
-    logged BIGINT NOT NULL,
-    body BYTEA NOT NULL,
-    client TEXT,
-    key_id TEXT,
-    signature TEXT,
-    copy_of BIGINT,
-    cropped BOOLEAN NOT NULL DEFAULT FALSE
+    at BIGINT NOT NULL
 );
 CREATE INDEX dead_letters_sub ON dead_letters(sub_no, seq);
+CREATE INDEX dead_letters_pub ON dead_letters(pub);
+CREATE INDEX dead_letters_at ON dead_letters(at);
 """,
     # replays of the retained log: the time a subscription replays from; withdrawals by the
     # publication they name (kind 6: KIND_CANCEL), named from validity where logged without it

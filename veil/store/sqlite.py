@@ -121,18 +121,13 @@ CREATE TABLE IF NOT EXISTS queue_bounds (  -- the bounds a subscriber set on its
 CREATE TABLE IF NOT EXISTS dead_letters (  -- deliveries that left their queue past one of its bounds
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     sub_no INTEGER NOT NULL,
-    pub INTEGER NOT NULL,  -- the publication's offset (its own, for a copy)
+    pub INTEGER NOT NULL,  -- held like a queued delivery: its publication (and cropped copy) stays
     reason TEXT NOT NULL,
-    at INTEGER NOT NULL,  -- ms since the epoch
-    logged INTEGER NOT NULL,  -- when the publication was, ms
-    body BLOB NOT NULL,  -- what was to be delivered, the cropped copy for one
-    client TEXT,
-    key_id TEXT,
-    signature TEXT,
-    copy_of INTEGER,
-    cropped INTEGER NOT NULL DEFAULT 0
+    at INTEGER NOT NULL  -- ms since the epoch
 );
 CREATE INDEX IF NOT EXISTS dead_letters_sub ON dead_letters(sub_no, seq);
+CREATE INDEX IF NOT EXISTS dead_letters_pub ON dead_letters(pub);  -- the oldest one held
+CREATE INDEX IF NOT EXISTS dead_letters_at ON dead_letters(at);  -- those past their time
 CREATE TABLE IF NOT EXISTS feed (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     pairs BLOB NOT NULL,

@@ -80,9 +80,10 @@ class CompactionSql(Dialect):
         # replayed batch starts after the last recorded one), and below the oldest queued delivery
         # no queue needs their bodies.
         # Nor are the publications a stateful subscription holds: it may select them later.
-        processed, oldest_spilled, oldest_fed, held = db.execute(
+        # Nor are those dead letters hold (as long as they are kept).
+        processed, oldest_spilled, oldest_fed, held, oldest_dead = db.execute(
             f"SELECT {PROCESSED}, {OLDEST_QUEUED}, (SELECT MIN(first) FROM feed), "
-            "(SELECT value FROM status WHERE name = 'held')"
+            "(SELECT value FROM status WHERE name = 'held'), (SELECT MIN(pub) FROM dead_letters)"
         ).fetchone()
         # The retention keeps what was logged since `retained_since` (and the registry versions in
         # force then) for the subscriptions that replay it.
@@ -92,7 +93,7 @@ class CompactionSql(Dialect):
         ).fetchone()[0]
         kept = [moment for moment in (retained_since, pending) if moment is not None]
         retained = first_logged(db, min(kept) - CLOCKS_DIFFER) if kept else None
-        below = horizon(processed, oldest_spilled, oldest_fed, held, retained)
+        below = horizon(processed, oldest_spilled, oldest_fed, held, oldest_dead, retained)
         # Valid publications stay for the subscriptions to come, until the pipeline has passed the
         # moment they expire or their withdrawal.
         clock = db.execute(

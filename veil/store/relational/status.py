@@ -83,7 +83,8 @@ class StatusSql(Dialect):
     def totals(self) -> Totals:
         with self._read() as db:
             reasons = [f"dead_lettered.{reason}" for reason in DEAD_LETTER_REASONS]
-            names = ", ".join(f"'{name}'" for name in ["received", "matched", "matches", "forwarded", *reasons])
+            counters = ["received", "matched", "matches", "forwarded", "dead_letters_expired", *reasons]
+            names = ", ".join(f"'{name}'" for name in counters)
             counted = {
                 name: int(value)
                 for name, value in db.execute(f"SELECT name, value FROM status WHERE name IN ({names})")
