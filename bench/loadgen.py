@@ -63,9 +63,9 @@ class _Connection:
             head += f"X-Auth-Hash: {auth_hash}\r\n"
         return cls(reader, writer, head.encode())
 
-    async def post(self, body: bytes) -> tuple[int, float]:
-        """The status, and the Retry-After seconds (0 when absent)."""
-        self.writer.write(b"%sContent-Length: %d\r\n\r\n%s" % (self.head, len(body), body))
+    async def post(self, body: bytes, headers: bytes = b"") -> tuple[int, float]:
+        """The status, and the Retry-After seconds (0 when absent); `headers`: more header lines."""
+        self.writer.write(b"%s%sContent-Length: %d\r\n\r\n%s" % (self.head, headers, len(body), body))
         header = await self.reader.readuntil(b"\r\n\r\n")
         status = int(header[9:12])
         fields = {
@@ -81,7 +81,7 @@ class _Connection:
 
 async def _publish(
     url: str, run: str, seconds: float, rate: float | None, connections: int, batch: int, seed: int, make,
-    auth_hash: str | None, keep: bool,
+    auth_hash: str | None, keep: bool, keyed: bool = False,
 ) -> PublishResult:  # fmt: skip
     rng = random.Random(seed)
     content_type = "application/x-ndjson" if batch > 1 else "application/json"
@@ -90,13 +90,15 @@ async def _publish(
     cpu_started = time.process_time()
     stop_at = time.monotonic() + seconds
 
-    async def worker(connection: _Connection) -> None:
+    async def worker(number: int, connection: _Connection) -> None:
         sent = 0
         begin = time.monotonic()
         while time.monotonic() < stop_at:
             documents = [make(rng, run) for _ in range(batch)]
             body = b"\n".join(map(orjson.dumps, documents))
-            status, retry_after = await connection.post(body)
+            # (a key of its own per request, as the client library sends: what remembering keys costs)
+            key = b"Idempotency-Key: %s-%d-%d\r\n" % (run.encode(), number, sent) if keyed else b""
+            status, retry_after = await connection.post(body, key)
             if status == 200:
                 result.acked += batch
                 if keep:
@@ -109,7 +111,7 @@ async def _publish(
                 await asyncio.sleep(max(0.0, begin + sent * batch * connections / rate - time.monotonic()))
         connection.close()
 
-    await asyncio.gather(*map(worker, opened))
+    await asyncio.gather(*(worker(number, connection) for number, connection in enumerate(opened)))
     result.finished = time.time()
     result.cpu = time.process_time() - cpu_started
     return result
@@ -232,13 +234,14 @@ class Processes:
         seed: int = 0,
         auth_hash: str | None = None,
         keep: bool = False,
+        keyed: bool = False,
     ) -> None:
         """`make(rng, run)` makes each publication (a picklable callable: it runs in the process);
         `keep`: report the acknowledged publications, for a benchmark that checks every delivery they
-        should have made arrived."""
+        should have made arrived; `keyed`: each request with an Idempotency-Key of its own."""
         process = self.context.Process(
             target=_run_publisher,
-            args=(self.queue, url, run, seconds, rate, connections, batch, seed, make, auth_hash, keep),
+            args=(self.queue, url, run, seconds, rate, connections, batch, seed, make, auth_hash, keep, keyed),
         )
         process.start()
         self.processes.append(process)

@@ -14,7 +14,11 @@ SELIS server cannot be run here: the figures of its paper (S0 Fig. 9) and of pee
 printed apart, as quoted figures (sources in docs/performance/peers.md).
 
     python -m bench.selis [--subscriptions 1,2,4,8,16,32,128,512] [--seconds 10] [--rate 200] [--batch 1]
-                          [--triggers rounds,micro-batch] [--plot docs/performance/selis.png]
+                          [--keys] [--triggers rounds,micro-batch] [--plot docs/performance/selis.png]
+
+`--keys` runs the saturation phase a second time with an Idempotency-Key on each request (a key of its
+own each, as the client library sends them) and prints its figures beside those without: what
+remembering keys costs.
 """
 
 from __future__ import annotations
@@ -92,10 +96,12 @@ def percentile(values: list[float], q: int) -> float:
 
 
 async def run_case(
-    broker: BrokerProcess, n: int, seconds: float, rate: float, batch: int, deliver_from: BrokerProcess | None = None
+    broker: BrokerProcess, n: int, seconds: float, rate: float, batch: int, deliver_from: BrokerProcess | None = None,
+    keys: bool = False,
 ) -> dict:
     """Publishers and subscriptions through `broker`, deliveries through `deliver_from` (another
-    gateway on the same store) if given."""
+    gateway on the same store) if given; `keys`: the saturation phase again, each request with an
+    Idempotency-Key of its own."""  # fmt: skip
     tcp_port = (deliver_from or broker).tcp_port
     rng = random.Random(n)
     run = f"selis-{n}-{time.time_ns()}"
@@ -113,6 +119,16 @@ async def run_case(
     flat_out, drained, elapsed = await saturated(
         broker, tcp_port, handshakes, run, seconds, batch=batch, seed=n + 1, keep=True
     )
+    keyed: dict = {}
+    if keys:
+        with_keys, keyed_drained, keyed_elapsed = await saturated(
+            broker, tcp_port, handshakes, run, seconds, batch=batch, seed=n + 2, keep=True, keyed=True
+        )
+        keyed = {
+            "keyed acked": with_keys.acked / (with_keys.finished - with_keys.started),
+            "keyed sustained": with_keys.acked / keyed_elapsed,
+            "keyed arrived": (keyed_drained.lines, expected_deliveries(boxes, with_keys.kept)),
+        }
     async with VeilClient(broker.url, auth_hash="bench") as client:
         for sub_id in sub_ids:
             await client.unsubscribe(sub_id)
@@ -129,6 +145,7 @@ async def run_case(
         "published": steady.acked + flat_out.acked,
         "steady arrived": (listened.lines, expected_deliveries(boxes, steady.kept)),
         "flat out arrived": (drained.lines, expected_deliveries(boxes, flat_out.kept)),
+        **keyed,
     }
 
 
@@ -153,6 +170,11 @@ def arrived(row: dict, phase: str) -> str:
 
 def print_rows(rows: list[dict], batch: int) -> None:
     form = f"NDJSON batches of {batch}" if batch > 1 else "one publication per POST"
+    keyed = [
+        ("keyed acked/s", 14, lambda r: f"{r['keyed acked']:.0f}"),
+        ("keyed e2e pub/s", 16, lambda r: checked(r, "keyed", f"{r['keyed sustained']:.0f}")),
+        ("arrived keyed", 14, lambda r: arrived(r, "keyed")),
+    ]  # each request with an Idempotency-Key (--keys), beside the same phase without
     print_table(
         f"SELIS lat/lon workload, {form}, 16 HTTP connections, TCP delivery; {os.cpu_count()} cores",
         [
@@ -166,6 +188,7 @@ def print_rows(rows: list[dict], batch: int) -> None:
             ("503s", 6, lambda r: r["refused"]),
             ("e2e pub/s", 10, lambda r: checked(r, "flat out", f"{r['sustained']:.0f}")),
             ("matches/s", 10, lambda r: checked(r, "flat out", f"{r['matches']:.0f}")),
+            *(keyed if all("keyed acked" in r for r in rows) else []),
             ("arrived at pub/s", 17, lambda r: arrived(r, "steady")),
             ("arrived flat out", 17, lambda r: arrived(r, "flat out")),
         ],
@@ -213,7 +236,8 @@ async def main_async(args: argparse.Namespace) -> None:
         with benched_broker("--trigger", trigger, *args.broker_args, keep=args.keep) as broker:
             await run_case(broker, 8, 3, args.rate, args.batch)  # warm-up: JIT, Python workers, caches
             for n in args.subscriptions:
-                rows.append({"trigger": trigger, **await run_case(broker, n, args.seconds, args.rate, args.batch)})
+                case = await run_case(broker, n, args.seconds, args.rate, args.batch, keys=args.keys)
+                rows.append({"trigger": trigger, **case})
                 print(rows[-1], flush=True)
     rows.sort(key=lambda row: (row["subs"], args.triggers.index(row["trigger"])))
     print_rows(rows, args.batch)
@@ -226,6 +250,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=200.0, help="publications/s in the latency phase")
     parser.add_argument("--batch", type=int, default=1, help="publications per POST in the saturation phase")
+    parser.add_argument(
+        "--keys", action="store_true",
+        help="run the saturation phase again with an Idempotency-Key on each request, and show both",
+    )  # fmt: skip
     add_trigger_argument(parser)
     add_plot_argument(parser, "selis")
     add_broker_arguments(parser)
