@@ -1,8 +1,10 @@
 """Bounded queues: what leaves a subscription's queue past its bounds goes to its dead letters, which
 its owner (or an admin) reads, replays or purges.
 
-A queue's spilled rows carry their publications' sizes and are counted per subscription (`queues`),
-so that a bound is checked without reading the queue. Past a bound, the oldest deliveries after a
+A queue's spilled rows carry their publications' sizes and are counted per subscription as they are
+spilled (`queues`), so that a bound is checked without reading the queue. Consumption does not lower
+the count (it is compaction's hottest statement): a count past a bound is an upper bound, and the
+pass counts that queue again, past its floor, before it moves anything. Past a bound, the oldest deliveries after a
 floor leave: the floor is the last delivery that may be in flight. For a subscription no connection
 holds, that is its cursor (compaction's pass); for one a connection holds, only the gateway holding
 it knows what it has read ahead, so that gateway bounds it, under its claim. Write transactions are
@@ -45,11 +47,6 @@ def dequeue(db: Db, number: int, after: int, upto: int) -> tuple[int, int]:
         db.execute("DELETE FROM deliveries WHERE sub_no = ? AND pub > ? AND pub <= ?", (number, after, upto))
         db.execute(
             "UPDATE queues SET deliveries = deliveries - ?, bytes = bytes - ? WHERE sub_no = ?", (count, size, number)
-        )
-        # (a match queued twice is counted twice: an emptied queue starts its count again)
-        db.execute(
-            "DELETE FROM queues WHERE sub_no = ? AND NOT EXISTS (SELECT 1 FROM deliveries WHERE sub_no = ?)",
-            (number, number),
         )
     return int(count), int(size)
 
@@ -101,7 +98,11 @@ class DeadLetterSql(Dialect):
                 "WHERE d.sub_no = ? AND d.pub > ? ORDER BY d.pub LIMIT 1",
                 (number, floor),
             ).fetchone()
-            if oldest is None or oldest[0] > ceiling:
+            if oldest is None:
+                # consumed since it was counted: counted again when it next holds something
+                db.execute("DELETE FROM queues WHERE sub_no = ?", (number,))
+                continue
+            if oldest[0] > ceiling:
                 continue
             if oldest[1] >= now - mine.age_ms and held <= mine.deliveries and size <= mine.bytes:
                 continue
