@@ -1,7 +1,7 @@
 """The bounds on subscriptions' queues, from the gateway: the operator's (`--max-queued-*`), what a
 subscriber asks within them, and the periodic pass that dead-letters what queues hold past them.
 
-Compaction's pass takes the queues no live gateway holds (after their cursors); this gateway takes
+One part of the pass takes the queues no live gateway holds (after their cursors); this gateway takes
 its own connections' subscriptions that read their backlog from the store, after what each has
 read, which only it knows (`veil.store.relational.dead_letters` says why a delivery is then either
 dead-lettered or delivered, never both). Subscriptions taking live offers have nothing queued past

@@ -4,12 +4,14 @@ its owner (or an admin) reads, replays or purges.
 A queue's spilled rows carry their publications' sizes and are counted per subscription as they are
 spilled (`queues`), so that a bound is checked without reading the queue. Consumption does not lower
 the count (it is compaction's hottest statement): a count past a bound is an upper bound, and the
-pass counts that queue again, past its floor, before it moves anything. Past a bound, the oldest deliveries after a
-floor leave: the floor is the last delivery that may be in flight. For a subscription no connection
-holds, that is its cursor (compaction's pass); for one a connection holds, only the gateway holding
-it knows what it has read ahead, so that gateway bounds it, under its claim. Write transactions are
-serialized, so a claim and a pass over unclaimed queues never interleave: a delivery is either
-dead-lettered or delivered, never both.
+pass counts that queue again, past its floor, before it moves anything.
+
+Past a bound, the oldest deliveries after a floor leave: the floor is the last delivery that may be
+in flight. For a subscription no connection holds, that is its cursor (the pass over queues no live
+gateway holds); for one a connection holds, only the gateway holding it knows what it has read
+ahead, so that gateway bounds it, under its claim. Write transactions are serialized, so a claim and
+a pass over unclaimed queues never interleave: a delivery is either dead-lettered or delivered,
+never both.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from veil.protocol.envelope import Origin
 from veil.store.base import KIND_REDELIVER, REPLAY_MOST, DeadLetter, QueueBounds
 from veil.store.relational.dialect import SPILL_POSITION, SPILLED, Db, Dialect, add_status, now_ms
-from veil.store.relational.log import append_entry, first_logged
+from veil.store.relational.log import LIVE, append_entry, first_logged
 
 # a live subscription's queue: its number, floor (the cursor) and the bounds its subscriber set
 QUEUED = (
@@ -204,12 +206,8 @@ class DeadLetterSql(Dialect):
         self, sub_id: str, number: int, upto: int | None = None, most: int = REPLAY_MOST
     ) -> tuple[int, int]:
         with self._tx() as db:
-            live = db.execute(
-                "SELECT 1 FROM subscription_numbers n JOIN subscriptions s USING (sub_id) "
-                "WHERE n.no = ? AND n.sub_id = ? AND s.deleted IS NULL",
-                (number, sub_id),
-            ).fetchone()
-            if live is None:
+            live = db.execute(LIVE, (sub_id,)).fetchone()
+            if live is None or live[1] != number:
                 return 0, 0
             chosen = db.execute(
                 "SELECT seq FROM dead_letters WHERE sub_no = ? AND seq <= ? ORDER BY seq LIMIT ?",
