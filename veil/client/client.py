@@ -455,8 +455,12 @@ class VeilClient:
             return await WebSocketChannel.open(self.http(), self.host, self.ws_port, self.ssl)
         return await TcpChannel.open(self.host, self.tcp_port, self.ssl)
 
-    def deliveries(self, subscription_id: str, *, transport: str = "tcp", envelope: bool = True) -> DeliveryStream:
-        return DeliveryStream(self, subscription_id, transport, envelope)
+    def deliveries(
+        self, subscription_id: str, *, transport: str = "tcp", envelope: bool = True, group: bool = False
+    ) -> DeliveryStream:
+        """The subscription's deliveries; with `group`, as one member of its group: each delivery
+        goes to one member, and what one leaves unacknowledged goes to another."""
+        return DeliveryStream(self, subscription_id, transport, envelope, group)
 
     def multiplexed(self, subscription_ids: Sequence[str], *, transport: str = "tcp") -> MultiplexedStream:
         """The deliveries of many subscriptions over one connection: each publication once, with the
@@ -495,17 +499,25 @@ class DeliveryStream:
     that honours `resumeAfter` never sends anything at or below it; if one does, the repeat is
     dropped and counted in `dropped_duplicates`, so that the application sees each delivery once and
     a test sees the broker's fault. Acknowledgements start afresh on each connection: an older
-    line's seq may name a different line on the new one."""
+    line's seq may name a different line on the new one.
 
-    def __init__(self, client: VeilClient, subscription_id: str, transport: str, envelope: bool) -> None:
+    A member of a group (`group`) resumes where the group stands, and takes lines out of order (those
+    another member left come after newer ones), so it has no resume point of its own."""
+
+    def __init__(
+        self, client: VeilClient, subscription_id: str, transport: str, envelope: bool, group: bool = False
+    ) -> None:
         if transport not in ("tcp", "ws"):
             raise ValueError("transport is 'tcp' or 'ws'")
+        if group and not envelope:
+            raise ValueError("a group member takes its deliveries in the envelope (their seqs are acknowledged)")
+        self.group = group
         self.client = client
         self.subscription_id = subscription_id
         self._replays = ReplayWindow()
         self.transport = transport
         self.envelope = envelope
-        self.last_seq: int | None = client.positions.get(subscription_id)  # the last one consumed
+        self.last_seq: int | None = None if group else client.positions.get(subscription_id)  # the last consumed
         self._received = self.last_seq  # the last one queued: what is at or below it is a repeat
         self.dropped_duplicates = 0
         self.reconnects = 0
@@ -581,7 +593,9 @@ class DeliveryStream:
         return delivery._replace(payload=payload)
 
     def _consumed(self, seq: int, subscription_ids: tuple[str, ...]) -> None:
-        self.last_seq = self.client.positions[self.subscription_id] = seq
+        self.last_seq = seq
+        if not self.group:
+            self.client.positions[self.subscription_id] = seq
 
     def _restart(self) -> None:
         """Before a new connection: unconsumed lines are dropped (they come again, after the resume
@@ -595,6 +609,8 @@ class DeliveryStream:
     def _fresh(self, doc: dict) -> bool:
         """Whether this enveloped delivery is new to the stream (a re-send is counted, then dropped)."""
         seq = doc["seq"]
+        if self.group:
+            return True
         if self._received is not None and seq <= self._received:
             self.dropped_duplicates += 1
             return False
@@ -640,7 +656,9 @@ class DeliveryStream:
             doc["token"] = self.client.token
         if self.envelope:
             doc.update(envelope=True, ack=True)
-            if self._received is not None:
+            if self.group:
+                doc["group"] = True
+            elif self._received is not None:
                 doc["resumeAfter"] = self._received
         return orjson.dumps(doc)
 

@@ -60,13 +60,15 @@ ONE_EACH = np.empty(0, np.int64)
 
 
 class Admitted(NamedTuple):
-    """A subscription a connection may deliver: its number, where delivery starts and when this
-    gateway claimed it (`membership`)."""
+    """A subscription a connection may deliver: its number, where delivery starts, when this gateway
+    claimed it (`membership`) and what past the start its group's members acknowledged (`group`),
+    which nobody is sent again."""
 
     sub_id: str
     number: int
     start_after: int
     claimed: float
+    acked: np.ndarray = np.empty(0, np.int64)
 
 
 class Published(NamedTuple):
@@ -97,6 +99,8 @@ class Hub(Protocol):
 
     def save_cursor(self, number: int, pub: int) -> None: ...
 
+    def save_acked(self, number: int, pubs: list[int]) -> None: ...
+
     def sent(self, logged: list[np.ndarray]) -> None: ...
 
     async def published(self, sub_nos: np.ndarray, pubs: np.ndarray, cropped: bool) -> tuple[Published, np.ndarray]: ...
@@ -123,7 +127,7 @@ class Bundle:
 
     # (slots: the hub touches every connection per feed entry, and a compact instance keeps that cheap)
     __slots__ = (
-        "_by_number", "_close", "_folded", "_id_bytes", "_limit", "_number", "_numbers_sorted", "_places",
+        "_acked", "_by_number", "_close", "_folded", "_id_bytes", "_limit", "_number", "_numbers_sorted", "_places",
         "_queued_lines", "_quoted", "_remembered", "_send", "_serials", "_wake", "_write_next", "_write_of",
         "_written", "acks", "client", "closed", "cursor", "envelope", "hub", "ids", "key", "last_queued",
         "live", "multiplexed", "numbers", "open", "pending", "queued", "queued_bytes", "saved", "sent",
@@ -158,6 +162,7 @@ class Bundle:
         # it were offered to it): its reads then cost the entries it missed, not all the store keeps
         self.unread = np.zeros(len(admitted), np.int64)
         self.open = np.ones(len(admitted), bool)
+        self._acked = {place: a.acked for place, a in enumerate(admitted) if len(a.acked)}
         self.pending: deque[Lines] = deque()
         self.queued = 0  # deliveries
         self.queued_bytes = 0  # of the lines queued, and of those being written
@@ -456,6 +461,8 @@ class Bundle:
         if len(pubs):
             published, variants = await self.hub.published(sub_nos, pubs, cropped=True)
             known = variants >= 0  # compacted away meanwhile: nobody is owed them
+            if self._acked:
+                known &= ~self._acked_among(rows, pubs)
             lines, sizes = _lines(rows[known], pubs[known], variants[known], published, self._id_bytes, live=False)
             taken = fitting(sizes, min(self.hub.quotas.room(self.client), REFILL_BYTES), least=1)
             if taken < len(lines.pubs):  # a line's subscriptions have all lines before it queued
@@ -474,6 +481,18 @@ class Bundle:
             caught_up = places[~full & ~cut]
             self.live[caught_up] = self.open[caught_up]
             self.hub.taking(self.numbers[caught_up], self.key, True)
+
+    def _acked_among(self, places: np.ndarray, pubs: np.ndarray) -> np.ndarray:
+        """Which of these deliveries a group's members acknowledged before this connection (a group's
+        saved cursor stops at its oldest unacknowledged delivery; those acknowledged past it are not
+        sent again). Once read past, they are forgotten."""
+        for place in [place for place, acked in self._acked.items() if self.last_queued[place] >= acked[-1]]:
+            del self._acked[place]
+        found = np.zeros(len(pubs), bool)
+        for place, acked in self._acked.items():
+            mine = places == place
+            found[mine] = np.isin(pubs[mine], acked)
+        return found
 
     async def close(self, error: bytes | None = None) -> None:
         """(Waiting at most END_LINE_WAIT for a client that does not read: whoever ends the connection,

@@ -16,6 +16,7 @@ from veil.gateway.channel import FAILED, Close, Receive, Send, failure_line
 from veil.gateway.context import Gateway
 from veil.gateway.delivering import serve_subscriptions
 from veil.gateway.edge import run_edge
+from veil.gateway.group import serve_member
 from veil.protocol import Handshake, ProtocolError, parse_handshake
 from veil.security.identity import Credentials, Principal
 from veil.security.tls import fingerprint
@@ -78,7 +79,8 @@ async def _serve(
         await close(exc.to_json())
         return
     try:
-        await serve_subscriptions(gateway, handshake, principal, client, send, close, receive)
+        serve = serve_member if handshake.group else serve_subscriptions
+        await serve(gateway, handshake, principal, client, send, close, receive)
     finally:
         gateway.hub.quotas.disconnect(client)
 

@@ -45,20 +45,28 @@ async def serve_subscriptions(
             # its cursors are saved before its claims go: the queues' bounds apply to an unclaimed
             # subscription after its saved cursor, which must not be behind what was delivered
             await gateway.hub.flush_cursors(bundles=False)
-        await _release(gateway, admitted)  # (a claim taken since by a newer connection is not this one's)
+        # (a claim taken since by a newer connection is not this one's)
+        await membership.release(gateway, [a.sub_id for a in admitted], admitted[0].claimed)
+
+
+async def attach(gateway: Gateway, bundle: Bundle, admitted: list[Admitted]) -> bool:
+    """Deliver the bundle's subscriptions through it from now on; False when none is left to."""
+    gateway.hub.attach(bundle)
+    # an unsubscription that ran before the attach found nothing to end (the id may be taken again since)
+    threads = gateway.threads
+    numbers = await threads.read(threads.store.live_numbers, bundle.ids)
+    gone = [a for a, now in zip(admitted, numbers, strict=True) if now != a.number]
+    if gone:  # a subscription taken since under the id is its new owner's to connect anywhere
+        await bundle.end([(a.sub_id, unknown("subscription").to_json()) for a in gone])
+        await membership.release(gateway, [a.sub_id for a in gone], admitted[0].claimed)
+    return len(gone) < len(admitted)
 
 
 async def _deliver(gateway: Gateway, bundle: Bundle, admitted: list[Admitted], receive: Receive) -> None:
-    hub, threads = gateway.hub, gateway.threads
+    hub = gateway.hub
     pusher: asyncio.Task[None] | None = None
     try:
-        hub.attach(bundle)
-        # an unsubscription that ran before the attach found nothing to end (the id may be taken again since)
-        numbers = await threads.read(threads.store.live_numbers, bundle.ids)
-        gone = [a for a, now in zip(admitted, numbers, strict=True) if now != a.number]
-        if gone:  # a subscription taken since under the id is its new owner's to connect anywhere
-            await bundle.end([(a.sub_id, unknown("subscription").to_json()) for a in gone])
-            await _release(gateway, gone)
+        await attach(gateway, bundle, admitted)
         pusher = asyncio.create_task(bundle.run())
 
         def acknowledge(raw: bytes | str) -> None:
@@ -77,7 +85,3 @@ async def _deliver(gateway: Gateway, bundle: Bundle, admitted: list[Admitted], r
                     await pusher
         finally:
             bundle.forget()
-
-
-async def _release(gateway: Gateway, admitted: list[Admitted]) -> None:
-    await membership.release(gateway, [a.sub_id for a in admitted], admitted[0].claimed)

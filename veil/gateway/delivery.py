@@ -70,6 +70,11 @@ class DeliveryHub:
         self.last_seq = 0  # the feed entry fanned out last
         self.offering = 0  # the entry being fanned out (its subscriptions chosen, its bodies read), or the last
         self._cursors: dict[int, int] = {}  # by subscription number
+        # groups' publications acknowledged past their cursors, by subscription number: to be saved,
+        # and being saved (a group formed again meanwhile must not miss them)
+        self._acked: dict[int, list[int]] = {}
+        self._saving_acked: dict[int, list[int]] = {}
+        self.forming: dict[str, asyncio.Lock] = {}  # subscriptions whose group a member joins or dissolves
         self.forwarded = 0  # deliveries sent and not yet counted in the store
         self.latency = Histogram(LATENCY_BOUNDS)  # publish (logged) -> delivery (written to the connection), s
         self._sent: list[tuple[int, list[np.ndarray]]] = []  # (when, logged times) of sends not yet observed
@@ -244,6 +249,14 @@ class DeliveryHub:
         if pub > self._cursors.get(number, 0):
             self._cursors[number] = pub
 
+    def save_acked(self, number: int, pubs: list[int]) -> None:
+        """A group's members acknowledged these past its cursor (saved with the cursors; none: its
+        cursor moved, over some saved before)."""
+        self._acked.setdefault(number, []).extend(pubs)
+
+    def unsaved_acked(self, number: int) -> list[int]:
+        return self._acked.get(number, []) + self._saving_acked.get(number, [])
+
     def unsaved_cursor(self, sub_id: str, number: int) -> int:
         holder = self.holders.get(sub_id)
         held = 0
@@ -398,16 +411,22 @@ class DeliveryHub:
             for bundle in self._bundles.values():
                 if bundle.multiplexed:
                     self._cursors.update(bundle.cursor_changes())
-        if self._cursors or self.forwarded:
+        if self._cursors or self.forwarded or self._acked:
             cursors, self._cursors = self._cursors, {}
             forwarded, self.forwarded = self.forwarded, 0
+            acked, self._acked = self._acked, {}
+            self._saving_acked = acked
             try:
-                await self.threads.write(self.threads.store.save_cursors, cursors, forwarded)
+                await self.threads.write(self.threads.store.save_cursors, cursors, forwarded, acked)
             except Exception:
                 log.exception("saving cursors failed; they are retried")
                 self.forwarded += forwarded
                 for number, pub in cursors.items():
                     self.save_cursor(number, pub)
+                for number, pubs in acked.items():
+                    self.save_acked(number, pubs)
+            finally:
+                self._saving_acked = {}
 
     async def stop(self) -> None:
         """(Every connection is closed at once: each waits up to a second for a client that does not read.)"""

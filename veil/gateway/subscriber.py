@@ -6,6 +6,8 @@ resume."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from veil.gateway import membership
 from veil.gateway.bundle import Admitted
 from veil.gateway.context import Gateway
@@ -20,34 +22,52 @@ from veil.store.base import LiveSubscription
 
 async def admit(gateway: Gateway, handshake: Handshake, principal: Principal) -> list[Admitted]:
     """Check the handshake's subscriptions (its one, or all a multiplexed one names) and claim them,
-    all or none; ProtocolError (with the reason to send back) naming the first refused. The store is
-    asked once for all of them, and claimed in one transaction: admitting a connection of a thousand
-    subscriptions does not queue a thousand writes ahead of everybody's publications."""
+    all or none; ProtocolError (with the reason to send back) naming the first refused."""
+    return await claim(gateway, handshake, await check(gateway, handshake, principal))
+
+
+async def check(gateway: Gateway, handshake: Handshake, principal: Principal) -> list[LiveSubscription]:
+    """The handshake's subscriptions, each checked as `admit` does (ProtocolError: the first refused).
+    The store is asked once for all of them: admitting a connection of a thousand subscriptions costs
+    one read, not a thousand."""
+    threads = gateway.threads
+    ids = _ids(handshake)
+    found = await threads.read(threads.store.live_subscriptions, ids, principal.identity)
+    # checking 2,048 large filters takes time a client chose: off the event loop then, as request bodies are
+    size = sum(len(live.body) for live in found if live is not None)
+    await sized(gateway, size, _check_all, gateway, principal, handshake, ids, found)
+    return [live for live in found if live is not None]  # all are: checked above
+
+
+async def claim(gateway: Gateway, handshake: Handshake, found: list[LiveSubscription]) -> list[Admitted]:
+    """Claim checked subscriptions for this gateway in one transaction (a thousand claims do not queue
+    a thousand writes ahead of everybody's publications), each with where its deliveries resume."""
     threads, hub = gateway.threads, gateway.hub
     store = threads.store
     multiplexed = range(len(handshake.subscription_ids))
     each = [handshake.for_subscription(place) for place in multiplexed] if multiplexed else [handshake]
-    ids = [h.subscription_id for h in each]
-    found = await threads.read(store.live_subscriptions, ids, principal.identity)
-    # checking 2,048 large filters takes time a client chose: off the event loop then, as request bodies are
-    size = sum(len(live.body) for live in found if live is not None)
-    await sized(gateway, size, _check_all, gateway, principal, handshake, ids, found)
+    numbers = [live.number for live in found]
     try:
-        numbers = [live.number for live in found if live is not None]  # all are: checked above
-        claimed = await membership.claim(gateway, ids, numbers)
+        claimed = await membership.claim(gateway, _ids(handshake), numbers)
     except membership.Held as exc:
         raise _naming(handshake, exc.sub_id, exc.error or unknown("subscription")) from None
     admitted = []
     # a resume point past the log's head names nothing: kept, it would hold the subscription's queue
     # (and the log below it) where no delivery moves it, out of reach of the queues' bounds
     head = await threads.read(store.head_offset) if any(one.resume_after is not None for one in each) else 0
+    acked = await threads.read(store.acked, numbers)
     for one, live in zip(each, found, strict=True):
-        assert live is not None  # checked above
         start = None if one.resume_after is None else min(one.resume_after, head)
         if start is None:
             start = max(live.cursor, hub.unsaved_cursor(one.subscription_id, live.number))
-        admitted.append(Admitted(one.subscription_id, live.number, start, claimed))
+        kept = acked.get(live.number, []) + hub.unsaved_acked(live.number)
+        skip = np.unique(np.array([pub for pub in kept if pub > start], np.int64))
+        admitted.append(Admitted(one.subscription_id, live.number, start, claimed, skip))
     return admitted
+
+
+def _ids(handshake: Handshake) -> list[str]:
+    return list(handshake.subscription_ids) or [handshake.subscription_id]
 
 
 def _check_all(

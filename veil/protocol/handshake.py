@@ -3,7 +3,8 @@
 Clients in the wild send the whole subscription document as the handshake; unknown fields are
 ignored. A bearer token may prove the identity (`token`). The optional extensions ask for an
 envelope (publication id, sequence number, publisher and signature), for
-acknowledgement-driven cursors, and for a resume point after a reconnect. An edge broker names its
+acknowledgement-driven cursors, for a resume point after a reconnect, and to join the subscription's
+group (`"group": true`: its deliveries shared among the connections that join). An edge broker names its
 announcement (`announcementId`) instead of a subscription. A client with many subscriptions may
 name them all (`subscriptionIds`) on one connection: each publication comes once, enveloped, with the
 ids of the subscriptions it is delivered to (`subscriptionIds`); an acknowledgement then covers all of
@@ -36,6 +37,7 @@ class Handshake(NamedTuple):
     announcement_id: str = ""  # an edge broker's channel: the subscriptions its announcement may serve
     subscription_ids: tuple[str, ...] = ()  # a multiplexed connection: these subscriptions, in one stream
     resume_each: tuple[int | None, ...] | None = None  # a multiplexed connection's, per subscription
+    group: bool = False  # a member of the subscription's group: its deliveries shared among the members
 
     def for_subscription(self, place: int) -> Handshake:
         """This multiplexed handshake as one naming only its `place`-th subscription would be, with
@@ -62,10 +64,24 @@ def parse_handshake(raw: bytes | str) -> Handshake:
     sub_id = subscription_id_of(doc, required=not (announcement or many))
     if many and (sub_id or announcement):
         raise ProtocolError("subscriptionIds", "names the subscriptions instead of subscriptionId or announcementId")
+    group = _flag(doc, "group")
+    if group:
+        _check_group(ack, resume, many, announcement)
     return Handshake(
         auth_hash_of(doc), sub_id, envelope or ack or bool(many), ack, None if each is not None else resume, token,
-        announcement, many, None if each is None else _resume_each(each, many),
+        announcement, many, None if each is None else _resume_each(each, many), group,
     )  # fmt: skip
+
+
+def _check_group(ack: bool, resume: object, many: tuple[str, ...], announcement: str) -> None:
+    """A group member names one subscription, acknowledges what it takes and resumes where the group
+    stands (after what its members acknowledged), not where it says."""
+    if not ack:
+        raise ProtocolError("group", 'a member acknowledges each delivery it takes: give "ack": true with it')
+    if many or announcement:
+        raise ProtocolError("group", "joins the group of one subscription (subscriptionId)")
+    if resume is not None:
+        raise ProtocolError("resumeAfter", "a group resumes after what its members acknowledged: not with group")
 
 
 def _resume_each(each: list[Any], many: tuple[str, ...]) -> tuple[int | None, ...]:

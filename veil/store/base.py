@@ -424,9 +424,18 @@ class GatewayStore(LogReader):
     def cursor(self, sub_id: str) -> int: ...
 
     @abstractmethod
-    def save_cursors(self, cursors: dict[int, int], forwarded: int = 0) -> None:
+    def save_cursors(
+        self, cursors: dict[int, int], forwarded: int = 0, acked: dict[int, list[int]] | None = None
+    ) -> None:
         """Save cursors by subscription number (those of subscriptions no longer live are dropped),
-        and count `forwarded` deliveries sent since the last call."""
+        and count `forwarded` deliveries sent since the last call. `acked`: publications a shared
+        subscription's members acknowledged past its cursor (which moves only over an unbroken run of
+        them), kept so that no later connection is sent them again; those the cursor passes go."""
+
+    @abstractmethod
+    def acked(self, numbers: Sequence[int]) -> dict[int, list[int]]:
+        """The publications kept as acknowledged past these subscriptions' cursors (`save_cursors`),
+        for those that have any."""
 
     @abstractmethod
     def totals(self) -> Totals: ...

@@ -219,6 +219,14 @@ CREATE INDEX log_withdrawals ON log(copy_of) WHERE kind = 6;
 UPDATE log SET copy_of = v.pub FROM validity v
     WHERE v.cancelled = log."offset" AND log.kind = 6 AND log.copy_of IS NULL;
 """,
+    # shared subscriptions: what their members acknowledged past the cursor
+    """
+CREATE TABLE acked (
+    sub_no BIGINT NOT NULL,
+    pub BIGINT NOT NULL,
+    PRIMARY KEY (sub_no, pub)
+);
+""",
 )
 
 

@@ -107,6 +107,11 @@ CREATE TABLE IF NOT EXISTS deliveries (
     size INTEGER NOT NULL DEFAULT 0,  -- bytes of the publication
     PRIMARY KEY (sub_no, pub)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS acked (  -- acknowledged by a shared subscription's members past its cursor
+    sub_no INTEGER NOT NULL,
+    pub INTEGER NOT NULL,
+    PRIMARY KEY (sub_no, pub)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS queues (  -- each subscription's spilled rows: how many, and their publications' bytes
     sub_no INTEGER PRIMARY KEY,
     deliveries INTEGER NOT NULL,

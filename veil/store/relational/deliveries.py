@@ -30,6 +30,8 @@ from veil.store.relational.log import append_entry
 from veil.store.relational.status import set_aside, set_aside_pairs
 
 ORIGIN = "COALESCE(client, ''), key_id, signature, copy_of, cropped"  # the columns of an Origin
+# `subscription_numbers n` names a live subscription (of its id, the newest number names the live one)
+LIVE_NUMBER = "SELECT 1 FROM subscriptions s WHERE s.sub_id = n.sub_id AND s.deleted IS NULL"
 
 
 class DeliverySql(Dialect):
@@ -97,8 +99,7 @@ class DeliverySql(Dialect):
             number
             for (number,) in db.execute(
                 # driven by the numbers: a join lets SQLite scan every live subscription instead
-                f"SELECT n.no FROM subscription_numbers n WHERE n.no {self.IN_IDS} AND EXISTS "
-                "(SELECT 1 FROM subscriptions s WHERE s.sub_id = n.sub_id AND s.deleted IS NULL)",
+                f"SELECT n.no FROM subscription_numbers n WHERE n.no {self.IN_IDS} AND EXISTS ({LIVE_NUMBER})",
                 (self._ids(numbers),),
             )
         }
@@ -178,18 +179,42 @@ class DeliverySql(Dialect):
             row = db.execute("SELECT pub FROM cursors WHERE sub_id = ?", (sub_id,)).fetchone()
         return row[0] if row else 0
 
-    def save_cursors(self, cursors: dict[int, int], forwarded: int = 0) -> None:
+    def save_cursors(
+        self, cursors: dict[int, int], forwarded: int = 0, acked: dict[int, list[int]] | None = None
+    ) -> None:
         with self._tx() as db:
             if forwarded:
                 add_status(db, "forwarded", forwarded)
             db.executemany(
                 # by number: a cursor of an earlier subscription of the id never moves a later one's
                 "INSERT INTO cursors(sub_id, pub) SELECT n.sub_id, ? FROM subscription_numbers n WHERE n.no = ? "
-                "AND EXISTS (SELECT 1 FROM subscriptions s WHERE s.sub_id = n.sub_id AND s.deleted IS NULL) "
+                f"AND EXISTS ({LIVE_NUMBER}) "
                 f"ON CONFLICT (sub_id) DO UPDATE SET pub = {self.GREATEST}(cursors.pub, excluded.pub)",
                 [(pub, number) for number, pub in cursors.items()],
             )
+            if acked:
+                db.executemany(
+                    f"INSERT INTO acked(sub_no, pub) SELECT n.no, ? FROM subscription_numbers n WHERE n.no = ? "
+                    f"AND EXISTS ({LIVE_NUMBER}) ON CONFLICT DO NOTHING",
+                    [(pub, number) for number, pubs in acked.items() for pub in pubs],
+                )
+                db.executemany(
+                    "DELETE FROM acked WHERE sub_no = ? AND pub <= (SELECT c.pub FROM cursors c "
+                    "JOIN subscription_numbers n USING (sub_id) WHERE n.no = ?)",
+                    [(number, number) for number in acked],
+                )
             count_change(db)
+
+    def acked(self, numbers: Sequence[int]) -> dict[int, list[int]]:
+        found: dict[int, list[int]] = {}
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT sub_no, pub FROM acked WHERE sub_no {self.IN_IDS} ORDER BY sub_no, pub",
+                (self._ids(np.asarray(numbers, np.int64)),),
+            ).fetchall()
+        for number, pub in rows:
+            found.setdefault(number, []).append(pub)
+        return found
 
     def last_feed_seq(self) -> int:
         with self._read() as db:

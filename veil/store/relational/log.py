@@ -273,7 +273,7 @@ class LogSql(Dialect):
             db.execute("UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id))
             # matches computed before the unsubscription may still arrive in the feed under its number:
             # no live subscription has that number any more, so they are neither spilled nor served
-            for table in ("deliveries", "queues", "queue_bounds", "dead_letters"):
+            for table in ("deliveries", "queues", "queue_bounds", "dead_letters", "acked"):
                 db.execute(f"DELETE FROM {table} WHERE sub_no = ?", (live[1],))
             db.execute("DELETE FROM cursors WHERE sub_id = ?", (sub_id,))
             # nor is its connection's claim: a later subscription of the id may connect through any gateway
