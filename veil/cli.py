@@ -65,6 +65,7 @@ def _client(args: argparse.Namespace):
         token=_given(args, "token", "VEIL_TOKEN"), ca_file=args.ca, cert_file=args.cert, key_file=args.key,
         recipient_key=_recipient_key(_given(args, "recipient_key", "VEIL_RECIPIENT_KEY")),
         scope_managers=_json_file(_given(args, "scope_managers", "VEIL_SCOPE_MANAGERS"), "--scope-managers"),
+        tcp_port=getattr(args, "tcp_port", None), ws_port=getattr(args, "ws_port", None),
     )  # fmt: skip
 
 
@@ -260,6 +261,12 @@ def _since(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{error.problem} (or a time ago: 90s, 15m, 2h, 1d)") from None
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port (1 to 65535): {text!r}")
+    return int(text)
+
+
 async def _subscribe(args: argparse.Namespace) -> int:
     async with _client(args) as client:
         if args.existing:
@@ -321,7 +328,8 @@ async def _remove_own(client: Any, subscription_id: str, made: str | None) -> No
 
 async def _print_deliveries(client: Any, subscription_id: str, args: argparse.Namespace) -> None:
     left = args.count
-    async with client.deliveries(subscription_id, transport=args.transport, envelope=not args.plain) as stream:
+    stream = client.deliveries(subscription_id, transport=args.transport, envelope=not args.plain, group=args.group)
+    async with stream:
         async for delivery in stream:
             sys.stdout.write(orjson.dumps(delivery.publication if args.plain else _record(delivery)).decode() + "\n")
             sys.stdout.flush()
@@ -602,8 +610,23 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     subscribe.add_argument("--existing", action="store_true", help="only connect to the existing subscription --id")
     subscribe.add_argument(
+        "--group", action="store_true",
+        help="with --existing: join the subscription's group, sharing its deliveries with the other members "
+        "(each delivery printed by one of them) (default: the subscription's only connection)",
+    )  # fmt: skip
+    subscribe.add_argument(
         "--transport", choices=("tcp", "ws"), default="tcp", help="the delivery connection (default: tcp)"
     )
+    subscribe.add_argument(
+        "--tcp-port", type=_port,
+        help="the broker's TCP delivery port, for --existing (default: the one /subscribe names, else the REST "
+        "port + 1)",
+    )  # fmt: skip
+    subscribe.add_argument(
+        "--ws-port", type=_port,
+        help="the broker's WebSocket delivery port, for --existing (default: the one /subscribe names, else the "
+        "REST port + 2)",
+    )  # fmt: skip
     subscribe.add_argument(
         "--plain", action="store_true",
         help="print each publication alone, as the SELIS line protocol delivers it (no envelope: no seq, id, "
@@ -749,6 +772,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("subscribe --last: at least 1 publication")
     if args.command == "subscribe" and args.existing and not args.id:
         parser.error("subscribe --existing needs --id")
+    if args.command == "subscribe" and args.group and not args.existing:
+        parser.error("subscribe --group joins the group of an existing subscription: give --existing --id ID")
+    if args.command == "subscribe" and args.group and args.plain:
+        parser.error("subscribe --group: a member acknowledges what it takes, by the envelope's seq (not --plain)")
     if args.command == "subscribe" and args.id == "":
         parser.error("subscribe --id: an id is not empty (leave --id out for one of the command's own)")
     if args.command == "subscribe" and args.count is not None and args.count < 1:

@@ -1,7 +1,8 @@
 """Shared subscriptions with a real broker: the members of a subscription's group share its
 deliveries, each going to one member; what a member took and did not acknowledge when it left (or
 was killed) goes to another; what was acknowledged is never sent again, to anyone, even after the
-whole group left and formed again."""
+whole group left and formed again. Hypothesis draws publishes with and without idempotency keys,
+retried, and members joining, taking, acknowledging and leaving."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import asyncio
 import contextlib
 import subprocess
 import sys
+import uuid
 
 import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.integration.helpers import LineConnection, client_for, nothing_more, run_id, take
 
@@ -139,3 +143,143 @@ async def test_a_member_must_acknowledge_and_names_one_subscription(broker):
         answer = await connection.line()
         assert answer is not None and answer["field"] == field, (handshake, answer)
         connection.close()
+
+
+SETTLE = 0.2  # seconds for a member's acknowledgement to reach the broker before its connection goes
+
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("publish"), st.integers(1, 12), st.booleans(), st.integers(0, 2)),
+        st.tuples(st.just("join")),
+        st.tuples(st.just("take"), st.integers(0, 7), st.integers(1, 20), st.booleans()),
+        st.tuples(st.just("leave"), st.integers(0, 7), st.booleans()),
+    ),
+    min_size=2,
+    max_size=14,
+)
+
+
+class GroupRun:
+    """One drawn run against one subscription: its members (raw connections) and what each read, and
+    every acknowledged publication, checked as it goes: nothing acknowledged comes again."""
+
+    def __init__(self, broker, owner, handshake: dict) -> None:
+        self.broker = broker
+        self.owner = owner
+        self.handshake = handshake
+        self.members: list[tuple[LineConnection, list[str]]] = []  # (connection, read and not acknowledged)
+        self.acked: set[str] = set()
+
+    async def join(self) -> None:
+        self.members.append((await LineConnection.open(self.broker.tcp_port, self.handshake), []))
+
+    async def take(self, which: int, most: int, acknowledge: bool) -> None:
+        if not self.members:
+            return
+        connection, unacked = self.members[which % len(self.members)]
+        for _ in range(most):
+            try:
+                doc = await connection.line(timeout=0.3)
+            except TimeoutError:
+                break
+            assert doc is not None and "seq" in doc, doc
+            assert doc["id"] not in self.acked, f"{doc['id']} came again after it was acknowledged"
+            unacked.append(doc["id"])
+        if acknowledge and unacked:
+            await self._acknowledge(connection, unacked)
+
+    async def _acknowledge(self, connection: LineConnection, unacked: list[str]) -> None:
+        connection.writer.write(orjson.dumps({"ack": int(unacked[-1])}) + b"\n")
+        await connection.writer.drain()
+        assert not self.acked.intersection(unacked)
+        self.acked.update(unacked)
+        unacked.clear()
+
+    async def leave(self, which: int, acknowledge: bool) -> None:
+        if not self.members:
+            return
+        connection, unacked = self.members.pop(which % len(self.members))
+        if acknowledge and unacked:
+            await self._acknowledge(connection, unacked)
+        await asyncio.sleep(SETTLE)
+        connection.close()
+
+    async def finish(self, published: set[str]) -> None:
+        """A last member takes what is left: every publication acknowledged once, nothing more."""
+        while self.members:
+            await self.leave(0, True)
+        await self.join()
+        connection, unacked = self.members[0]
+        async with asyncio.timeout(60):
+            while self.acked | set(unacked) != published:
+                doc = await connection.line()
+                assert doc is not None and doc["id"] not in self.acked, doc
+                assert doc["id"] not in unacked, f"{doc['id']} came twice to one member"
+                unacked.append(doc["id"])
+        assert await connection.silent(1.0)
+        await self.leave(0, True)
+        assert self.acked == published
+
+
+async def drawn_run(broker, steps: list[tuple]) -> None:
+    rid = run_id()
+    async with client_for(broker, "pia") as publisher, client_for(broker, "gia") as owner:
+        sub_id = (await owner.subscribe(subscribed(rid)))["subscriptionId"]
+        run = GroupRun(broker, owner, {"authHash": "gia", "subscriptionId": sub_id, "group": True, "ack": True})
+        published: set[str] = set()
+        n = 0
+        for step in steps:
+            if step[0] == "publish":
+                _, count, keyed, retries = step
+                batch = [{"run": rid, "n": n + i} for i in range(count)]
+                n += count
+                key = uuid.uuid4().hex if keyed else None
+                ids = await publisher.publish_batch(batch, idempotency_key=key)
+                for _ in range(retries if keyed else 0):  # a retry under the key publishes nothing new
+                    assert await publisher.publish_batch(batch, idempotency_key=key) == ids
+                published.update(ids)
+            elif step[0] == "join":
+                await run.join()
+            elif step[0] == "take":
+                await run.take(*step[1:])
+            else:
+                await run.leave(*step[1:])
+        await run.finish(published)
+
+
+@settings(max_examples=10, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(steps=STEPS)
+def test_drawn_publishes_retries_and_members_lose_nothing_acknowledged_and_repeat_nothing(broker, steps):
+    asyncio.run(drawn_run(broker, steps))
+
+
+def test_the_command_line_joins_a_group(broker):
+    rid = run_id()
+    veil = [sys.executable, "-m", "veil.cli"]
+    flags = ["--url", broker.url, "--auth-hash", "gia"]
+
+    async def subscribe() -> str:
+        async with client_for(broker, "gia") as owner:
+            return (await owner.subscribe(subscribed(rid)))["subscriptionId"]
+
+    sub_id = asyncio.run(subscribe())
+    port = str(broker.tcp_port)
+    member = subprocess.Popen(
+        [*veil, "subscribe", "--existing", "--id", sub_id, "--group", "--count", "3", "--tcp-port", port, *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+    async def publish() -> list[str]:
+        async with client_for(broker, "pia") as publisher:
+            await asyncio.sleep(2.0)  # the member connects
+            return await publisher.publish_batch([{"run": rid, "n": n} for n in range(3)])
+
+    ids = asyncio.run(publish())
+    out, err = member.communicate(timeout=60)
+    assert member.returncode == 0, err
+    assert [orjson.loads(line)["id"] for line in out.splitlines()] == ids
+    refused = subprocess.run([*veil, "subscribe", "lat>1", "--group", *flags], capture_output=True, text=True)
+    assert refused.returncode != 0 and "--group" in refused.stderr and "--existing" in refused.stderr
+    wrong = [*veil, "subscribe", "--existing", "--id", sub_id, "--tcp-port", "70000", *flags]
+    refused = subprocess.run(wrong, capture_output=True, text=True)
+    assert refused.returncode != 0 and "--tcp-port" in refused.stderr

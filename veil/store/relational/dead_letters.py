@@ -152,16 +152,18 @@ class DeadLetterSql(Dialect):
 
     def _dead_letter(self, db: Db, number: int, after: int, upto: int, reason: str, now: int) -> tuple[int, int]:
         """Move a subscription's queued deliveries after < pub <= upto to its dead letters (which hold
-        their publications as its queue did); returns how many, and their publications' bytes."""
+        their publications as its queue did); returns how many left the queue, and their publications'
+        bytes. Those its group's members acknowledged already (`acked`) were delivered: they only leave."""
         if upto <= after:
             return 0, 0
-        db.execute(
-            "INSERT INTO dead_letters(sub_no, pub, reason, at) SELECT sub_no, pub, ?, ? FROM deliveries "
-            "WHERE sub_no = ? AND pub > ? AND pub <= ? ORDER BY pub",
+        lettered = db.execute(
+            "INSERT INTO dead_letters(sub_no, pub, reason, at) SELECT sub_no, pub, ?, ? FROM deliveries d "
+            "WHERE sub_no = ? AND pub > ? AND pub <= ? "
+            "AND NOT EXISTS (SELECT 1 FROM acked a WHERE a.sub_no = d.sub_no AND a.pub = d.pub) ORDER BY pub",
             (reason, now, number, after, upto),
-        )
+        ).rowcount
         moved = dequeue(db, number, after, upto)
-        add_status(db, f"dead_lettered.{reason}", moved[0])
+        add_status(db, f"dead_lettered.{reason}", lettered)
         return moved
 
     def dead_letters(
