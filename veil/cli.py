@@ -612,7 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
     subscribe.add_argument(
         "--group", action="store_true",
         help="with --existing: join the subscription's group, sharing its deliveries with the other members "
-        "(each delivery printed by one of them) (default: the subscription's only connection)",
+        "(each delivery printed by one of them)",
     )  # fmt: skip
     subscribe.add_argument(
         "--transport", choices=("tcp", "ws"), default="tcp", help="the delivery connection (default: tcp)"

@@ -225,6 +225,10 @@ class Config:
         7 * 86400.0, "seconds a delivery stays queued after its publication (a subscriber may ask for less)",
         ("VEIL_MAX_QUEUED_AGE",),
     )  # fmt: skip
+    ack_wait: float = _opt(
+        60.0, "seconds a member of a subscription's group may hold deliveries without acknowledging any: then it "
+        "is closed, and they go to the other members", ("VEIL_ACK_WAIT",),
+    )  # fmt: skip
     max_replay: int = _opt(
         1_000_000, "most log entries a subscription's replay (\"since\") may read: an earlier since is refused",
         ("VEIL_MAX_REPLAY",),
@@ -386,6 +390,8 @@ class Config:
             raise ValueError("--idempotency-window: seconds, from 60 to 604800 (a week)")
         if min(self.max_queued_deliveries, self.max_queued_bytes) < 1 or self.max_queued_age < 1:
             raise ValueError("--max-queued-deliveries, --max-queued-bytes and --max-queued-age (s) must be positive")
+        if not 1 <= self.ack_wait <= 86400:
+            raise ValueError("--ack-wait: seconds, from 1 to 86400 (a day)")
         if self.max_replay < 1:
             raise ValueError("--max-replay must be positive")
         if not 0 <= self.retention <= 366 * 86400:

@@ -13,10 +13,14 @@ import sys
 import uuid
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.integration.helpers import LineConnection, client_for, nothing_more, run_id, take
+from veil.harness import BrokerProcess
+
+ACK_WAIT = 5  # the broker's --ack-wait here: seconds a member may hold lines without acknowledging any
 
 # a member in a process of its own: acknowledges its first ACKS lines, says which, then holds
 # whatever else it is given, unacknowledged, until it is killed
@@ -37,6 +41,13 @@ async def main(port: int, handshake: bytes, acks: int) -> None:
 
 asyncio.run(main(int(sys.argv[1]), sys.argv[2].encode(), int(sys.argv[3])))
 """
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    process = BrokerProcess(str(tmp_path_factory.mktemp("broker")), "--ack-wait", str(ACK_WAIT)).start()
+    yield process
+    process.close()
 
 
 def subscribed(rid: str) -> list[dict]:
@@ -99,8 +110,8 @@ async def test_what_members_acknowledged_is_never_sent_again_after_the_group_for
             consumed: list[str] = []
 
             async def hold() -> None:
-                while True:
-                    held.append((await silent.line())["id"])
+                while (doc := await silent.line()) is not None and "seq" in doc:
+                    held.append(doc["id"])
 
             holding = asyncio.create_task(hold())
             async with asyncio.timeout(60):
@@ -127,6 +138,25 @@ async def test_what_members_acknowledged_is_never_sent_again_after_the_group_for
         await asyncio.sleep(0.5)
         async with owner.deliveries(sub_id) as alone:  # a connection of one, after the group
             await nothing_more(alone)
+
+
+async def test_a_member_that_acknowledges_nothing_past_the_ack_wait_is_closed_and_its_lines_go_on(broker):
+    rid = run_id()
+    async with client_for(broker, "pia") as publisher, client_for(broker, "gia") as owner:
+        sub_id = (await owner.subscribe(subscribed(rid)))["subscriptionId"]
+        handshake = {"authHash": "gia", "subscriptionId": sub_id, "group": True, "ack": True}
+        hung = await LineConnection.open(broker.tcp_port, handshake)
+        async with owner.deliveries(sub_id, group=True) as worker:
+            await worker.connected.wait()
+            ids = await publisher.publish_batch([{"run": rid, "n": n} for n in range(10)])
+            working = asyncio.create_task(take(worker, len(ids), timeout=4 * ACK_WAIT))  # (acknowledging)
+            taken: list[str] = []
+            while (doc := await hung.line()) is not None and "seq" in doc:
+                taken.append(doc["id"])
+            assert taken and (doc["field"], doc["status"]) == ("ack", 408), doc
+            rest = [d.id for d in await working]
+            assert sorted(rest, key=int) == ids and set(taken) <= set(rest)
+        hung.close()
 
 
 async def test_a_member_must_acknowledge_and_names_one_subscription(broker):
@@ -182,7 +212,11 @@ class GroupRun:
                 doc = await connection.line(timeout=0.3)
             except TimeoutError:
                 break
-            assert doc is not None and "seq" in doc, doc
+            if doc is None or "seq" not in doc:  # closed, holding lines unacknowledged past --ack-wait
+                assert doc is None or (doc["field"], doc["status"]) == ("ack", 408), doc
+                self.members.remove((connection, unacked))
+                connection.close()
+                return
             assert doc["id"] not in self.acked, f"{doc['id']} came again after it was acknowledged"
             unacked.append(doc["id"])
         if acknowledge and unacked:

@@ -42,3 +42,12 @@ def test_an_acknowledged_publication_past_a_bound_leaves_its_queue_without_becom
     assert [d.pub for d in store.dead_letters(number)[0]] == [pubs[0], pubs[2]]
     assert store.backlogs(np.array([number]), np.array([0]), 1000)[1].tolist() == [pubs[3]]
     assert dict(zip(DEAD_LETTER_REASONS, store.totals().dead_lettered, strict=True))["deliveries"] == 2
+
+
+def test_compaction_drops_what_a_cursor_moved_over_since(store):
+    store.put_subscription("s", "alice", b"[]")
+    number = store.subscription_number("s")
+    store.save_cursors({number: 3}, acked={number: [5, 9]})
+    store.save_cursors({number: 6})  # a connection of one, after the group
+    store.compact(1000, 1 << 40, time.time() + 10)
+    assert store.acked([number]) == {number: [9]}

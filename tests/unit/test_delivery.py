@@ -89,6 +89,11 @@ async def test_numbers_far_beyond_the_first_table_are_served(tmp_path):
         assert far_sent == [b'{"n":2}'] and near_sent == [b'{"n":1}', b'{"n":2}']
 
 
+def unsaved_cursor(hub, sub_id: str, number: int) -> int:
+    """Where a connection of the subscription admitted now would resume, but for the store's cursor."""
+    return max(hub.unsaved().cursors.get(number, 0), hub.held_cursor(sub_id, number))
+
+
 async def test_a_connection_of_one_takes_acknowledgements_only_of_what_it_was_written(tmp_path):
     """A hostile client acknowledging publications it was never sent would have them skipped on its
     next connection: only what was written moves its cursor."""
@@ -100,9 +105,9 @@ async def test_a_connection_of_one_takes_acknowledgements_only_of_what_it_was_wr
         await until(lambda: one.seqs() == [first])
         one.bundle.acknowledge(second)  # not written yet
         one.bundle.acknowledge(first + 1_000_000)
-        assert hub.unsaved_cursor("s7", 7) == 0
+        assert unsaved_cursor(hub, "s7", 7) == 0
         one.bundle.acknowledge(first)
-        assert hub.unsaved_cursor("s7", 7) == first
+        assert unsaved_cursor(hub, "s7", 7) == first
 
 
 async def test_a_kicked_connection_of_one_ends_with_the_reason_and_is_written_nothing_after_it(tmp_path):

@@ -120,7 +120,7 @@ def test_satisfiable(predicates):
 
 def test_handshake_extensions():
     hs = parse_handshake(b'{"authHash": "h", "subscriptionId": "s", "data": [], "ack": true, "resumeAfter": 7}')
-    assert hs == ("h", "s", True, True, 7, None, "", (), None)
+    assert hs == ("h", "s", True, True, 7, None, "", (), None, False)
     with pytest.raises(ProtocolError, match="resumeAfter"):
         parse_handshake(b'{"authHash": "h", "subscriptionId": "s", "resumeAfter": -1}')
     with pytest.raises(ProtocolError, match="subscriptionId"):

@@ -42,11 +42,18 @@ async def serve_subscriptions(
     finally:
         if bundle is not None:  # (told first: releasing writes to a store that may be failing)
             await bundle.close(ending)
-            # its cursors are saved before its claims go: the queues' bounds apply to an unclaimed
-            # subscription after its saved cursor, which must not be behind what was delivered
-            await gateway.hub.flush_cursors(bundles=False)
-        # (a claim taken since by a newer connection is not this one's)
-        await membership.release(gateway, [a.sub_id for a in admitted], admitted[0].claimed)
+        await hand_back(gateway, [a.sub_id for a in admitted], admitted[0].claimed)
+
+
+async def hand_back(gateway: Gateway, sub_ids: list[str], claimed: float) -> None:
+    """The claim taken at `claimed` ends (one taken since by a newer connection is not this one's),
+    once the cursors are saved: the queues' bounds apply to an unclaimed subscription after its
+    saved cursor, which must not be behind what was delivered, and another gateway resumes there.
+    While they cannot be saved, the claim is released with the renewals, after the cursors' retries."""
+    if await gateway.hub.flush_cursors(bundles=False):
+        await membership.release(gateway, sub_ids, claimed)
+    else:
+        gateway.unreleased.append((sub_ids, claimed))
 
 
 async def attach(gateway: Gateway, bundle: Bundle, admitted: list[Admitted]) -> bool:

@@ -50,6 +50,14 @@ class Clients(NamedTuple):
     not_reading: int  # the others: every connection of theirs has a write waiting for its client
 
 
+class Unsaved(NamedTuple):
+    """What the hub has not saved yet, by subscription number: cursors, and publications groups'
+    members acknowledged past them."""
+
+    cursors: dict[int, int]
+    acked: dict[int, list[int]]
+
+
 class DeliveryHub:
     def __init__(self, threads: StoreThreads, poll_interval: float = 0.005, quotas: Quotas | None = None) -> None:
         self.threads = threads
@@ -70,11 +78,13 @@ class DeliveryHub:
         self.last_seq = 0  # the feed entry fanned out last
         self.offering = 0  # the entry being fanned out (its subscriptions chosen, its bodies read), or the last
         self._cursors: dict[int, int] = {}  # by subscription number
-        # groups' publications acknowledged past their cursors, by subscription number: to be saved,
-        # and being saved (a group formed again meanwhile must not miss them)
+        # groups' publications acknowledged past their cursors, by subscription number, to be saved;
+        # and the saves under way (cursors, acknowledged): a connection admitted meanwhile must not
+        # miss what they hold
         self._acked: dict[int, list[int]] = {}
-        self._saving_acked: dict[int, list[int]] = {}
-        self.forming: dict[str, asyncio.Lock] = {}  # subscriptions whose group a member joins or dissolves
+        self._saving: list[tuple[dict[int, int], dict[int, list[int]]]] = []
+        # subscriptions whose group a member joins or dissolves: the lock, and how many hold or wait for it
+        self.forming: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self.forwarded = 0  # deliveries sent and not yet counted in the store
         self.latency = Histogram(LATENCY_BOUNDS)  # publish (logged) -> delivery (written to the connection), s
         self._sent: list[tuple[int, list[np.ndarray]]] = []  # (when, logged times) of sends not yet observed
@@ -254,15 +264,24 @@ class DeliveryHub:
         cursor moved, over some saved before)."""
         self._acked.setdefault(number, []).extend(pubs)
 
-    def unsaved_acked(self, number: int) -> list[int]:
-        return self._acked.get(number, []) + self._saving_acked.get(number, [])
+    def unsaved(self) -> Unsaved:
+        """Cursors and groups' acknowledgements not in the store yet (to be saved, or being saved).
+        Taken before the store is read, what is saved meanwhile is in one or the other."""
+        cursors = dict(self._cursors)
+        acked = {number: list(pubs) for number, pubs in self._acked.items()}
+        for saving, saving_acked in self._saving:
+            for number, pub in saving.items():
+                cursors[number] = max(cursors.get(number, 0), pub)
+            for number, pubs in saving_acked.items():
+                acked.setdefault(number, []).extend(pubs)
+        return Unsaved(cursors, acked)
 
-    def unsaved_cursor(self, sub_id: str, number: int) -> int:
+    def held_cursor(self, sub_id: str, number: int) -> int:
+        """The cursor of the subscription's connection here, if one holds it (0: none)."""
         holder = self.holders.get(sub_id)
-        held = 0
         if holder is not None and holder.number_of(sub_id) == number:
-            held = int(holder.cursor[holder.place(sub_id)])
-        return max(self._cursors.get(number, 0), held)
+            return int(holder.cursor[holder.place(sub_id)])
+        return 0
 
     def _resync(self) -> None:
         for bundle in self._bundles.values():
@@ -401,7 +420,7 @@ class DeliveryHub:
                 await asyncio.wait_for(self._stopping.wait(), interval)
             await self.flush_cursors(bundles=tick % BUNDLE_CURSOR_TICKS == 0)
 
-    async def flush_cursors(self, bundles: bool = True) -> None:
+    async def flush_cursors(self, bundles: bool = True) -> bool:
         """Save the cursors that moved, and count the deliveries sent since the last flush (and
         observe their latencies). A multiplexed connection's cursors are saved less often
         (`BUNDLE_CURSOR_TICKS`): thousands of them move with every write, and its client resumes by the
@@ -411,22 +430,26 @@ class DeliveryHub:
             for bundle in self._bundles.values():
                 if bundle.multiplexed:
                     self._cursors.update(bundle.cursor_changes())
-        if self._cursors or self.forwarded or self._acked:
-            cursors, self._cursors = self._cursors, {}
-            forwarded, self.forwarded = self.forwarded, 0
-            acked, self._acked = self._acked, {}
-            self._saving_acked = acked
-            try:
-                await self.threads.write(self.threads.store.save_cursors, cursors, forwarded, acked)
-            except Exception:
-                log.exception("saving cursors failed; they are retried")
-                self.forwarded += forwarded
-                for number, pub in cursors.items():
-                    self.save_cursor(number, pub)
-                for number, pubs in acked.items():
-                    self.save_acked(number, pubs)
-            finally:
-                self._saving_acked = {}
+        if not (self._cursors or self.forwarded or self._acked):
+            return True
+        cursors, self._cursors = self._cursors, {}
+        forwarded, self.forwarded = self.forwarded, 0
+        acked, self._acked = self._acked, {}
+        saving = (cursors, acked)
+        self._saving.append(saving)
+        try:
+            await self.threads.write(self.threads.store.save_cursors, cursors, forwarded, acked)
+            return True
+        except Exception:
+            log.exception("saving cursors failed; they are retried")
+            self.forwarded += forwarded
+            for number, pub in cursors.items():
+                self.save_cursor(number, pub)
+            for number, pubs in acked.items():
+                self.save_acked(number, pubs)
+            return False
+        finally:
+            self._saving = [other for other in self._saving if other is not saving]
 
     async def stop(self) -> None:
         """(Every connection is closed at once: each waits up to a second for a client that does not read.)"""

@@ -25,14 +25,14 @@ import heapq
 import itertools
 import logging
 import ssl
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 
-from veil.gateway import membership
 from veil.gateway.bundle import END_LINE_WAIT, SEND_LINES, Admitted, Bundle, Hub, line_sizes
 from veil.gateway.channel import FAILED, Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
-from veil.gateway.delivering import attach
+from veil.gateway.delivering import attach, hand_back
 from veil.gateway.quotas import Client, WriteWatch
 from veil.gateway.subscriber import check, claim
 from veil.protocol import Handshake, ProtocolError, parse_ack
@@ -42,6 +42,8 @@ from veil.security.identity import Principal
 log = logging.getLogger("veil.gateway")
 MEMBER_WINDOW = 1024  # lines a member holds unacknowledged before it is given no more
 GROUP_SPAN = 1 << 16  # lines given out past the group's cursor (acknowledged or not)
+GIVE_OUT = 2048  # lines given out before the group lets the event loop run others
+CHECK_EVERY = 1.0  # seconds between looks for such members (and for quota freed by other connections)
 _keys = itertools.count()
 
 
@@ -49,7 +51,9 @@ class Member:
     """One connection of a group: the lines given to it and not acknowledged (`unacked`, in the order
     it was given them), of which the last `outbox` are not yet written."""
 
-    __slots__ = ("_close", "_send", "closed", "given", "key", "outbox", "serials", "unacked", "wake", "watch")
+    __slots__ = (
+        "_close", "_send", "closed", "given", "key", "outbox", "progress", "serials", "unacked", "wake", "watch",
+    )  # fmt: skip
 
     def __init__(self, send: Send, close: Close) -> None:
         self.key = next(_keys)
@@ -59,11 +63,14 @@ class Member:
         self.serials: dict[int, int] = {}  # each unacknowledged line's place among all it was given
         self.given = 0
         self.outbox: deque[bytes] = deque()
+        self.progress = time.monotonic()  # when it last acknowledged, or was given a line holding none
         self.wake = asyncio.Event()
         self.watch = WriteWatch()
         self.closed = False
 
     def take(self, pub: int, frame: bytes) -> None:
+        if not self.unacked:
+            self.progress = time.monotonic()
         self.unacked.append(pub)
         self.serials[pub] = self.given
         self.given += 1
@@ -82,6 +89,7 @@ class Member:
         done = [self.unacked.popleft() for _ in range(place + 1)]
         for pub in done:
             del self.serials[pub]
+        self.progress = time.monotonic()
         return done
 
     def drop(self) -> list[int]:
@@ -92,6 +100,10 @@ class Member:
         self.outbox.clear()
         self.wake.set()
         return left
+
+    def taking(self, now: float) -> bool:
+        """Whether it takes lines: it reads what it is written, and its window is not full."""
+        return len(self.unacked) < MEMBER_WINDOW and not self.watch.not_reading(now)
 
     async def write(self) -> None:
         """Write the lines given to this member until it is closed."""
@@ -111,21 +123,44 @@ class Member:
             await asyncio.wait_for(self._close(error), END_LINE_WAIT)
 
 
+class GroupWatch(WriteWatch):
+    """A group reads what it is sent while one of its members takes lines: otherwise its client
+    counts as one that does not read (it holds up nobody's publishes), and nothing more is queued
+    for it in memory."""
+
+    __slots__ = ("members",)
+
+    def __init__(self, members: dict[int, Member]) -> None:
+        super().__init__()
+        self.members = members
+
+    def not_reading(self, now: float) -> bool:
+        return not any(member.taking(now) for member in self.members.values())
+
+
 class Group(Bundle):
     """A subscription delivered to the members of its group (a `Bundle` of one towards the hub)."""
 
-    __slots__ = ("_done", "_frames", "_order", "_ready", "_returned", "claimed", "members", "task")
+    __slots__ = (
+        "_ack_wait", "_checked", "_closing", "_done", "_frames", "_order", "_ready", "_returned", "claimed",
+        "dissolved", "members", "task",
+    )  # fmt: skip
 
-    def __init__(self, hub: Hub, handshake: Handshake, admitted: Admitted, client: Client) -> None:
+    def __init__(self, hub: Hub, handshake: Handshake, admitted: Admitted, client: Client, ack_wait: float) -> None:
         super().__init__(hub, handshake, [admitted], self._refuse, self._close_members, client)
+        self._ack_wait = ack_wait  # seconds a member holding lines may acknowledge none (--ack-wait)
         self.claimed = admitted.claimed
         self.members: dict[int, Member] = {}
+        self.watch = GroupWatch(self.members)
         self._frames: dict[int, tuple[bytes, int]] = {}  # lines given out and not acknowledged: line, bytes
         self._order: deque[int] = deque()  # publications given out past the cursor, in order
         self._done: set[int] = set()  # those of them acknowledged
         self._returned: list[int] = []  # a heap: lines members left unacknowledged, to be given out again
         self._ready: deque[tuple[int, bytes, int]] = deque()  # queued lines made, not yet given out
+        self._checked = time.monotonic()  # when members were last looked at for acknowledgements
+        self._closing: set[asyncio.Future[None]] = set()  # members being closed
         self.task: asyncio.Task[None] | None = None
+        self.dissolved = False
 
     @staticmethod
     async def _refuse(frames: list[bytes]) -> None:
@@ -150,7 +185,10 @@ class Group(Bundle):
         return not self.members
 
     def acknowledge_member(self, member: Member, seq: int) -> None:
-        """The member consumed the line with this seq, and so every line written to it before."""
+        """The member consumed the line with this seq, and so every line written to it before (once
+        the group has ended, nothing: what it held is another connection's to deliver)."""
+        if self.closed:
+            return
         fresh = member.acknowledged(seq)
         if not fresh:
             return
@@ -172,38 +210,65 @@ class Group(Bundle):
 
     async def run(self) -> None:
         """Give lines out while members have room; read the queue from the store when nothing is
-        waiting to be given out and the subscription takes no offers."""
+        waiting to be given out, the subscription takes no offers and its client has quota left."""
         while not self.closed:
+            self._close_stalled()
             waiting = bool(self._returned or self._ready or self.pending)
             if waiting and self._give_out():
+                await asyncio.sleep(0)
                 continue
-            if not waiting and self._refilling():
+            if not waiting and self._refilling() and self._room() > 0:
                 async with self.hub.refilling():
                     await self._refill()
                 continue
             self._wake.clear()
-            await self._wake.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), CHECK_EVERY)
+
+    def _close_stalled(self) -> None:
+        """Close the members that held lines and acknowledged none for --ack-wait: their lines go to
+        the others (a worker that hung, or a client that takes and never acknowledges)."""
+        now = time.monotonic()
+        if now - self._checked < CHECK_EVERY:
+            return
+        self._checked = now
+        error = ProtocolError(
+            "ack",
+            f"no acknowledgement for {self._ack_wait:g} s while holding deliveries: they go to other members",
+            408,
+        ).to_json()
+        for member in self.members.values():
+            if member.unacked and not member.closed and now - member.progress > self._ack_wait:
+                closing = asyncio.ensure_future(member.close(error))
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
 
     def _give_out(self) -> bool:
-        """Hand waiting lines to the members with room, the fewest unacknowledged first; whether any was."""
-        open_ = [member for member in self.members.values() if len(member.unacked) < MEMBER_WINDOW]
+        """Hand waiting lines (up to GIVE_OUT) to the members that take them, the one with the fewest
+        unacknowledged first; whether any was."""
+        now = time.monotonic()
+        open_ = [(len(m.unacked), key, m) for key, m in self.members.items() if m.taking(now)]
+        heapq.heapify(open_)
+        # lines acknowledged before the group formed, still ahead of it, count in its span: each group
+        # formed again leaves at most GROUP_SPAN of them in the store
+        carried = len(self._acked.get(0, ()))
         given = 0
-        while open_:
+        while open_ and given < GIVE_OUT:
             if self._returned:
                 pub = heapq.heappop(self._returned)
                 frame = self._frames[pub][0]
             else:
                 if not self._ready and not self._make_ready():
                     break
-                if len(self._order) >= GROUP_SPAN:
+                if len(self._order) + carried >= GROUP_SPAN:
                     break
                 pub, frame, size = self._ready.popleft()
                 self._frames[pub] = (frame, size)
                 self._order.append(pub)
-            member = min(open_, key=lambda each: len(each.unacked))
+            held, key, member = heapq.heappop(open_)
             member.take(pub, frame)
-            if len(member.unacked) >= MEMBER_WINDOW:
-                open_.remove(member)
+            if held + 1 < MEMBER_WINDOW:
+                heapq.heappush(open_, (held + 1, key, member))
             given += 1
         return given > 0
 
@@ -228,14 +293,18 @@ class Group(Bundle):
 @contextlib.asynccontextmanager
 async def forming(gateway: Gateway, sub_id: str) -> AsyncIterator[None]:
     """One member at a time joins or dissolves a subscription's group on this gateway: two joining at
-    once form one group, and one joining as the last leaves finds the group's acknowledgements saved."""
+    once form one group, and one joining as the last leaves finds the group's acknowledgements saved.
+    (The lock goes when nobody holds or waits for it, counted: a released lock is not yet taken by
+    the waiter it woke.)"""
     locks = gateway.hub.forming
-    lock = locks.setdefault(sub_id, asyncio.Lock())
+    lock, users = locks.setdefault(sub_id, (asyncio.Lock(), [0]))
+    users[0] += 1
     try:
         async with lock:
             yield
     finally:
-        if not lock.locked() and locks.get(sub_id) is lock:
+        users[0] -= 1
+        if not users[0]:
             del locks[sub_id]
 
 
@@ -246,8 +315,10 @@ async def serve_member(
     """Serve a member of the subscription's group until it leaves: it joins the group held here,
     or forms it (claiming the subscription, as a connection of one would)."""
     try:
+        # checked before the lock: a client refused holds up nobody's group
+        (live,) = await check(gateway, handshake, principal)
         async with forming(gateway, handshake.subscription_id):
-            joined = await _join(gateway, handshake, principal, client, send, close)
+            joined = await _join(gateway, handshake, principal, client, live.number, send, close)
     except ProtocolError as exc:
         await close(exc.to_json())
         return
@@ -267,28 +338,37 @@ async def serve_member(
     finally:
         member.closed = True
         writer.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
-            await writer
-        if group.leave(member):
-            async with forming(gateway, handshake.subscription_id):
-                if not group.members:  # (none joined meanwhile)
-                    await _dissolve(gateway, group)
+        try:
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError, ssl.SSLError):
+                await writer
+        finally:
+            if group.leave(member):
+                async with forming(gateway, handshake.subscription_id):
+                    if not group.members:  # (none joined meanwhile)
+                        await _dissolve(gateway, group)
 
 
 async def _join(
-    gateway: Gateway, handshake: Handshake, principal: Principal, client: Client, send: Send, close: Close
-) -> tuple[Group, Member] | None:
-    """The group this member joined (None: the subscription went before it could form)."""
-    (live,) = await check(gateway, handshake, principal)
+    gateway: Gateway, handshake: Handshake, principal: Principal, client: Client, number: int, send: Send,
+    close: Close,
+) -> tuple[Group, Member] | None:  # fmt: skip
+    """The group of subscription `number` this member joined (None: the subscription went before it
+    could form)."""
     held = gateway.hub.holders.get(handshake.subscription_id)
-    if isinstance(held, Group) and not held.closed and int(held.numbers[0]) == live.number:
+    if isinstance(held, Group) and not held.closed and int(held.numbers[0]) == number:
         return held, held.join(send, close)
-    (admitted,) = await claim(gateway, handshake, [live])
-    group = Group(gateway.hub, handshake, admitted, client)
+    # formed anew: the cursor read again, after whatever a group dissolved meanwhile saved
+    unsaved = gateway.hub.unsaved()
+    (admitted,) = await claim(gateway, handshake, await check(gateway, handshake, principal), unsaved)
+    group = Group(gateway.hub, handshake, admitted, client, gateway.config.ack_wait)
     member = group.join(send, close)
-    if not await attach(gateway, group, [admitted]):  # (its member was told why)
+    try:
+        if not await attach(gateway, group, [admitted]):  # (its member was told why)
+            await _dissolve(gateway, group)
+            return None
+    except BaseException:
         await _dissolve(gateway, group)
-        return None
+        raise
     group.task = asyncio.create_task(_run(gateway, group))
     return group, member
 
@@ -307,13 +387,14 @@ async def _run(gateway: Gateway, group: Group) -> None:
 
 async def _dissolve(gateway: Gateway, group: Group) -> None:
     """No member is left: the group's subscription is delivered here no more; what its members
-    acknowledged is saved before its claim goes (the queues' bounds apply past the saved cursor)."""
-    group.closed = True
+    acknowledged is saved before its claim goes."""
+    if group.dissolved:
+        return
+    group.dissolved = group.closed = True
     gateway.hub.detach(group)
     if group.task is not None:
         group.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await group.task
     group.forget()
-    await gateway.hub.flush_cursors(bundles=False)
-    await membership.release(gateway, group.ids, group.claimed)
+    await hand_back(gateway, group.ids, group.claimed)

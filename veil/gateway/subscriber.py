@@ -11,6 +11,7 @@ import numpy as np
 from veil.gateway import membership
 from veil.gateway.bundle import Admitted
 from veil.gateway.context import Gateway
+from veil.gateway.delivery import Unsaved
 from veil.gateway.http import sized
 from veil.matching.stored import decode_subscription
 from veil.protocol import Handshake, ProtocolError
@@ -23,7 +24,8 @@ from veil.store.base import LiveSubscription
 async def admit(gateway: Gateway, handshake: Handshake, principal: Principal) -> list[Admitted]:
     """Check the handshake's subscriptions (its one, or all a multiplexed one names) and claim them,
     all or none; ProtocolError (with the reason to send back) naming the first refused."""
-    return await claim(gateway, handshake, await check(gateway, handshake, principal))
+    unsaved = gateway.hub.unsaved()
+    return await claim(gateway, handshake, await check(gateway, handshake, principal), unsaved)
 
 
 async def check(gateway: Gateway, handshake: Handshake, principal: Principal) -> list[LiveSubscription]:
@@ -39,9 +41,13 @@ async def check(gateway: Gateway, handshake: Handshake, principal: Principal) ->
     return [live for live in found if live is not None]  # all are: checked above
 
 
-async def claim(gateway: Gateway, handshake: Handshake, found: list[LiveSubscription]) -> list[Admitted]:
+async def claim(
+    gateway: Gateway, handshake: Handshake, found: list[LiveSubscription], unsaved: Unsaved
+) -> list[Admitted]:
     """Claim checked subscriptions for this gateway in one transaction (a thousand claims do not queue
-    a thousand writes ahead of everybody's publications), each with where its deliveries resume."""
+    a thousand writes ahead of everybody's publications), each with where its deliveries resume:
+    after its cursor as the store had it when `found` was read, or as the hub had it unsaved before
+    (`unsaved`), skipping what a group's members acknowledged past it."""
     threads, hub = gateway.threads, gateway.hub
     store = threads.store
     multiplexed = range(len(handshake.subscription_ids))
@@ -51,16 +57,22 @@ async def claim(gateway: Gateway, handshake: Handshake, found: list[LiveSubscrip
         claimed = await membership.claim(gateway, _ids(handshake), numbers)
     except membership.Held as exc:
         raise _naming(handshake, exc.sub_id, exc.error or unknown("subscription")) from None
+    try:
+        # a resume point past the log's head names nothing: kept, it would hold the subscription's
+        # queue (and the log below it) where no delivery moves it, out of reach of the queues' bounds
+        resuming = any(one.resume_after is not None for one in each)
+        head = await threads.read(store.head_offset) if resuming else 0
+        acked = await threads.read(store.acked, numbers)
+    except BaseException:
+        await membership.release(gateway, _ids(handshake), claimed)
+        raise
     admitted = []
-    # a resume point past the log's head names nothing: kept, it would hold the subscription's queue
-    # (and the log below it) where no delivery moves it, out of reach of the queues' bounds
-    head = await threads.read(store.head_offset) if any(one.resume_after is not None for one in each) else 0
-    acked = await threads.read(store.acked, numbers)
     for one, live in zip(each, found, strict=True):
         start = None if one.resume_after is None else min(one.resume_after, head)
         if start is None:
-            start = max(live.cursor, hub.unsaved_cursor(one.subscription_id, live.number))
-        kept = acked.get(live.number, []) + hub.unsaved_acked(live.number)
+            saved = max(live.cursor, unsaved.cursors.get(live.number, 0))
+            start = max(saved, hub.held_cursor(one.subscription_id, live.number))
+        kept = acked.get(live.number, []) + unsaved.acked.get(live.number, [])
         skip = np.unique(np.array([pub for pub in kept if pub > start], np.int64))
         admitted.append(Admitted(one.subscription_id, live.number, start, claimed, skip))
     return admitted

@@ -61,6 +61,12 @@ class CompactionSql(Dialect):
                         break
                 else:
                     self._consumed_clean = changes
+                # what a group's members acknowledged past a cursor that has moved over it since
+                # (a connection of one after the group): a small table, read whole
+                db.execute(
+                    "DELETE FROM acked WHERE pub <= (SELECT c.pub FROM cursors c "
+                    "JOIN subscription_numbers n USING (sub_id) WHERE n.no = acked.sub_no)"
+                )
             fed = db.execute(f"DELETE FROM feed WHERE seq <= {self.LEAST}(?, {SPILLED})", (fanned_out,)).rowcount
             published = 0
             # the sweep of publications derives the horizon, which seeks every subscription's queue:
