@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import numpy as np
 import orjson
 
 from tests.unit.helpers import published
+from veil.gateway import bundle as bundle_module
 from veil.gateway.bundle import Admitted, Bundle
 from veil.gateway.delivery import DeliveryHub
 from veil.gateway.quotas import Client
@@ -182,3 +184,59 @@ async def test_a_subscription_that_catches_up_while_an_entry_is_being_offered_re
         late.run()
         store.record_round(Round([two], [p3], p3))
         await until(lambda: late.seqs() == [p1, p2, p3] and reading.seqs() == [p2])
+
+
+async def test_past_its_unacknowledged_bound_a_connection_waits_for_an_acknowledgement(tmp_path, monkeypatch):
+    """A client that reads and never acknowledges is written no more than one that does not read:
+    what its subscriptions are owed waits in the store, within their queues' bounds."""
+    monkeypatch.setattr(bundle_module, "UNACKED_DELIVERIES", 2)
+    async with running_hub(tmp_path) as hub:
+        store = hub.threads.store
+        store.put_subscription("s", "a", b"[]")  # (live: what it is owed is read from the store)
+        number = store.subscription_number("s")
+        pubs = store.append_publications(published(*[b'{"n":%d}' % n for n in range(4)]))
+        one = Connected(hub, number, ack=True)
+        for written, pub in enumerate(pubs[:3], 1):
+            store.record_round(Round([number], [pub], pub))
+            await until(lambda written=written: len(one.sent) >= min(written, 2))
+        await asyncio.sleep(0.3)
+        assert one.seqs() == pubs[:2]
+        assert one.bundle.watch.not_reading(time.monotonic())  # (it holds up nobody's publishes)
+        one.bundle.acknowledge(pubs[0])
+        await until(lambda: len(one.sent) == 3)
+        store.record_round(Round([number], [pubs[3]], pubs[3]))
+        await asyncio.sleep(0.3)
+        assert one.seqs() == pubs[:3]
+        one.bundle.acknowledge(pubs[2])
+        await until(lambda: one.seqs() == pubs)
+
+
+async def test_a_multiplexed_connection_counts_each_subscription_a_line_goes_to(tmp_path, monkeypatch):
+    monkeypatch.setattr(bundle_module, "UNACKED_DELIVERIES", 2)
+    async with running_hub(tmp_path) as hub:
+        store = hub.threads.store
+        for sub_id in ("s7", "s8"):
+            store.put_subscription(sub_id, "a", b"[]")
+        seven, eight = store.subscription_number("s7"), store.subscription_number("s8")
+        first, second = store.append_publications(published(b'{"n":1}', b'{"n":2}'))
+        sent: list[bytes] = []
+
+        async def send(frames: list[bytes]) -> None:
+            sent.extend(frames)
+
+        async def close(error: bytes | None) -> None:
+            pass
+
+        handshake = Handshake("a", "", True, True, None, subscription_ids=("s7", "s8"))
+        admitted = [Admitted("s7", seven, 0, 0.0), Admitted("s8", eight, 0, 0.0)]
+        bundle = Bundle(hub, handshake, admitted, send, close, Client(""))
+        bundle.live[:] = True
+        hub.attach(bundle)
+        RUNNING.add(asyncio.create_task(bundle.run()))
+        store.record_round(Round([seven, eight], [first, first], first))
+        await until(lambda: len(sent) == 1)
+        store.record_round(Round([seven, eight], [second, second], second))
+        await asyncio.sleep(0.3)
+        assert len(sent) == 1  # one line, two deliveries: the bound
+        bundle.acknowledge(first)
+        await until(lambda: len(sent) == 2)

@@ -18,10 +18,13 @@ An acknowledgement names the last line the client consumed. On a connection of o
 publication order, so it is the subscription's cursor. On a multiplexed one it covers every line
 written before that one, whatever subscriptions they were for (lines of different subscriptions are
 not written in one global order, since a backlog read after connecting brings older publications
-after newer ones). The lines written and not yet acknowledged are remembered up to
-`UNACKED_DELIVERIES`; older ones are folded into one cursor per subscription, which the next
-acknowledgement applies, so a client that never acknowledges costs a bounded amount of memory and a
-hostile ack a dictionary lookup.
+after newer ones). At most `UNACKED_DELIVERIES` deliveries are written unacknowledged (about: a
+write that starts below it goes whole); then the connection waits for an acknowledgement, and what
+its subscriptions are owed waits in the store, within their queues' bounds: a client that reads and
+never acknowledges holds no more of the store than one that does not read. (The lines written and
+not yet acknowledged are remembered up to that many; should a write take them past it, older ones are
+folded into one cursor per subscription, which the next acknowledgement applies, so memory stays
+bounded and a hostile ack costs a dictionary lookup.)
 """
 
 from __future__ import annotations
@@ -128,9 +131,9 @@ class Bundle:
     # (slots: the hub touches every connection per feed entry, and a compact instance keeps that cheap)
     __slots__ = (
         "_acked", "_by_number", "_close", "_folded", "_id_bytes", "_limit", "_number", "_numbers_sorted", "_places",
-        "_queued_lines", "_quoted", "_remembered", "_send", "_serials", "_wake", "_write_next", "_write_of",
-        "_written", "acks", "client", "closed", "cursor", "envelope", "hub", "ids", "key", "last_queued",
-        "live", "multiplexed", "numbers", "open", "pending", "queued", "queued_bytes", "saved", "sent",
+        "_queued_lines", "_quoted", "_remembered", "_send", "_serials", "_unacked", "_unacked_through", "_wake",
+        "_write_next", "_write_of", "_written", "acks", "client", "closed", "cursor", "envelope", "hub", "ids", "key",
+        "last_queued", "live", "multiplexed", "numbers", "open", "pending", "queued", "queued_bytes", "saved", "sent",
         "unread", "watch",
     )  # fmt: skip
 
@@ -168,12 +171,17 @@ class Bundle:
         self.queued_bytes = 0  # of the lines queued, and of those being written
         self._queued_lines = 0
         # written lines not yet acknowledged, per write: (its serial, seqs, where each line's deliveries
-        # end, places, pubs); the first remembered write holding each seq; what older writes delivered
-        self._written: deque[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = deque()
+        # end, places, pubs, deliveries written before it); the first remembered write holding each
+        # seq; what older writes delivered
+        self._written: deque[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]] = deque()
         self._write_of: dict[int, int] = {}
         self._serials = itertools.count()
         self._folded = np.zeros(len(admitted), np.int64)
         self._remembered = 0
+        # with acks, deliveries written in all and acknowledged (in the order written); on a connection
+        # of one, its writes not yet acknowledged: the last seq of each, and deliveries written through it
+        self._unacked_through = [0, 0]
+        self._unacked: deque[tuple[int, int]] = deque()
         self._send = send
         self._close = close
         self.closed = False
@@ -306,6 +314,9 @@ class Bundle:
             if self.acks and self.cursor[0] < seq <= self.sent:
                 self.cursor[0] = seq
                 self.hub.save_cursor(self._number, seq)
+                while self._unacked and self._unacked[0][0] <= seq:
+                    self._unacked_through[1] = self._unacked.popleft()[1]
+                self._wake.set()
             return
         serial = self._write_of.get(seq)
         if serial is None:
@@ -314,9 +325,11 @@ class Bundle:
             self._drop(self.cursor)
         np.maximum(self.cursor, self._folded, out=self.cursor)
         self._folded[:] = 0
-        _, seqs, ends, places, pubs = self._written[0]
+        _, seqs, ends, places, pubs, before = self._written[0]
         done = int(ends[np.flatnonzero(seqs == seq)[0]])
         np.maximum.at(self.cursor, places[:done], pubs[:done])
+        self._unacked_through[1] = max(self._unacked_through[1], before + done)
+        self._wake.set()
 
     def forget(self) -> None:
         """The connection is gone: what it had queued goes back to its client's quota (it is still in
@@ -335,7 +348,10 @@ class Bundle:
     async def run(self) -> None:
         """Push until the connection fails or no subscription is left."""
         while not self.closed:
-            if self.pending:
+            if self._unacked_through[0] - self._unacked_through[1] >= UNACKED_DELIVERIES:
+                self._await_acknowledgement()
+                await self._wake.wait()
+            elif self.pending:
                 await self._write_next()
             elif self._refilling():
                 async with self.hub.refilling():
@@ -343,6 +359,13 @@ class Bundle:
             else:
                 self._wake.clear()
                 await self._wake.wait()
+
+    def _await_acknowledgement(self) -> None:
+        """Written as much unacknowledged as a connection may: until an acknowledgement comes, the
+        client counts as one that does not read (it holds up nobody's publishes) and nothing more is
+        queued for it in memory."""
+        self.watch.slow = True
+        self._wake.clear()
 
     def _refilling(self) -> bool:
         """Whether a subscription still delivered here takes no offers (and so reads from the store)."""
@@ -378,6 +401,9 @@ class Bundle:
         if not self.acks:
             self.cursor[0] = last
             self.hub.save_cursor(self._number, last)
+        else:
+            self._unacked_through[0] += len(pubs)
+            self._unacked.append((last, self._unacked_through[0]))
 
     async def _write(self) -> None:
         """Write the next lines of a multiplexed connection, each naming the subscriptions it goes to."""
@@ -427,7 +453,8 @@ class Bundle:
 
     def _remember(self, seqs: np.ndarray, ends: np.ndarray, places: np.ndarray, pubs: np.ndarray) -> None:
         serial = next(self._serials)
-        self._written.append((serial, seqs, ends, places, pubs))
+        self._written.append((serial, seqs, ends, places, pubs, self._unacked_through[0]))
+        self._unacked_through[0] += len(places)
         for seq in seqs.tolist():
             self._write_of.setdefault(seq, serial)
         self._remembered += len(places)
@@ -436,7 +463,7 @@ class Bundle:
 
     def _drop(self, into: np.ndarray) -> None:
         """Forget the oldest remembered write, what it delivered kept in `into`."""
-        serial, seqs, _, places, pubs = self._written.popleft()
+        serial, seqs, _, places, pubs, _ = self._written.popleft()
         np.maximum.at(into, places, pubs)
         self._remembered -= len(places)
         for seq in seqs.tolist():
