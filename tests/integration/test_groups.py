@@ -159,6 +159,24 @@ async def test_a_member_that_acknowledges_nothing_past_the_ack_wait_is_closed_an
         hung.close()
 
 
+async def test_a_slow_member_that_acknowledges_as_it_goes_is_never_closed(broker):
+    """The client library acknowledges at least every second: a worker that takes longer than the
+    ack wait over its window's lines keeps them, and nothing comes twice."""
+    rid = run_id()
+    async with client_for(broker, "pia") as publisher, client_for(broker, "gia") as owner:
+        sub_id = (await owner.subscribe(subscribed(rid)))["subscriptionId"]
+        async with owner.deliveries(sub_id, group=True) as worker:
+            await worker.connected.wait()
+            ids = await publisher.publish_batch([{"run": rid, "n": n} for n in range(120)])
+            taken = []
+            async with asyncio.timeout(60):
+                while len(taken) < len(ids):
+                    taken.append((await worker.__anext__()).id)
+                    await asyncio.sleep(1.5 * ACK_WAIT / len(ids))  # all of them: past the ack wait
+            assert taken == ids and worker.reconnects == 0
+            await nothing_more(worker)
+
+
 async def test_a_member_must_acknowledge_and_names_one_subscription(broker):
     async with client_for(broker, "gia") as owner:
         sub_id = (await owner.subscribe(subscribed(run_id())))["subscriptionId"]

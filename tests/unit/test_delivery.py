@@ -209,34 +209,3 @@ async def test_past_its_unacknowledged_bound_a_connection_waits_for_an_acknowled
         assert one.seqs() == pubs[:3]
         one.bundle.acknowledge(pubs[2])
         await until(lambda: one.seqs() == pubs)
-
-
-async def test_a_multiplexed_connection_counts_each_subscription_a_line_goes_to(tmp_path, monkeypatch):
-    monkeypatch.setattr(bundle_module, "UNACKED_DELIVERIES", 2)
-    async with running_hub(tmp_path) as hub:
-        store = hub.threads.store
-        for sub_id in ("s7", "s8"):
-            store.put_subscription(sub_id, "a", b"[]")
-        seven, eight = store.subscription_number("s7"), store.subscription_number("s8")
-        first, second = store.append_publications(published(b'{"n":1}', b'{"n":2}'))
-        sent: list[bytes] = []
-
-        async def send(frames: list[bytes]) -> None:
-            sent.extend(frames)
-
-        async def close(error: bytes | None) -> None:
-            pass
-
-        handshake = Handshake("a", "", True, True, None, subscription_ids=("s7", "s8"))
-        admitted = [Admitted("s7", seven, 0, 0.0), Admitted("s8", eight, 0, 0.0)]
-        bundle = Bundle(hub, handshake, admitted, send, close, Client(""))
-        bundle.live[:] = True
-        hub.attach(bundle)
-        RUNNING.add(asyncio.create_task(bundle.run()))
-        store.record_round(Round([seven, eight], [first, first], first))
-        await until(lambda: len(sent) == 1)
-        store.record_round(Round([seven, eight], [second, second], second))
-        await asyncio.sleep(0.3)
-        assert len(sent) == 1  # one line, two deliveries: the bound
-        bundle.acknowledge(first)
-        await until(lambda: len(sent) == 2)

@@ -48,6 +48,9 @@ from veil.security.tls import client_context
 ERROR_KEYS = frozenset({"error", "field", "status"})
 MAX_FAILURES = 60
 ACK_EVERY = 256
+# seconds after which what was consumed is acknowledged anyway: a slow consumer of a group is not
+# closed by the broker's --ack-wait for acknowledging only every ACK_EVERY deliveries
+ACK_AFTER = 1.0
 REGISTRY_VERSION = "X-Registry-Version"  # the registry version an answer shows, and a change is based on
 RETRY_FIRST, RETRY_MOST = 0.1, 2.0  # seconds between attempts at a publish: the first wait, and the longest
 CHANGE_ATTEMPTS = 8  # read-modify-write changes redone after another client's change came first (409)
@@ -525,6 +528,7 @@ class DeliveryStream:
         self._ackable: int | None = None  # the last consumed line of the current connection
         self._acked: int | None = None
         self._unacked = 0
+        self._acked_at = time.monotonic()
         self._task: asyncio.Task[None] | None = None
         self._send: Callable[[bytes], Awaitable[None]] | None = None
         self.connected = asyncio.Event()
@@ -552,7 +556,7 @@ class DeliveryStream:
     async def __anext__(self) -> Delivery:
         if self._task is None:
             await self.__aenter__()
-        if self._lines.empty() or self._unacked >= ACK_EVERY:
+        if self._lines.empty() or self._unacked >= ACK_EVERY or time.monotonic() - self._acked_at >= ACK_AFTER:
             await self._acknowledge()
         item = await self._lines.get()
         if isinstance(item, BaseException):
@@ -647,6 +651,7 @@ class DeliveryStream:
                 await self._send(orjson.dumps({"ack": self._ackable}))
                 self._acked = self._ackable
                 self._unacked = 0
+                self._acked_at = time.monotonic()
 
     def _handshake(self) -> bytes:
         doc: dict[str, Any] = {"subscriptionId": self.subscription_id}

@@ -18,13 +18,14 @@ An acknowledgement names the last line the client consumed. On a connection of o
 publication order, so it is the subscription's cursor. On a multiplexed one it covers every line
 written before that one, whatever subscriptions they were for (lines of different subscriptions are
 not written in one global order, since a backlog read after connecting brings older publications
-after newer ones). At most `UNACKED_DELIVERIES` deliveries are written unacknowledged (about: a
-write that starts below it goes whole); then the connection waits for an acknowledgement, and what
-its subscriptions are owed waits in the store, within their queues' bounds: a client that reads and
-never acknowledges holds no more of the store than one that does not read. (The lines written and
-not yet acknowledged are remembered up to that many; should a write take them past it, older ones are
-folded into one cursor per subscription, which the next acknowledgement applies, so memory stays
-bounded and a hostile ack costs a dictionary lookup.)
+after newer ones). The lines written and not yet acknowledged are remembered up to
+`UNACKED_DELIVERIES`; older ones are folded into one cursor per subscription, which the next
+acknowledgement applies, so a client that never acknowledges costs a bounded amount of memory and a
+hostile ack a dictionary lookup. A connection of one writes at most `UNACKED_DELIVERIES` past what
+its client acknowledged (its lines are in publication order, so an acknowledgement says how many it
+consumed); then it waits for an acknowledgement, and what its subscription is owed waits in the
+store, within its queue's bounds: a client that reads and never acknowledges holds no more of the
+store than one that does not read.
 """
 
 from __future__ import annotations
@@ -171,15 +172,14 @@ class Bundle:
         self.queued_bytes = 0  # of the lines queued, and of those being written
         self._queued_lines = 0
         # written lines not yet acknowledged, per write: (its serial, seqs, where each line's deliveries
-        # end, places, pubs, deliveries written before it); the first remembered write holding each
-        # seq; what older writes delivered
-        self._written: deque[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]] = deque()
+        # end, places, pubs); the first remembered write holding each seq; what older writes delivered
+        self._written: deque[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = deque()
         self._write_of: dict[int, int] = {}
         self._serials = itertools.count()
         self._folded = np.zeros(len(admitted), np.int64)
         self._remembered = 0
-        # with acks, deliveries written in all and acknowledged (in the order written); on a connection
-        # of one, its writes not yet acknowledged: the last seq of each, and deliveries written through it
+        # a connection of one with acks: deliveries written in all and acknowledged, and its writes not
+        # yet acknowledged: the last seq of each, and deliveries written through it
         self._unacked_through = [0, 0]
         self._unacked: deque[tuple[int, int]] = deque()
         self._send = send
@@ -325,11 +325,9 @@ class Bundle:
             self._drop(self.cursor)
         np.maximum(self.cursor, self._folded, out=self.cursor)
         self._folded[:] = 0
-        _, seqs, ends, places, pubs, before = self._written[0]
+        _, seqs, ends, places, pubs = self._written[0]
         done = int(ends[np.flatnonzero(seqs == seq)[0]])
         np.maximum.at(self.cursor, places[:done], pubs[:done])
-        self._unacked_through[1] = max(self._unacked_through[1], before + done)
-        self._wake.set()
 
     def forget(self) -> None:
         """The connection is gone: what it had queued goes back to its client's quota (it is still in
@@ -453,8 +451,7 @@ class Bundle:
 
     def _remember(self, seqs: np.ndarray, ends: np.ndarray, places: np.ndarray, pubs: np.ndarray) -> None:
         serial = next(self._serials)
-        self._written.append((serial, seqs, ends, places, pubs, self._unacked_through[0]))
-        self._unacked_through[0] += len(places)
+        self._written.append((serial, seqs, ends, places, pubs))
         for seq in seqs.tolist():
             self._write_of.setdefault(seq, serial)
         self._remembered += len(places)
@@ -463,7 +460,7 @@ class Bundle:
 
     def _drop(self, into: np.ndarray) -> None:
         """Forget the oldest remembered write, what it delivered kept in `into`."""
-        serial, seqs, _, places, pubs, _ = self._written.popleft()
+        serial, seqs, _, places, pubs = self._written.popleft()
         np.maximum.at(into, places, pubs)
         self._remembered -= len(places)
         for seq in seqs.tolist():

@@ -83,6 +83,7 @@ class DeliveryHub:
         # miss what they hold
         self._acked: dict[int, list[int]] = {}
         self._saving: list[tuple[dict[int, int], dict[int, list[int]]]] = []
+        self._flushing = asyncio.Lock()  # one save at a time: a flush that succeeds saved all before it
         # subscriptions whose group a member joins or dissolves: the lock, and how many hold or wait for it
         self.forming: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self.forwarded = 0  # deliveries sent and not yet counted in the store
@@ -424,7 +425,13 @@ class DeliveryHub:
         """Save the cursors that moved, and count the deliveries sent since the last flush (and
         observe their latencies). A multiplexed connection's cursors are saved less often
         (`BUNDLE_CURSOR_TICKS`): thousands of them move with every write, and its client resumes by the
-        position it gives. (A connection of one hands its cursor over as it moves.)"""
+        position it gives. (A connection of one hands its cursor over as it moves.) One flush at a
+        time: True says that every cursor handed over before the call is saved, those of a save
+        under way then included (a failed one hands them back to this one)."""
+        async with self._flushing:
+            return await self._flush_cursors(bundles)
+
+    async def _flush_cursors(self, bundles: bool) -> bool:
         self.observe_latency()
         if bundles:
             for bundle in self._bundles.values():

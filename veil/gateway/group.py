@@ -29,11 +29,11 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
-from veil.gateway.bundle import END_LINE_WAIT, SEND_LINES, Admitted, Bundle, Hub, line_sizes
+from veil.gateway.bundle import END_LINE_WAIT, SEND_BYTES, SEND_LINES, Admitted, Bundle, Hub, line_sizes
 from veil.gateway.channel import FAILED, Close, Receive, Send, read_while
 from veil.gateway.context import Gateway
 from veil.gateway.delivering import attach, hand_back
-from veil.gateway.quotas import Client, WriteWatch
+from veil.gateway.quotas import STALLED_WRITE, Client, WriteWatch
 from veil.gateway.subscriber import check, claim
 from veil.protocol import Handshake, ProtocolError, parse_ack
 from veil.protocol.envelope import wrap
@@ -102,8 +102,11 @@ class Member:
         return left
 
     def taking(self, now: float) -> bool:
-        """Whether it takes lines: it reads what it is written, and its window is not full."""
-        return len(self.unacked) < MEMBER_WINDOW and not self.watch.not_reading(now)
+        """Whether it takes lines: its window is not full, and no write has waited for it past
+        STALLED_WRITE (judged by the write under way only: one that is given nothing writes nothing
+        that could show it reads again)."""
+        since = self.watch.since
+        return len(self.unacked) < MEMBER_WINDOW and (since is None or now - since <= STALLED_WRITE)
 
     async def write(self) -> None:
         """Write the lines given to this member until it is closed."""
@@ -112,7 +115,11 @@ class Member:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
-            frames = [self.outbox.popleft() for _ in range(min(len(self.outbox), SEND_LINES))]
+            frames: list[bytes] = []
+            size = 0
+            while self.outbox and len(frames) < SEND_LINES and size < SEND_BYTES:
+                frames.append(self.outbox.popleft())
+                size += len(frames[-1])
             with self.watch.writing():
                 await self._send(frames)
 
@@ -124,18 +131,19 @@ class Member:
 
 
 class GroupWatch(WriteWatch):
-    """A group reads what it is sent while one of its members takes lines: otherwise its client
-    counts as one that does not read (it holds up nobody's publishes), and nothing more is queued
-    for it in memory."""
+    """A group reads what it is sent while it may give lines out (its span is not full) and one of
+    its members takes them: otherwise its client counts as one that does not read (it holds up
+    nobody's publishes), and nothing more is queued for it in memory."""
 
-    __slots__ = ("members",)
+    __slots__ = ("group",)
 
-    def __init__(self, members: dict[int, Member]) -> None:
+    def __init__(self, group: Group) -> None:
         super().__init__()
-        self.members = members
+        self.group = group
 
     def not_reading(self, now: float) -> bool:
-        return not any(member.taking(now) for member in self.members.values())
+        group = self.group
+        return group.spanned() or not any(member.taking(now) for member in group.members.values())
 
 
 class Group(Bundle):
@@ -151,7 +159,7 @@ class Group(Bundle):
         self._ack_wait = ack_wait  # seconds a member holding lines may acknowledge none (--ack-wait)
         self.claimed = admitted.claimed
         self.members: dict[int, Member] = {}
-        self.watch = GroupWatch(self.members)
+        self.watch = GroupWatch(self)
         self._frames: dict[int, tuple[bytes, int]] = {}  # lines given out and not acknowledged: line, bytes
         self._order: deque[int] = deque()  # publications given out past the cursor, in order
         self._done: set[int] = set()  # those of them acknowledged
@@ -243,15 +251,18 @@ class Group(Bundle):
                 self._closing.add(closing)
                 closing.add_done_callback(self._closing.discard)
 
+    def spanned(self) -> bool:
+        """Whether it has given out as many lines past its cursor as it may (those acknowledged
+        before the group formed, still ahead of it, count too: each group formed again leaves at
+        most GROUP_SPAN of them in the store)."""
+        return len(self._order) + len(self._acked.get(0, ())) >= GROUP_SPAN
+
     def _give_out(self) -> bool:
         """Hand waiting lines (up to GIVE_OUT) to the members that take them, the one with the fewest
         unacknowledged first; whether any was."""
         now = time.monotonic()
         open_ = [(len(m.unacked), key, m) for key, m in self.members.items() if m.taking(now)]
         heapq.heapify(open_)
-        # lines acknowledged before the group formed, still ahead of it, count in its span: each group
-        # formed again leaves at most GROUP_SPAN of them in the store
-        carried = len(self._acked.get(0, ()))
         given = 0
         while open_ and given < GIVE_OUT:
             if self._returned:
@@ -260,7 +271,7 @@ class Group(Bundle):
             else:
                 if not self._ready and not self._make_ready():
                     break
-                if len(self._order) + carried >= GROUP_SPAN:
+                if self.spanned():
                     break
                 pub, frame, size = self._ready.popleft()
                 self._frames[pub] = (frame, size)

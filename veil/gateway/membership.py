@@ -84,8 +84,11 @@ async def stay_alive(gateway: Gateway) -> None:
 
 
 async def _release_again(gateway: Gateway) -> None:
-    """A few of the releases that failed, so that the next renewal is never late however many wait."""
+    """A few of the releases that failed (or waited for their cursors to be saved: they are saved
+    first), so that the next renewal is never late however many wait."""
     threads, unreleased = gateway.threads, gateway.unreleased
+    if unreleased and not await gateway.hub.flush_cursors(bundles=False):
+        return
     for _ in range(min(len(unreleased), RELEASES_PER_RENEWAL)):
         sub_ids, at = unreleased[0]
         await threads.write(threads.store.release_subscriptions, sub_ids, gateway.config.gateway_name, at)

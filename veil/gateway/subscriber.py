@@ -66,15 +66,18 @@ async def claim(
     except BaseException:
         await membership.release(gateway, _ids(handshake), claimed)
         raise
+    # and as the hub has it now: what a connection acknowledged and handed over since is in neither
+    later = hub.unsaved()
     admitted = []
     for one, live in zip(each, found, strict=True):
+        number = live.number
         start = None if one.resume_after is None else min(one.resume_after, head)
         if start is None:
-            saved = max(live.cursor, unsaved.cursors.get(live.number, 0))
-            start = max(saved, hub.held_cursor(one.subscription_id, live.number))
-        kept = acked.get(live.number, []) + unsaved.acked.get(live.number, [])
+            saved = max(live.cursor, unsaved.cursors.get(number, 0), later.cursors.get(number, 0))
+            start = max(saved, hub.held_cursor(one.subscription_id, number))
+        kept = acked.get(number, []) + unsaved.acked.get(number, []) + later.acked.get(number, [])
         skip = np.unique(np.array([pub for pub in kept if pub > start], np.int64))
-        admitted.append(Admitted(one.subscription_id, live.number, start, claimed, skip))
+        admitted.append(Admitted(one.subscription_id, number, start, claimed, skip))
     return admitted
 
 
