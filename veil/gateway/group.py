@@ -5,8 +5,9 @@ The group reads the subscription's queue once, as a connection of one would (it 
 holder of the subscription, a `Bundle`), and hands each line to the member with the fewest lines
 it has not yet acknowledged, up to MEMBER_WINDOW: a member that stops acknowledging stops being
 given lines, and the others take its share. A member acknowledges as a multiplexed connection does
-(`{"ack": seq}`: that line and every line written to it before). One that leaves hands what it
-took and did not acknowledge back to the group, to be given, in publication order and ahead of
+(`{"ack": seq}`: that line and every line written to it before). One that leaves (or is closed
+for holding lines past --ack-wait without acknowledging any) hands what it took and did not
+acknowledge back to the group, to be given, in publication order and ahead of
 anything newer, to the others; so each member's lines come in publication order, but for those
 handed back, which may come after newer ones.
 
