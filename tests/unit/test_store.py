@@ -1,5 +1,6 @@
 import sqlite3
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -412,6 +413,36 @@ def test_a_silent_partition_is_adopted_and_its_own_task_takes_it_back(store):
     assert store.adopt_partition(0, 22, store.partition_beats()[0])  # its last beat, seen unchanged
     store.own_partition(0, 11)  # its own task started (again)
     assert store.partition_owners() == {0: 11, 1: 22}
+    store.cut_epoch(lost=True)
+    owners, beats, cuts = store.partition_ownership()
+    assert owners == {0: 11, 1: 22} and beats == store.partition_beats() and set(beats) == {0, 1}
+    assert cuts == store.epoch_cuts() == (1, 1)
+    store.partition_beat([])  # a task that holds nothing says nothing
+
+
+def test_a_task_waiting_for_the_log_wakes_when_it_moves(store):
+    """The matcher tasks' wait: at once when the head is already past, at the timeout when nothing
+    comes, and soon after an append (a signal on PostgreSQL, a poll on SQLite), whichever store
+    connection appended it."""
+    store.append_publications(published(b"{}"))
+    head = store.head_offset()
+    assert store.wait_for_log(head - 1, 10) == head  # already past: no wait
+    began = time.monotonic()
+    assert store.wait_for_log(head, 0.3) == head
+    assert 0.25 <= time.monotonic() - began < 5
+    woke: list[tuple[int, float]] = []
+    waiter = threading.Thread(target=lambda: woke.append((store.wait_for_log(head, 10), time.monotonic())))
+    waiter.start()
+    time.sleep(0.3)
+    (pub,) = store.append_publications(published(b"{}"))
+    written = time.monotonic()
+    waiter.join()
+    assert woke and woke[0][0] == pub and written <= woke[0][1] < written + 5
+    for _ in range(50):  # signals taken in while nobody waited cost the next wait nothing
+        store.append_publications(published(b"{}"))
+    began = time.monotonic()
+    assert store.wait_for_log(store.head_offset(), 0.3) == store.head_offset()
+    assert 0.25 <= time.monotonic() - began < 5
 
 
 def test_a_round_that_began_behind_the_recorded_progress_is_dropped_whole(store):

@@ -19,7 +19,8 @@ from veil.store import KIND_SUBSCRIBE
 from veil.store.queues import COMPACT_CHUNK, COMPACT_INTERVAL, SPILL_AFTER
 
 log = logging.getLogger("veil.gateway")
-PROGRESS_INTERVAL = 0.1
+PROGRESS_INTERVAL = 0.1  # seconds between reads of the pipeline's progress while it is behind
+CAUGHT_UP_INTERVAL = 1.0  # and at most this long while it is caught up
 QUARANTINE_INTERVAL = 1.0  # seconds between looks for newly quarantined entries
 HEARTBEAT_STALE = 10.0  # seconds without a pipeline heartbeat after which it counts as stuck
 
@@ -73,7 +74,20 @@ class Background:
             except Exception as exc:
                 log.exception("reading pipeline progress failed")
                 health.problems = [f"cannot read the store: {exc}"]
+            await self._until_progress_matters()
+
+    async def _until_progress_matters(self) -> None:
+        """PROGRESS_INTERVAL while the pipeline is behind (back-pressure reads its lag); caught up, until
+        this gateway logs something or CAUGHT_UP_INTERVAL has passed (others' entries and /health's
+        figures can wait that long), so that an idle gateway reads three rows a second, not thirty."""
+        ingest = self.gateway.ingest
+        seen = ingest.head
+        waited = 0.0
+        while True:
             await asyncio.sleep(PROGRESS_INTERVAL)
+            waited += PROGRESS_INTERVAL
+            if ingest.lag > 0 or ingest.head != seen or waited >= CAUGHT_UP_INTERVAL:
+                return
 
     async def _pipeline_problems(self) -> list[str]:
         """The pipeline's state from what can be seen of it: its process (when this gateway runs it),

@@ -54,11 +54,14 @@ class PostgresServer:
         """The administrator's URL (superuser `veil`, trust authentication on loopback)."""
         return f"postgresql://veil@127.0.0.1:{self.port}/postgres"
 
-    def start(self) -> PostgresServer:
+    def start(self, **settings: str) -> PostgresServer:
+        """Start the server, with these server settings besides its own (`shared_preload_libraries=...`)."""
         self._run("initdb", "-D", self.data, "-U", "veil", "-A", "trust", "-E", "UTF8", "--no-instructions")
+        options = f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        options += "".join(f" -c {name}={value}" for name, value in settings.items())
         self._run(
             "pg_ctl", "-D", self.data, "-l", os.path.join(self.directory, "server.log"), "-w", "-t", str(START_TIMEOUT),
-            "-o", f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 -c max_connections=200", "start",
+            "-o", options, "start",
         )  # fmt: skip
         return self
 

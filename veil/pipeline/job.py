@@ -143,8 +143,10 @@ def _micro_batch_query(spark, config: Config):
         url, config.partitions, config.partition_mode == "publications", config.with_authorization,
         config.entry_timeout,
     )  # fmt: skip
-    rounds = _log_options(spark.readStream.format(LogRanges.name()), config).load().mapInArrow(
-        MatchRanges(matcher), ROUNDS_SCHEMA
+    rounds = (
+        _log_options(spark.readStream.format(LogRanges.name()), config)
+        .load()
+        .mapInArrow(MatchRanges(matcher), ROUNDS_SCHEMA)
     )
     return (
         rounds.writeStream.queryName("veil_match")
@@ -221,13 +223,19 @@ class Heartbeat:
         self.tasks = tasks
         self._silence = Silence()
         self._dark: set[int] = set()
+        self._written: set[int] | None = None  # the dark partitions last written
         self._failing = False
 
     def beat(self) -> None:
         try:
             beats = self.store.partition_beats()
             quiet_since = min(beats.get(part, 0) for part in range(self.partitions))
-            self.store.heartbeat(quiet_since, sorted(self._darkness(beats)) if self.tasks else ())
+            dark = self._darkness(beats) if self.tasks else set()
+            # the dark partitions' rows are written when they change (the first time too), in a write
+            # transaction; a heartbeat alone is one statement that waits for no lock
+            changed = dark != self._written
+            self.store.heartbeat(quiet_since, sorted(dark) if changed else None)
+            self._written = dark
         except StoreUnavailable as exc:  # the gateway sees the silence; the matchers go on
             if not self._failing:
                 log.error("cannot write the pipeline's heartbeat: %s", exc)

@@ -42,7 +42,7 @@ from veil.pipeline.store_handle import store_for
 from veil.store import PipelineStore, Round, StoreUnavailable
 
 log = logging.getLogger("veil.pipeline")
-HEAD_POLL = 0.002  # seconds between looks at the log's head while waiting for a commit
+ORDER_POLL = 0.002  # seconds between looks at the ranges before a matched one, while it waits for them
 BEAT = 0.5  # seconds between a task's signs of life, and between its looks at who owns what
 FINISH_POLL = 0.02  # seconds between looks for the epoch's end, past its deadline
 STORE_RETRY = 0.5  # seconds before a round the store refused is tried again
@@ -122,6 +122,11 @@ class PartitionTask:
         # publication partitioning: a claimed range matched and waiting for the ranges before it
         self._waiting: dict[int, Round] = {}
         self.held: set[int] = set()  # the partitions this task owns now
+        # the log's head as last read (it only grows), and how far each held partition has recorded it
+        # (only its owner records it): an idle task reads neither between its waits for the log
+        self._head = 0
+        self._offsets: dict[int, int] = {}
+        self._claimed_to: dict[int, int] = {}  # publication partitioning: all of the log claimed up to here
         self._silence = Silence()
         self._moved = time.monotonic()  # when the task's loop last went round
 
@@ -165,10 +170,9 @@ class PartitionTask:
                     if over and self._epoch_over(store, epoch, lost):
                         break
                     if time.monotonic() - looked > BEAT:
-                        self._look_around(store, token)
+                        now = self._look_around(store, token)
                         looked = time.monotonic()
                         if cuts is not None and not lost:
-                            now = store.epoch_cuts()
                             if now[0] > cuts[0] and deadline > time.time():
                                 deadline = time.time()
                                 continue  # it ends now: no round first
@@ -183,9 +187,10 @@ class PartitionTask:
                     elif len(waiting) == len(idle):
                         # past the deadline, look often for the epoch's end
                         wait = FINISH_POLL if over else min(BEAT, deadline - time.time(), self._until_due())
-                        self._head_after(store, min(waiting, default=0), wait)
+                        self._head = store.wait_for_log(min(waiting, default=0), wait)
                     failing = False
                 except StoreUnavailable as exc:
+                    self._offsets.clear()  # a commit that failed may have landed after all
                     if not failing:
                         log.error("matcher task of partitions %s cannot reach the store: %s", self.parts, exc)
                     failing = True
@@ -238,13 +243,13 @@ class PartitionTask:
             except Exception:  # a beat thread that died would leave its partitions to be adopted and taken back
                 log.exception("matcher task of partitions %s could not beat", self.parts)
 
-    def _look_around(self, store: PipelineStore, token: int) -> None:
+    def _look_around(self, store: PipelineStore, token: int) -> tuple[int, int]:
         """Bring `held` up to date: the partitions this task was given, taken (back) when another task
         holds them; those it adopted that it still owns; and any silent one. Silent counts from this
         task's first look at the earliest: the epoch's other tasks start a moment apart, and two
         tasks matching one partition at once would each decide its stateful deliveries from a state
-        of their own."""
-        owners = store.partition_owners()
+        of their own. Returns the store's counts of epoch cuts (`epoch_cuts`), read with the rest."""
+        owners, beats, cuts = store.partition_ownership()
         for part in self.parts:
             if owners.get(part) != token:
                 if part in self.held:
@@ -252,7 +257,6 @@ class PartitionTask:
                 store.own_partition(part, token)
                 owners[part] = token
         held = {part for part in (*self.held, *self.parts) if owners.get(part) == token}
-        beats = store.partition_beats()
         for part, silent in self._silence.hear(beats, range(self.matcher.partitions)).items():
             if part not in held and silent * 1000 > SILENT_MS and store.adopt_partition(part, token, beats.get(part)):
                 log.warning("partitions %s adopt partition %d, silent for %.1f s", self.parts, part, silent)
@@ -263,8 +267,11 @@ class PartitionTask:
             worker_state.discard(key)
         for part in held ^ self.held:  # another task may have recorded rounds of it meanwhile
             self._due.pop(part, None)
+            self._offsets.pop(part, None)
+            self._claimed_to.pop(part, None)
             self._ticked.pop(part, None)
         self.held = held
+        return cuts
 
     def _round(self, store: PipelineStore, part: int, token: int) -> int | None:
         """A round of `part`: None if it recorded one, else the log offset past which there is work."""
@@ -289,8 +296,10 @@ class PartitionTask:
         """Subscription partitioning: the partition's next range, from its own progress to the head.
         With nothing new, a tick once its stateful subscriptions are due: the clock moves their
         windows even when nothing is published."""
-        start = store.partition_offset(part)
-        if store.head_offset() <= start:
+        start = self._offsets.get(part)
+        if start is None:
+            start = self._offsets[part] = store.partition_offset(part)
+        if self._head <= start:  # the wait for the log reads the head first: it returns at once if it moved
             if part not in self._due:
                 self._due[part] = store.due()  # until its first round here says
             due = self._due[part]
@@ -298,7 +307,7 @@ class PartitionTask:
                 self._ticked[part] = store.append_tick()
             return start
         began = self._paced(part)
-        head = store.head_offset()
+        head = self._head = store.head_offset()
         end = round_end(start, head, self.max_rows, self.max_matches, store.matches_per_entry())
         self._record(store, self.matcher.round(store, part, start, end), part, token, began)
         return None
@@ -308,11 +317,16 @@ class PartitionTask:
         partition claimed and never recorded), matched while the others match theirs, recorded
         once the ranges before it are. If they are not soon, the range stays claimed and the task
         looks around: the partition that claimed them may need adopting."""
+        claimed_to = self._claimed_to.get(part)
+        if claimed_to is not None and self._head <= claimed_to and part not in self._waiting:
+            return claimed_to  # nothing appended since all was claimed: no claim (a write) to try
         began = self._paced(part)
         rows = round_end(0, self.max_rows, self.max_rows, self.max_matches, store.matches_per_entry())
         start, end = store.claim_range(rows, part)
         if end <= start:
+            self._claimed_to[part] = start
             return start  # everything up to `start` is claimed
+        self._claimed_to.pop(part, None)
         done = self._waiting.pop(part, None)
         if done is None or (done.start, done.end) != (start, end):
             done = self.matcher.round(store, part, start, end)
@@ -321,7 +335,7 @@ class PartitionTask:
             if time.monotonic() > waited:
                 self._waiting[part] = done  # matching it again would also rebuild the state
                 return 0  # tried again after a look around
-            time.sleep(HEAD_POLL)
+            time.sleep(ORDER_POLL)
         self._record(store, done, part, token, began)
         return None
 
@@ -343,7 +357,9 @@ class PartitionTask:
             # went where the round did, which the store did not take
             worker_state.discard(self.matcher.state_key(part))
             self._due.pop(part, None)  # read again from the store
+            self._offsets.pop(part, None)
         else:
+            self._offsets[part] = done.end
             self._due[part] = None if done.stateful is None else done.stateful.due
         reached = len(np.unique(np.asarray(done.sub_nos)))
         growth = min(GAP_GROWTH, max(1.0, reached / PACED_SUBSCRIPTIONS))
@@ -354,18 +370,6 @@ class PartitionTask:
         """Seconds until the held partitions' stateful subscriptions are next due (at least 0)."""
         due = min((self._due.get(part) or math.inf for part in self.held), default=math.inf)
         return max(0.0, due / 1000 - time.time())
-
-    @staticmethod
-    def _head_after(store: PipelineStore, offset: int, wait: float) -> int:
-        """The log's head, waiting up to `wait` seconds for it to move past `offset`. Polled: a head
-        read is a few microseconds of an index's last page, and the gateways that commit may be
-        other processes or machines."""
-        head = store.head_offset()
-        deadline = time.monotonic() + wait
-        while head <= offset and time.monotonic() < deadline:
-            time.sleep(HEAD_POLL)
-            head = store.head_offset()
-        return head
 
 
 def _offset_or(store: PipelineStore, part: int, fallback: int) -> int:

@@ -247,6 +247,12 @@ class NotOwner(PermissionError):
         self.what = what
 
 
+class Ownership(NamedTuple):
+    owners: dict[int, int]  # `partition_owners`
+    beats: dict[int, int]  # `partition_beats`
+    cuts: tuple[int, int]  # `epoch_cuts`
+
+
 class LogReader(ABC):
     """What both clients read: the log's extent and the subscriptions and registry in force."""
 
@@ -624,8 +630,14 @@ class PipelineStore(LogReader):
         """How far matcher partition `part` has recorded the log."""
 
     @abstractmethod
+    def wait_for_log(self, offset: int, timeout: float) -> int:
+        """The log's head, once it is past `offset` or `timeout` seconds have passed."""
+
+    @abstractmethod
     def partition_beat(self, parts: Sequence[int]) -> None:
-        """These matcher partitions are alive and waiting for the log (recording a round says so too)."""
+        """These matcher partitions are alive and waiting for the log (recording a round says so too).
+        Written without the write lock (a task beats twice a second); `adopt_partition`, which acts
+        on a beat it read, waits for one being written."""
 
     @abstractmethod
     def partition_beats(self) -> dict[int, int]:
@@ -644,6 +656,10 @@ class PipelineStore(LogReader):
     @abstractmethod
     def partition_owners(self) -> dict[int, int]:
         """Which task (token) last started or adopted each matcher partition."""
+
+    @abstractmethod
+    def partition_ownership(self) -> Ownership:
+        """What a task looks at every BEAT, in one read."""
 
     @abstractmethod
     def claim_partitions(self, epoch: int, task: int, tasks: int, partitions: int, wanted: Sequence[int]) -> list[int]:
@@ -702,10 +718,10 @@ class PipelineStore(LogReader):
         """A pipeline process (`pid`) is running the query; 0 when it stops."""
 
     @abstractmethod
-    def heartbeat(self, quiet_since: int, dark: Sequence[int] = ()) -> None:
+    def heartbeat(self, quiet_since: int, dark: Sequence[int] | None = ()) -> None:
         """The pipeline is alive; the matcher partition heard from least recently last gave a sign of
         life at `quiet_since` (ms; 0 before every one has); `dark`: the matcher partitions that, as
-        far as the pipeline's driver can tell, have no running task."""
+        far as the pipeline's driver can tell, have no running task (None: as last written)."""
 
 
 class EventStore(GatewayStore, PipelineStore):

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -26,10 +28,12 @@ from psycopg_pool import ConnectionPool
 from veil.store.base import Publication, StoreMissing, StoreUnavailable
 from veil.store.credentials import redacted
 from veil.store.relational import LAST_FEED_SEQ, STATUS_WITHOUT_TOPK, Cursor, Db, RelationalStore, Transaction
+from veil.store.relational.log import HEAD
 
 WRITE_LOCK = 0x7665696C  # the advisory lock every write transaction takes ("veil")
 PIPELINE_LOCK = WRITE_LOCK + 1  # held by the one pipeline of the store
 FEED_CHANNEL = "veil_feed"
+LOG_CHANNEL = "veil_log"
 # A host that vanishes (power, network) with a transaction open would hold the store's write lock
 # until TCP gives up (15 minutes and more): keepalives and a user timeout end its session in ~30 s
 CONNECTION: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
@@ -227,6 +231,16 @@ CREATE TABLE acked (
     PRIMARY KEY (sub_no, pub)
 );
 """,
+    # whatever appends to the log signals it once per statement, delivered on commit: the matcher
+    # tasks wait for it instead of reading the head every few milliseconds
+    f"""
+CREATE FUNCTION log_written() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{LOG_CHANNEL}', '');
+    RETURN NULL;
+END $$;
+CREATE TRIGGER log_written AFTER INSERT ON log FOR EACH STATEMENT EXECUTE FUNCTION log_written();
+""",
 )
 
 
@@ -262,6 +276,7 @@ class PostgresStore(RelationalStore):
     TRIPLES = "unnest(?::bigint[], ?::bigint[], ?::bigint[]) AS j(sub_no, pub, size)"
     GREATEST = "GREATEST"
     LEAST = "LEAST"
+    ROW_LOCK = " FOR UPDATE"
     NEW_NUMBER = "nextval(pg_get_serial_sequence('subscription_numbers', 'no'))"
     WRITE = ("BEGIN", f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
     SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",)
@@ -273,6 +288,9 @@ class PostgresStore(RelationalStore):
             name="veil-store",
         )  # fmt: skip
         self._listener: psycopg.Connection | None = None
+        self._log_listeners = threading.local()  # each thread's connection listening for appends
+        self._listeners: list[psycopg.Connection] = []  # all of them, closed with the store
+        self._lock = threading.Lock()
         self._pipeline: psycopg.Connection | None = None  # holds the pipeline's lock (`claim_pipeline`)
         try:
             self._pool.open(wait=True, timeout=30)
@@ -358,6 +376,36 @@ class PostgresStore(RelationalStore):
             raise StoreUnavailable(str(exc)) from exc
         return False
 
+    def wait_for_log(self, offset: int, timeout: float) -> int:
+        """Wait for the log trigger's NOTIFY on a connection of this thread's own (a matcher task's
+        loop): a task polling the head every few milliseconds made 500 round trips a second. The
+        head is read after listening starts, and after the signals that came while the task was busy
+        are taken in, so an append committed just before is not missed, and the signals of many
+        appends cost one read."""
+        listener = getattr(self._log_listeners, "connection", None)
+        try:
+            if listener is None or listener.closed:
+                listener = psycopg.connect(self.url, autocommit=True, **CONNECTION)
+                self._log_listeners.connection = listener
+                with self._lock:
+                    self._listeners.append(listener)
+                listener.execute(f"LISTEN {LOG_CHANNEL}")
+            deadline = time.monotonic() + timeout
+            while True:
+                for _ in listener.notifies(timeout=0):
+                    pass
+                head = int((listener.execute(HEAD).fetchone() or (0,))[0])
+                left = deadline - time.monotonic()
+                if head > offset or left <= 0 or not list(listener.notifies(timeout=left, stop_after=1)):
+                    return head
+        except FAILURES as exc:
+            self._log_listeners.connection = None
+            if listener is not None:
+                listener.close()
+                with self._lock, contextlib.suppress(ValueError):
+                    self._listeners.remove(listener)
+            raise StoreUnavailable(str(exc)) from exc
+
     def claim_pipeline(self) -> bool:
         """A session-level advisory lock on a connection of its own: PostgreSQL releases it when the
         process or its connection dies, and then a standby pipeline takes over."""
@@ -415,7 +463,9 @@ class PostgresStore(RelationalStore):
                 db.execute("UPDATE schema_version SET version = ?", (len(MIGRATIONS),))
 
     def close(self) -> None:
-        for connection in (self._listener, self._pipeline):
+        with self._lock:
+            listeners, self._listeners = self._listeners, []
+        for connection in (self._listener, self._pipeline, *listeners):
             if connection is not None:
                 connection.close()
         self._pool.close()

@@ -220,6 +220,7 @@ class SqliteStore(RelationalStore):
     TRIPLES = "(SELECT value ->> 0 AS sub_no, value ->> 1 AS pub, value ->> 2 AS size FROM json_each(?)) AS j"
     GREATEST = "MAX"
     LEAST = "MIN"
+    ROW_LOCK = ""  # one writer at a time already
 
     def __init__(self, path: str, create: bool = True) -> None:
         self.path = os.path.abspath(path)

@@ -55,6 +55,7 @@ class Dialect(EventStore):
     TRIPLES: str  # a table j(sub_no, pub, size) of the parameters `_triples` makes
     GREATEST: str  # the scalar max and min of two values
     LEAST: str
+    ROW_LOCK: str  # after a SELECT in a write transaction: a writer without the write lock waits for it
     NEW_NUMBER: str  # a subscription number never given before (the caller holds the write lock)
 
     @abstractmethod

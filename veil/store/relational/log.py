@@ -9,6 +9,7 @@ subscription (all of it by number) reaches no later subscription that takes the 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,6 +49,8 @@ from veil.store.relational.dialect import (
 # ms by which the clocks of gateways sharing a store (which time what they log) may disagree: a replay
 # looks that far before the first entry its clock reaches, and filters by time from there
 CLOCKS_DIFFER = 60_000
+HEAD = 'SELECT COALESCE(MAX("offset"), 0) FROM log'
+HEAD_POLL = 0.002  # seconds between looks at the log's head while waiting for a commit, where polled
 NOT_QUARANTINED = 'NOT EXISTS (SELECT 1 FROM quarantine q WHERE q."offset" = s.created)'
 # each version with the number it was logged with: an id freed and taken again has a newer one
 SUBSCRIPTION_ROWS = (
@@ -331,7 +334,18 @@ class LogSql(Dialect):
 
     def head_offset(self) -> int:
         with self._read() as db:
-            return int(db.execute('SELECT COALESCE(MAX("offset"), 0) FROM log').fetchone()[0])
+            return int(db.execute(HEAD).fetchone()[0])
+
+    def wait_for_log(self, offset: int, timeout: float) -> int:
+        """Polled every HEAD_POLL: a head read is a few microseconds of an index's last page, and the
+        gateways that commit may be other processes. A dialect with a server to signal through
+        waits for its signal instead."""
+        head = self.head_offset()
+        deadline = time.monotonic() + timeout
+        while head <= offset and time.monotonic() < deadline:
+            time.sleep(HEAD_POLL)
+            head = self.head_offset()
+        return head
 
     def log_range(self, start: int, end: int, without: tuple[int, ...] = ()) -> list[LogEntry]:
         with self._read() as db:

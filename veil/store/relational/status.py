@@ -14,6 +14,7 @@ from veil.store.base import (
     DEAD_LETTER_REASONS,
     KIND_SUBSCRIBE,
     BatchDurations,
+    Ownership,
     PipelineStatus,
     Quarantined,
     QuarantineRecord,
@@ -122,7 +123,11 @@ class StatusSql(Dialect):
     def expect_pipeline(self) -> None:
         self.register_pipeline(0)
 
-    def heartbeat(self, quiet_since: int, dark: Sequence[int] = ()) -> None:
+    def heartbeat(self, quiet_since: int, dark: Sequence[int] | None = ()) -> None:
+        if dark is None:
+            with self._read() as db:  # one statement, its own transaction: no write lock to wait for
+                set_status(db, "heartbeat", quiet_since)
+            return
         with self._tx() as db:
             set_status(db, "heartbeat", quiet_since)
             db.execute("DELETE FROM status WHERE name LIKE ?", ("dark.%",))
@@ -178,9 +183,16 @@ class StatusSql(Dialect):
             return partition_progress(db, part)
 
     def partition_beat(self, parts: Sequence[int]) -> None:
-        with self._tx() as db:
-            for part in parts:
-                set_status(db, f"beat.{part}", now_ms())
+        if not parts:
+            return
+        now = now_ms()
+        rows = [value for part in parts for value in (f"beat.{part}", now, time.time())]
+        with self._read() as db:  # one statement, its own transaction: no write lock to wait for
+            db.execute(
+                f"INSERT INTO status(name, value, updated) VALUES {', '.join(['(?, ?, ?)'] * len(parts))} "
+                "ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated = excluded.updated",
+                rows,
+            )
 
     def partition_beats(self) -> dict[int, int]:
         return self._numbered("beat.")
@@ -192,7 +204,8 @@ class StatusSql(Dialect):
 
     def adopt_partition(self, part: int, token: int, beat: int | None) -> bool:
         with self._tx() as db:
-            if get_status(db, f"beat.{part}") != beat:
+            row = db.execute(f"SELECT value FROM status WHERE name = ?{self.ROW_LOCK}", (f"beat.{part}",)).fetchone()
+            if (row[0] if row else None) != beat:
                 return False
             set_status(db, f"owner.{part}", token)
             set_status(db, f"beat.{part}", now_ms())
@@ -200,6 +213,23 @@ class StatusSql(Dialect):
 
     def partition_owners(self) -> dict[int, int]:
         return self._numbered("owner.")
+
+    def partition_ownership(self) -> Ownership:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT name, value FROM status WHERE name LIKE ? OR name LIKE ? OR name IN (?, ?)",
+                ("owner.%", "beat.%", "epoch_cuts", "epoch_losses"),
+            ).fetchall()
+        owners: dict[int, int] = {}
+        beats: dict[int, int] = {}
+        cuts = {"epoch_cuts": 0, "epoch_losses": 0}
+        for name, value in rows:
+            if name in cuts:
+                cuts[name] = value
+                continue
+            kind, part = name.split(".", 1)
+            (owners if kind == "owner" else beats)[int(part)] = value
+        return Ownership(owners, beats, (cuts["epoch_cuts"], cuts["epoch_losses"]))
 
     def claim_partitions(self, epoch: int, task: int, tasks: int, partitions: int, wanted: Sequence[int]) -> list[int]:
         with self._tx() as db:  # write transactions are serialized: two tasks never claim one partition
