@@ -78,15 +78,15 @@ class Background:
 
     async def _until_progress_matters(self) -> None:
         """PROGRESS_INTERVAL while the pipeline is behind (back-pressure reads its lag); caught up, until
-        this gateway logs something or CAUGHT_UP_INTERVAL has passed (others' entries and /health's
-        figures can wait that long), so that an idle gateway reads three rows a second, not thirty."""
+        this gateway accepts a publication or CAUGHT_UP_INTERVAL has passed (others' entries and
+        /health's figures can wait that long), so that an idle gateway reads three rows a second, not
+        thirty."""
         ingest = self.gateway.ingest
         seen = ingest.head
-        waited = 0.0
+        until = time.monotonic() + CAUGHT_UP_INTERVAL
         while True:
             await asyncio.sleep(PROGRESS_INTERVAL)
-            waited += PROGRESS_INTERVAL
-            if ingest.lag > 0 or ingest.head != seen or waited >= CAUGHT_UP_INTERVAL:
+            if ingest.lag > 0 or ingest.head != seen or time.monotonic() >= until:
                 return
 
     async def _pipeline_problems(self) -> list[str]:

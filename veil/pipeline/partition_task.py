@@ -122,8 +122,8 @@ class PartitionTask:
         # publication partitioning: a claimed range matched and waiting for the ranges before it
         self._waiting: dict[int, Round] = {}
         self.held: set[int] = set()  # the partitions this task owns now
-        # the log's head as last read (it only grows), and how far each held partition has recorded it
-        # (only its owner records it): an idle task reads neither between its waits for the log
+        # the log's head as last read (a lower bound of the next offset), and how far each held partition
+        # has recorded it (only its owner records it): an idle task reads neither between its waits
         self._head = 0
         self._offsets: dict[int, int] = {}
         self._claimed_to: dict[int, int] = {}  # publication partitioning: all of the log claimed up to here
@@ -250,8 +250,10 @@ class PartitionTask:
         tasks matching one partition at once would each decide its stateful deliveries from a state
         of their own. Returns the store's counts of epoch cuts (`epoch_cuts`), read with the rest."""
         owners, beats, cuts = store.partition_ownership()
+        retaken = set()
         for part in self.parts:
             if owners.get(part) != token:
+                retaken.add(part)
                 if part in self.held:
                     log.warning("partition %d was adopted while its task was stopped: it takes it back", part)
                 store.own_partition(part, token)
@@ -265,7 +267,7 @@ class PartitionTask:
         kept = {self.matcher.state_key(part) for part in held}
         for key in {self.matcher.state_key(part) for part in self.held - held} - kept:
             worker_state.discard(key)
-        for part in held ^ self.held:  # another task may have recorded rounds of it meanwhile
+        for part in (held ^ self.held) | retaken:  # another task may have recorded rounds of it meanwhile
             self._due.pop(part, None)
             self._offsets.pop(part, None)
             self._claimed_to.pop(part, None)

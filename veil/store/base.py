@@ -636,8 +636,9 @@ class PipelineStore(LogReader):
     @abstractmethod
     def partition_beat(self, parts: Sequence[int]) -> None:
         """These matcher partitions are alive and waiting for the log (recording a round says so too).
-        Written without the write lock (a task beats twice a second); `adopt_partition`, which acts
-        on a beat it read, waits for one being written."""
+        One statement, without the write lock that transactions take on PostgreSQL (a task beats
+        twice a second); `adopt_partition`, which acts on a beat it read, waits for one being written
+        there."""
 
     @abstractmethod
     def partition_beats(self) -> dict[int, int]:

@@ -66,6 +66,21 @@ class Dialect(EventStore):
     def _read(self) -> contextlib.AbstractContextManager[Db]:
         """A connection for single statements (each sees a snapshot of its own)."""
 
+    failures: tuple[type[Exception], ...]  # what the dialect's driver raises for the store's condition
+
+    @contextlib.contextmanager
+    def _alone(self) -> Iterator[Db]:
+        """A write of one statement, its own transaction, without the write lock `_tx` takes on
+        PostgreSQL (SQLite's file still has one writer at a time); a failure is the store's
+        (StoreUnavailable), as in a `Transaction`."""
+        try:
+            with self._read() as db:
+                yield db
+        except StoreUnavailable:
+            raise
+        except self.failures as exc:
+            raise StoreUnavailable(str(exc)) from exc
+
     @abstractmethod
     def _ids(self, values: Sequence[int] | np.ndarray) -> Any: ...
 

@@ -125,7 +125,7 @@ class StatusSql(Dialect):
 
     def heartbeat(self, quiet_since: int, dark: Sequence[int] | None = ()) -> None:
         if dark is None:
-            with self._read() as db:  # one statement, its own transaction: no write lock to wait for
+            with self._alone() as db:
                 set_status(db, "heartbeat", quiet_since)
             return
         with self._tx() as db:
@@ -187,7 +187,7 @@ class StatusSql(Dialect):
             return
         now = now_ms()
         rows = [value for part in parts for value in (f"beat.{part}", now, time.time())]
-        with self._read() as db:  # one statement, its own transaction: no write lock to wait for
+        with self._alone() as db:
             db.execute(
                 f"INSERT INTO status(name, value, updated) VALUES {', '.join(['(?, ?, ?)'] * len(parts))} "
                 "ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated = excluded.updated",
