@@ -5,7 +5,7 @@ throwaway PostgreSQL server of the benchmark's own, loaded with pg_stat_statemen
 runs and `--settle` seconds have passed, the statement counts are reset; nothing is published for
 `--seconds`; then the statements its database ran are counted, BEGIN and COMMIT included (each is a
 round trip). The table prints statements a second in all, and the `--top` most frequent of the
-slowest case by their text.
+busiest case by their text.
 
     python -m bench.idle_store [--partitions 1,4] [--modes subscriptions,publications] [--seconds 30]
 """

@@ -29,8 +29,8 @@ CALM = 3.0  # seconds the latency stays under where no fault is near (epoch boun
 
 def check(probe: Probe, faults: list[tuple[float, float]], broker: BrokerProcess) -> None:
     """Every publication once, in order, to each probe; each probe's worst latency within twice the
-    detection timeout, and within CALM where no fault window is near. A failure says when the
-    slowest publication was sent, the fault windows and what the pipeline logged about partitions."""
+    detection timeout, and within CALM where no fault window is near. A failure tells its story
+    (`_story`)."""
     for sub_id, latencies in probe.latencies().items():
         sent, worst = max(latencies, key=lambda pair: pair[1])
         assert worst <= 2 * DETECTION, f"{sub_id}: {worst:.1f} s; {_story(sent, faults, probe, broker)}"

@@ -143,10 +143,8 @@ def _micro_batch_query(spark, config: Config):
         url, config.partitions, config.partition_mode == "publications", config.with_authorization,
         config.entry_timeout,
     )  # fmt: skip
-    rounds = (
-        _log_options(spark.readStream.format(LogRanges.name()), config)
-        .load()
-        .mapInArrow(MatchRanges(matcher), ROUNDS_SCHEMA)
+    rounds = _log_options(spark.readStream.format(LogRanges.name()), config).load().mapInArrow(
+        MatchRanges(matcher), ROUNDS_SCHEMA
     )
     return (
         rounds.writeStream.queryName("veil_match")

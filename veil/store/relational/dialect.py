@@ -120,10 +120,16 @@ def get_status(db: Db, name: str) -> int | None:
 
 
 def set_status(db: Db, name: str, value: int) -> None:
+    set_statuses(db, {name: value})
+
+
+def set_statuses(db: Db, values: dict[str, int]) -> None:
+    """Several status rows in one statement (one round trip, and its own transaction outside one)."""
+    now = time.time()
     db.execute(
-        "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) "
+        f"INSERT INTO status(name, value, updated) VALUES {', '.join(['(?, ?, ?)'] * len(values))} "
         "ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated = excluded.updated",
-        (name, value, time.time()),
+        [item for name, value in values.items() for item in (name, value, now)],
     )
 
 

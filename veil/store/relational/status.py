@@ -29,7 +29,9 @@ from veil.store.relational.dialect import (
     partition_progress,
     set_least,
     set_status,
+    set_statuses,
 )
+from veil.store.relational.log import HEAD
 
 QUARANTINE_PREVIEW = 4096  # bytes of a quarantined entry kept for the operator to look at
 QUARANTINE_COLUMNS = 'seq, "offset", kind, sub_id, owner, error, body, time'
@@ -170,7 +172,7 @@ class StatusSql(Dialect):
             if start is not None and end is not None and end > progress:
                 return start, end  # claimed by an earlier task of the partition, never recorded
             start = max(get_status(db, "claimed") or 0, progress)
-            head = db.execute('SELECT COALESCE(MAX("offset"), 0) FROM log').fetchone()[0]
+            head = db.execute(HEAD).fetchone()[0]
             end = max(start, min(head, start + rows))
             if end > start:
                 set_status(db, "claimed", end)
@@ -186,13 +188,8 @@ class StatusSql(Dialect):
         if not parts:
             return
         now = now_ms()
-        rows = [value for part in parts for value in (f"beat.{part}", now, time.time())]
         with self._alone() as db:
-            db.execute(
-                f"INSERT INTO status(name, value, updated) VALUES {', '.join(['(?, ?, ?)'] * len(parts))} "
-                "ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated = excluded.updated",
-                rows,
-            )
+            set_statuses(db, {f"beat.{part}": now for part in parts})
 
     def partition_beats(self) -> dict[int, int]:
         return self._numbered("beat.")
