@@ -117,7 +117,7 @@ async def test_a_poison_subscription_is_refused_and_its_owner_told(broker):
     conn = await LineConnection.open(broker.tcp_port, {"authHash": ALICE, "subscriptionId": poison})
     assert (await conn.line(timeout=10))["status"] == 404
     conn.close()
-    deadline = time.monotonic() + 20  # the health report follows the quarantine (within a second when idle)
+    deadline = time.monotonic() + 20  # the health report follows the quarantine (within seconds when idle)
     while broker.health()["quarantined"] != 0:
         assert time.monotonic() < deadline, (broker.health(), await quarantined(broker))
         await asyncio.sleep(0.2)

@@ -92,8 +92,8 @@ def test_only_one_of_racing_owners_gets_a_subscription_id(stores):
 def test_a_feed_row_wakes_a_waiting_gateway(stores):
     gateway, pipeline = stores[0], stores[1]
     assert gateway.feed_signal
-    assert not gateway.wait_for_feed(0, 0.2)
-    woke: list[tuple[bool, float]] = []
+    assert gateway.wait_for_feed(0, 0.2) == 0
+    woke: list[tuple[int, float]] = []
 
     seq = gateway.last_feed_seq()
 
@@ -107,8 +107,8 @@ def test_a_feed_row_wakes_a_waiting_gateway(stores):
     written = time.monotonic()
     pipeline.record_round(Round(np.array([1]), np.array([pub]), pub))
     waiter.join()
-    assert woke and woke[0][0] and written <= woke[0][1] < written + 5  # woken by the row, not the timeout
-    assert gateway.wait_for_feed(0, 10)  # a row already there: no wait
+    assert woke and woke[0][0] > seq and written <= woke[0][1] < written + 5  # woken by the row, not the timeout
+    assert gateway.wait_for_feed(0, 10) > 0  # a row already there: no wait
 
 
 def test_the_schema_is_versioned_and_the_pipeline_never_creates_it(postgres_url):

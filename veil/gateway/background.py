@@ -16,12 +16,12 @@ from veil.gateway.context import Gateway
 from veil.gateway.pipeline_process import PipelineProcess
 from veil.protocol import ProtocolError
 from veil.store import KIND_SUBSCRIBE
-from veil.store.queues import COMPACT_CHUNK, COMPACT_INTERVAL, SPILL_AFTER
+from veil.store.queues import COMPACT_CHUNK, COMPACT_IDLE_INTERVAL, COMPACT_INTERVAL, SPILL_AFTER
 
 log = logging.getLogger("veil.gateway")
 PROGRESS_INTERVAL = 0.1  # seconds between reads of the pipeline's progress while it is behind
 CAUGHT_UP_INTERVAL = 1.0  # and at most this long while it is caught up
-QUARANTINE_INTERVAL = 1.0  # seconds between looks for newly quarantined entries
+QUARANTINE_INTERVAL = 5.0  # seconds between looks for newly quarantined entries
 HEARTBEAT_STALE = 10.0  # seconds without a pipeline heartbeat after which it counts as stuck
 
 
@@ -91,8 +91,8 @@ class Background:
 
     async def _pipeline_problems(self) -> list[str]:
         """The pipeline's state from what can be seen of it: its process (when this gateway runs it),
-        the process id it registered, and its heartbeat (written every half second, with the start
-        of the batch it is in: an epoch of rounds, or a micro-batch)."""
+        the process id it registered, and its heartbeat (written every second, with the last sign
+        of life of the matcher partition heard from least recently)."""
         gateway, pipeline = self.gateway, self.pipeline
         health = gateway.health
         health.dark = []  # known only from a pipeline that beats
@@ -137,21 +137,45 @@ class Background:
         Between two steps compaction rests as long as the step took: it shares the store's writer
         (publishes wait for it) and SQLite's write lock (so does the pipeline's recording of its
         rounds), and while it rests the matches it would spill are being consumed — spilling is
-        cheapest late, when most of a feed entry needs no queue row any more."""
-        threads = self.gateway.threads
+        cheapest late, when most of a feed entry needs no queue row any more. Between rounds it
+        rests COMPACT_INTERVAL; once a round found nothing to do and neither the log nor the feed
+        moved, twice as long each time up to COMPACT_IDLE_INTERVAL (an idle broker's compaction was
+        a quarter of what it asked of its store), until they move."""
+        rest, moved = COMPACT_INTERVAL, True
         while True:
-            try:
-                handled = COMPACT_CHUNK
-                while handled >= COMPACT_CHUNK:
-                    fanned_out = await membership.fanned_out(self.gateway)
-                    spill_before = time.time() - SPILL_AFTER
-                    began = time.monotonic()
-                    retention = self.gateway.config.retention
-                    retained_since = round((time.time() - retention) * 1000) if retention else None
-                    handled = await threads.write(
-                        threads.store.compact, COMPACT_CHUNK, fanned_out, spill_before, retained_since
-                    )
-                    await asyncio.sleep(time.monotonic() - began)
-            except Exception:
-                log.exception("compacting the store failed")
-            await asyncio.sleep(COMPACT_INTERVAL)
+            handled = await self._compaction_round()
+            rest = COMPACT_INTERVAL if handled or moved else min(2 * rest, COMPACT_IDLE_INTERVAL)
+            moved = await self._until_moved(rest)
+
+    async def _compaction_round(self) -> int:
+        """The rows a round of compaction handled (0 also if it failed)."""
+        threads = self.gateway.threads
+        total = 0
+        try:
+            handled = COMPACT_CHUNK
+            while handled >= COMPACT_CHUNK:
+                fanned_out = await membership.fanned_out(self.gateway)
+                spill_before = time.time() - SPILL_AFTER
+                began = time.monotonic()
+                retention = self.gateway.config.retention
+                retained_since = round((time.time() - retention) * 1000) if retention else None
+                handled = await threads.write(
+                    threads.store.compact, COMPACT_CHUNK, fanned_out, spill_before, retained_since
+                )
+                total += handled
+                await asyncio.sleep(time.monotonic() - began)
+        except Exception:
+            log.exception("compacting the store failed")
+        return total
+
+    async def _until_moved(self, seconds: float) -> bool:
+        """Wait `seconds`, or less once the log's head or the feed moved (looked at every
+        COMPACT_INTERVAL); whether they moved."""
+        gateway = self.gateway
+        seen = (gateway.ingest.head, gateway.hub.last_seq)
+        until = time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0:
+            await asyncio.sleep(min(COMPACT_INTERVAL, left))
+            if (gateway.ingest.head, gateway.hub.last_seq) != seen:
+                return True
+        return False

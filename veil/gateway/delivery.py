@@ -291,18 +291,27 @@ class DeliveryHub:
     async def poll(self) -> None:
         """Fan the pipeline's feed out to the connected subscriptions, entry by entry."""
         store = self.threads.store
+        look = True  # whether the feed may hold rows after last_seq: a signalling store says when
+        known = self.last_seq  # the feed's last row as last heard, before the read below
         while not self._stopping.is_set():
             try:
-                entries = await self.threads.read(store.feed_since, self.last_seq, 64)
-                signalled = not entries and store.feed_signal
-                signalled = signalled and await self.threads.wait(store.wait_for_feed, self.last_seq, FEED_WAIT)
+                entries = await self.threads.read(store.feed_since, self.last_seq, 64) if look else []
+                if not entries and store.feed_signal:
+                    if look and known > self.last_seq:
+                        # rows it knew of were read as none: another gateway's compaction spilled them
+                        # while this one counted as gone, and its subscriptions read their queues again
+                        self._resync()
+                        self.last_seq = self.offering = known
+                    known = await self.threads.wait(store.wait_for_feed, self.last_seq, FEED_WAIT)
+                    look = known > self.last_seq
             except Exception:  # the store unreachable for a moment: live delivery resumes with it
                 log.exception("reading the feed failed; read again in %g s", FEED_RETRY)
+                look = True
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), FEED_RETRY)
                 continue
             if not entries:
-                if not signalled:
+                if not store.feed_signal:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stopping.wait(), self.poll_interval)
                 continue

@@ -43,7 +43,7 @@ from veil.store import PipelineStore, Round, StoreUnavailable
 
 log = logging.getLogger("veil.pipeline")
 ORDER_POLL = 0.002  # seconds between looks at the ranges before a matched one, while it waits for them
-BEAT = 0.5  # seconds between a task's signs of life, and between its looks at who owns what
+BEAT = 1.0  # seconds between a task's signs of life, and between its looks at who owns what
 FINISH_POLL = 0.02  # seconds between looks for the epoch's end, past its deadline
 STORE_RETRY = 0.5  # seconds before a round the store refused is tried again
 # A partition nothing was heard from for this long is adopted by a task that runs: its own task's

@@ -404,9 +404,10 @@ class GatewayStore(LogReader):
 
     feed_signal = False  # whether `wait_for_feed` waits for a signal (otherwise the hub polls)
 
-    def wait_for_feed(self, seq: int, timeout: float) -> bool:
-        """Block until a feed row after `seq` may be there (True) or `timeout` seconds passed (False)."""
-        return False
+    def wait_for_feed(self, seq: int, timeout: float) -> int:
+        """The feed's last row once it is after `seq`, or as it is after `timeout` seconds (a store
+        that cannot signal returns `seq` at once: the hub polls it)."""
+        return seq
 
     @abstractmethod
     def bodies(self, pubs: np.ndarray) -> dict[int, tuple[bytes, Origin, int]]:

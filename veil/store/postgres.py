@@ -267,6 +267,37 @@ class _Connection:
                 cursor.executemany(_placeholders(sql), params)
 
 
+class _Listener:
+    """A connection listening on a channel, and the value of `query` (a counter that only grows)
+    as it last read it: read once listening has started, then again only after signals came (those
+    that came while its thread was busy are taken in first, so a write committed just before is not
+    missed, and the signals of many writes cost one read). An idle wait asks nothing of the store."""
+
+    def __init__(self, url: str, channel: str, query: str) -> None:
+        self.query = query
+        self.value: int | None = None
+        self.connection = psycopg.connect(url, autocommit=True, **CONNECTION)
+        try:
+            self.connection.execute(f"LISTEN {channel}")
+        except BaseException:
+            self.connection.close()
+            raise
+
+    def wait(self, beyond: int, timeout: float) -> int:
+        """The value once past `beyond`, or as it is after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if list(self.connection.notifies(timeout=0)) or self.value is None:
+                self.value = int((self.connection.execute(self.query).fetchone() or (0,))[0] or 0)
+            left = deadline - time.monotonic()
+            if self.value > beyond or left <= 0 or not list(self.connection.notifies(timeout=left, stop_after=1)):
+                return self.value
+            self.value = None
+
+    def close(self) -> None:
+        self.connection.close()
+
+
 class PostgresStore(RelationalStore):
     failures = (StoreUnavailable, psycopg.OperationalError)
     IN_IDS = "= ANY(?::bigint[])"
@@ -287,9 +318,9 @@ class PostgresStore(RelationalStore):
             url, min_size=1, max_size=POOL_SIZE, kwargs={"autocommit": True, **CONNECTION}, open=False,
             name="veil-store",
         )  # fmt: skip
-        self._listener: psycopg.Connection | None = None
-        self._log_listeners = threading.local()  # each thread's connection listening for appends
-        self._listeners: list[psycopg.Connection] = []  # all of them, closed with the store
+        self._feed: _Listener | None = None  # the hub's, for feed rows
+        self._log_listeners = threading.local()  # each thread's, for appends
+        self._listeners: list[_Listener] = []  # all of these, closed with the store
         self._lock = threading.Lock()
         self._pipeline: psycopg.Connection | None = None  # holds the pipeline's lock (`claim_pipeline`)
         try:
@@ -357,49 +388,32 @@ class PostgresStore(RelationalStore):
 
     feed_signal = True
 
-    def wait_for_feed(self, seq: int, timeout: float) -> bool:
-        """Wait for the pipeline's NOTIFY of a feed row after `seq` on a connection of its own. The
-        feed is looked at after listening starts, so a row written just before is not missed."""
+    def wait_for_feed(self, seq: int, timeout: float) -> int:
+        """Wait for the pipeline's NOTIFY of a feed row after `seq` on a connection of its own."""
+        if self._feed is None:
+            self._feed = _Listener(self.url, FEED_CHANNEL, LAST_FEED_SEQ)
         try:
-            if self._listener is None or self._listener.closed:
-                self._listener = psycopg.connect(self.url, autocommit=True, **CONNECTION)
-                self._listener.execute(f"LISTEN {FEED_CHANNEL}")
-            listener = self._listener
-            row = listener.execute(LAST_FEED_SEQ).fetchone()
-            if row is not None and row[0] > seq:
-                return True
-            for _ in listener.notifies(timeout=timeout, stop_after=1):
-                return True
+            return self._feed.wait(seq, timeout)
         except FAILURES as exc:
-            if self._listener is not None:
-                self._listener.close()
+            self._feed.close()
+            self._feed = None
             raise StoreUnavailable(str(exc)) from exc
-        return False
 
     def wait_for_log(self, offset: int, timeout: float) -> int:
         """Wait for the log trigger's NOTIFY on a connection of this thread's own (a matcher task's
         loop): a task polling the head every few milliseconds made 500 round trips a second. The
-        head is read after listening starts, and after the signals that came while the task was busy
-        are taken in, so an append committed just before is not missed, and the signals of many
-        appends cost one read."""
-        listener = getattr(self._log_listeners, "connection", None)
+        head kept may be past the log's end once compaction deleted its last entries, which no
+        round needs: a task's offset only moves to heads it read."""
+        listener: _Listener | None = getattr(self._log_listeners, "listener", None)
         try:
-            if listener is None or listener.closed:
-                listener = psycopg.connect(self.url, autocommit=True, **CONNECTION)
-                self._log_listeners.connection = listener
+            if listener is None:
+                listener = _Listener(self.url, LOG_CHANNEL, HEAD)
+                self._log_listeners.listener = listener
                 with self._lock:
                     self._listeners.append(listener)
-                listener.execute(f"LISTEN {LOG_CHANNEL}")
-            deadline = time.monotonic() + timeout
-            while True:
-                for _ in listener.notifies(timeout=0):
-                    pass
-                head = int((listener.execute(HEAD).fetchone() or (0,))[0])
-                left = deadline - time.monotonic()
-                if head > offset or left <= 0 or not list(listener.notifies(timeout=left, stop_after=1)):
-                    return head
+            return listener.wait(offset, timeout)
         except FAILURES as exc:
-            self._log_listeners.connection = None
+            self._log_listeners.listener = None
             if listener is not None:
                 listener.close()
                 with self._lock, contextlib.suppress(ValueError):
@@ -465,7 +479,9 @@ class PostgresStore(RelationalStore):
     def close(self) -> None:
         with self._lock:
             listeners, self._listeners = self._listeners, []
-        for connection in (self._listener, self._pipeline, *listeners):
-            if connection is not None:
-                connection.close()
+        for listener in (self._feed, *listeners):
+            if listener is not None:
+                listener.close()
+        if self._pipeline is not None:
+            self._pipeline.close()
         self._pool.close()

@@ -11,10 +11,11 @@ A subscriber that keeps up therefore costs no per-match row at all; one that lag
 queue of its own. Publications are monotonic across feed rows (a replayed batch is not written
 twice), so a backlog is the spilled rows followed by the unspilled feed.
 
-Compaction runs every `COMPACT_INTERVAL` seconds in steps of about `COMPACT_CHUNK` rows, one
-transaction each, so it never holds the write lock for long. A publication can go once it is below
-the horizon: the pipeline has passed it, no queue or feed row still holds it, no stateful
-subscription may still select it, and it is no longer valid for subscriptions to come.
+Compaction runs every `COMPACT_INTERVAL` seconds (up to `COMPACT_IDLE_INTERVAL` while idle) in
+steps of about `COMPACT_CHUNK` rows, one transaction each, so it never holds the write lock for
+long. A publication can go once it is below the horizon: the pipeline has passed it, no queue or
+feed row still holds it, no stateful subscription may still select it, and it is no longer valid
+for subscriptions to come.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from veil.store.base import FeedEntry
 
 SPILL_AFTER = 2.0  # seconds a match may wait in the feed before it gets its own queue row
 COMPACT_INTERVAL = 2.0  # seconds between compaction rounds
+COMPACT_IDLE_INTERVAL = 16.0  # at most, while they find nothing to do and nothing moves
 COMPACT_CHUNK = 20000  # rows per compaction step (one transaction)
 FEED_ROW_PAIRS = 1 << 20  # matches per feed row at most (16 MiB)
 FEED_READ_PAIRS = 4 << 20  # matches the hub reads from the feed at once, about (it takes at least a row)

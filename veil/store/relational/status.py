@@ -286,10 +286,11 @@ class StatusSql(Dialect):
             rows = {
                 name: (value, updated)
                 for name, value, updated in db.execute(
-                    "SELECT name, value, updated FROM status WHERE name IN ('pipeline', 'heartbeat')"
+                    "SELECT name, value, updated FROM status WHERE name IN ('pipeline', 'heartbeat') OR name LIKE ?",
+                    ("dark.%",),
                 )
             }
-            dark = tuple(sorted(_numbered(db, "dark.")))
+        dark = tuple(sorted(int(name.rsplit(".", 1)[1]) for name in rows if name.startswith("dark.")))
         if "pipeline" not in rows:
             return None
         (pid, registered), beat = rows["pipeline"], rows.get("heartbeat")
