@@ -86,6 +86,7 @@ async def run_rate(broker: BrokerProcess, subscriptions: int, rate: float, secon
     return {
         "rate": rate,
         "held": published.acked / (published.finished - published.started),
+        "refused": published.refused,
         "window": (published.started * 1e9, published.finished * 1e9),
         "e2e": np.array(listened.latencies),
     }
@@ -176,6 +177,7 @@ def print_report(results: dict[str, list[dict]], floors: list[dict], subscriptio
         e2e = [f"{np.percentile(r['e2e'], 50) * 1000:>6.0f} / {np.percentile(r['e2e'], 99) * 1000:<6.0f}" for r in rows]
         print(f"{'end to end (subscriber)':>26} " + " ".join(f"{c:>{width}}" for c in e2e))
         print(f"{'publications/s held':>26} " + " ".join(f"{r['held']:>{width}.0f}" for r in rows))
+        print(f"{'refused (503, retried)':>26} " + " ".join(f"{r['refused']:>{width}}" for r in rows))
     print("\nSide by side, end to end (subscriber)")
     for trigger, rows in results.items():
         e2e = [f"{np.percentile(r['e2e'], 50) * 1000:>6.0f} / {np.percentile(r['e2e'], 99) * 1000:<6.0f}" for r in rows]
