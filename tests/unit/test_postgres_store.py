@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from tests.unit.helpers import published
-from veil.store import NotOwner, Round, StoreMissing, open_store
+from veil.store import NotOwner, Round, StoreMissing, open_store, postgres
 from veil.store.postgres import MIGRATIONS
 
 
@@ -109,6 +109,19 @@ def test_a_feed_row_wakes_a_waiting_gateway(stores):
     waiter.join()
     assert woke and woke[0][0] > seq and written <= woke[0][1] < written + 5  # woken by the row, not the timeout
     assert gateway.wait_for_feed(0, 10) > 0  # a row already there: no wait
+
+
+def test_a_waiter_whose_signals_are_lost_reads_the_counter_again(stores, monkeypatch):
+    """A signal lost on the way (here: the listener stops listening) delays a waiter by REREAD
+    seconds, not until the next write."""
+    monkeypatch.setattr(postgres, "REREAD", 0.5)
+    waiter, writer = stores[0], stores[1]
+    head = waiter.wait_for_log(0, 0)
+    waiter._log_listeners.listener.connection.execute("UNLISTEN *")
+    offset = writer.append_publications(published(b"{}"))[0]
+    began = time.monotonic()
+    assert waiter.wait_for_log(head, 10) == offset
+    assert time.monotonic() - began < 5
 
 
 def test_the_schema_is_versioned_and_the_pipeline_never_creates_it(postgres_url):

@@ -144,11 +144,12 @@ class Background:
         rest, moved = COMPACT_INTERVAL, True
         while True:
             handled = await self._compaction_round()
-            rest = COMPACT_INTERVAL if handled or moved else min(2 * rest, COMPACT_IDLE_INTERVAL)
+            idle = handled == 0 and not moved  # a round that failed is tried again as soon as ever
+            rest = min(2 * rest, COMPACT_IDLE_INTERVAL) if idle else COMPACT_INTERVAL
             moved = await self._until_moved(rest)
 
-    async def _compaction_round(self) -> int:
-        """The rows a round of compaction handled (0 also if it failed)."""
+    async def _compaction_round(self) -> int | None:
+        """The rows a round of compaction handled (None: it failed)."""
         threads = self.gateway.threads
         total = 0
         try:
@@ -166,6 +167,7 @@ class Background:
                 await asyncio.sleep(time.monotonic() - began)
         except Exception:
             log.exception("compacting the store failed")
+            return None
         return total
 
     async def _until_moved(self, seconds: float) -> bool:

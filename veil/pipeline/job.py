@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("veil.pipeline")
 HEARTBEAT = 1.0  # seconds
-CLAIM_CHECK = 5.0  # seconds between looks that this pipeline still holds its store's claim
 STORE_RETRY = 2.0  # seconds between looks for a store that is not there yet
 WARM_UP_ROUNDS = 3
 WARM_UP_TIMEOUT = 120.0  # seconds warming up may take before the pipeline says it runs anyway
@@ -385,17 +384,14 @@ def _run_query(config: Config, store: PipelineStore, stop: threading.Event) -> i
             "pipeline running (%s, %d partitions by %s, %s) after %.1f s",
             config.master, config.partitions, config.partition_mode, config.trigger, time.monotonic() - started,
         )  # fmt: skip
-    checked = time.monotonic()
     try:
         while not stop.is_set():
             heartbeat.beat()
             if executors is not None:
                 executors.watch()
-            if time.monotonic() - checked >= CLAIM_CHECK:
-                if not _still_claimed(store):
-                    log.error("this pipeline lost its claim on the store (its connection to it broke); it stops")
-                    return 1
-                checked = time.monotonic()
+            if not _still_claimed(store):
+                log.error("this pipeline lost its claim on the store (its connection to it broke); it stops")
+                return 1
             if query.awaitTermination(HEARTBEAT):
                 break
         if query.exception() is not None:

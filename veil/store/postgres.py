@@ -34,6 +34,7 @@ WRITE_LOCK = 0x7665696C  # the advisory lock every write transaction takes ("vei
 PIPELINE_LOCK = WRITE_LOCK + 1  # held by the one pipeline of the store
 FEED_CHANNEL = "veil_feed"
 LOG_CHANNEL = "veil_log"
+REREAD = 10.0  # seconds a listener keeps a counter no signal has changed
 # A host that vanishes (power, network) with a transaction open would hold the store's write lock
 # until TCP gives up (15 minutes and more): keepalives and a user timeout end its session in ~30 s
 CONNECTION: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
@@ -269,13 +270,16 @@ class _Connection:
 
 class _Listener:
     """A connection listening on a channel, and the value of `query` (a counter that only grows)
-    as it last read it: read once listening has started, then again only after signals came (those
-    that came while its thread was busy are taken in first, so a write committed just before is not
-    missed, and the signals of many writes cost one read). An idle wait asks nothing of the store."""
+    as it last read it: read once listening has started, then again after signals came (those that
+    came while its thread was busy are taken in first, so a write committed just before is not
+    missed, and the signals of many writes cost one read), and at least every REREAD seconds: a
+    signal lost on the way (a proxy that pools transactions delivers none) delays a waiter that
+    long, not until the next write."""
 
     def __init__(self, url: str, channel: str, query: str) -> None:
         self.query = query
         self.value: int | None = None
+        self._read_at = 0.0
         self.connection = psycopg.connect(url, autocommit=True, **CONNECTION)
         try:
             self.connection.execute(f"LISTEN {channel}")
@@ -287,12 +291,16 @@ class _Listener:
         """The value once past `beyond`, or as it is after `timeout` seconds."""
         deadline = time.monotonic() + timeout
         while True:
-            if list(self.connection.notifies(timeout=0)) or self.value is None:
+            if list(self.connection.notifies(timeout=0)) or time.monotonic() - self._read_at > REREAD:
+                self.value = None  # signalled: stale until read, even if the read fails
+            if self.value is None:
+                self._read_at = time.monotonic()
                 self.value = int((self.connection.execute(self.query).fetchone() or (0,))[0] or 0)
-            left = deadline - time.monotonic()
-            if self.value > beyond or left <= 0 or not list(self.connection.notifies(timeout=left, stop_after=1)):
+            left = min(deadline, self._read_at + REREAD) - time.monotonic()
+            if self.value > beyond or deadline <= time.monotonic():
                 return self.value
-            self.value = None
+            if list(self.connection.notifies(timeout=max(0.0, left), stop_after=1)):
+                self.value = None
 
     def close(self) -> None:
         self.connection.close()
@@ -390,13 +398,14 @@ class PostgresStore(RelationalStore):
 
     def wait_for_feed(self, seq: int, timeout: float) -> int:
         """Wait for the pipeline's NOTIFY of a feed row after `seq` on a connection of its own."""
-        if self._feed is None:
-            self._feed = _Listener(self.url, FEED_CHANNEL, LAST_FEED_SEQ)
         try:
+            if self._feed is None:
+                self._feed = _Listener(self.url, FEED_CHANNEL, LAST_FEED_SEQ)
             return self._feed.wait(seq, timeout)
         except FAILURES as exc:
-            self._feed.close()
-            self._feed = None
+            if self._feed is not None:
+                self._feed.close()
+                self._feed = None
             raise StoreUnavailable(str(exc)) from exc
 
     def wait_for_log(self, offset: int, timeout: float) -> int:
