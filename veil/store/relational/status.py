@@ -138,10 +138,7 @@ class StatusSql(Dialect):
 
     def set_partitions(self, partitions: int) -> list[int]:
         with self._tx() as db:
-            kept = {
-                int(name.rsplit(".", 1)[1]): value
-                for name, value in db.execute("SELECT name, value FROM status WHERE name LIKE ?", ("processed.%",))
-            }
+            kept = _numbered(db, "processed.")
             if set(kept) != set(range(partitions)):
                 # a subscription's partition follows from the count: all restart where the slowest was
                 start = min(kept.values()) if kept else get_status(db, "processed") or 0
@@ -290,7 +287,7 @@ class StatusSql(Dialect):
                     ("dark.%",),
                 )
             }
-        dark = tuple(sorted(int(name.rsplit(".", 1)[1]) for name in rows if name.startswith("dark.")))
+        dark = tuple(sorted(_partition(name) for name in rows if name.startswith("dark.")))
         if "pipeline" not in rows:
             return None
         (pid, registered), beat = rows["pipeline"], rows.get("heartbeat")
@@ -300,7 +297,12 @@ class StatusSql(Dialect):
 def _numbered(db: Db, prefix: str) -> dict[int, int]:
     """The status rows `prefix`<partition>, by partition."""
     rows = db.execute("SELECT name, value FROM status WHERE name LIKE ?", (prefix + "%",)).fetchall()
-    return {int(name.rsplit(".", 1)[1]): value for name, value in rows}
+    return {_partition(name): value for name, value in rows}
+
+
+def _partition(name: str) -> int:
+    """The partition a status row `<prefix>.<partition>` is of."""
+    return int(name.rsplit(".", 1)[1])
 
 
 def set_aside(db: Db, entries: Sequence[Quarantined], processed: int, now: float) -> None:
