@@ -16,6 +16,7 @@ from veil.store import (
     KIND_UNSUBSCRIBE,
     BatchDurations,
     NotOwner,
+    PipelineStatus,
     Publication,
     Quarantined,
     Round,
@@ -470,7 +471,8 @@ def test_a_round_is_recorded_only_while_its_task_owns_the_partition(store):
     assert store.adopt_partition(1, 22, store.partition_beats()[1])
     stale = StatefulBatch([(s, pubs[0], None)], [], [(s, b"band")], None, None)
     assert not store.record_round(Round([s], [pubs[0]], pubs[1], stateful=stale, part=1, start=0, owner=(1, 11)))
-    assert store.partition_offset(1) == 0 and store.subscription_states([s]) == {} and store.quarantine_count() == 0
+    assert store.partition_offset(1) == 0 and store.subscription_states([s]) == {}
+    assert store.pipeline_status().quarantined == 0
     assert store.record_round(Round([s], [pubs[0]], pubs[1], part=1, start=0, owner=(1, 22)))
     assert [p for p, *_ in backlog(store, s, 0, 10)[0]] == pubs[:1]
 
@@ -547,7 +549,7 @@ def test_subscribe_entries_carry_the_number_their_matches_use(store):
 
 
 def test_the_pipeline_status_is_what_it_registered_and_beat(store):
-    assert store.pipeline_status() is None
+    assert store.pipeline_status() == PipelineStatus(0, 0.0, 0, None)
     store.register_pipeline(4242)
     store.heartbeat(1234, [2, 0])
     status = store.pipeline_status()
@@ -734,12 +736,13 @@ def test_a_dropped_subscription_quarantine_does_not_come_back(store):
     failure = Quarantined(0, KIND_SUBSCRIBE, "poison", None, "ValueError: boom")
     store.record_round(Round([], [], created, quarantined=[failure]))
     (record,) = store.quarantine()
-    assert store.quarantine_count() == 1 and store.subscription_refusal("poison") == "ValueError: boom"
+    assert store.pipeline_status()[-2:] == (1, record.seq)
+    assert store.subscription_refusal("poison") == "ValueError: boom"
     removed = store.remove_subscription("poison", "alice")
-    assert store.release_quarantined(record.offset) and store.quarantine_count() == 0
+    assert store.release_quarantined(record.offset) and store.pipeline_status().quarantined == 0
     assert removed > pub
     store.record_round(Round([], [], pub, quarantined=[failure]))  # a round still before the removal
-    assert store.quarantine_count() == 0
+    assert store.pipeline_status().quarantined == 0
 
 
 def test_a_dropped_publication_quarantine_does_not_come_back(store):
@@ -753,7 +756,7 @@ def test_a_dropped_publication_quarantine_does_not_come_back(store):
     (record,) = store.quarantine()
     assert store.release_quarantined(record.offset) and not store.release_quarantined(record.offset)
     store.record_round(Round([], [], pub, quarantined=[failure], part=1))
-    assert store.quarantine_count() == 0 and store.quarantine() == [] and store.quarantined_at(pub) is None
+    assert store.pipeline_status().quarantined == 0 and store.quarantine() == [] and store.quarantined_at(pub) is None
 
 
 def test_a_set_aside_subscription_gets_nothing_from_partitions_that_still_held_it(store):

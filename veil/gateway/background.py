@@ -15,13 +15,12 @@ from veil.gateway import membership, queue_bounds
 from veil.gateway.context import Gateway
 from veil.gateway.pipeline_process import PipelineProcess
 from veil.protocol import ProtocolError
-from veil.store import KIND_SUBSCRIBE
+from veil.store import KIND_SUBSCRIBE, PipelineStatus
 from veil.store.queues import COMPACT_CHUNK, COMPACT_IDLE_INTERVAL, COMPACT_INTERVAL, SPILL_AFTER
 
 log = logging.getLogger("veil.gateway")
 PROGRESS_INTERVAL = 0.1  # seconds between reads of the pipeline's progress while it is behind
 CAUGHT_UP_INTERVAL = 1.0  # and at most this long while it is caught up
-QUARANTINE_INTERVAL = 5.0  # seconds between looks for newly quarantined entries
 HEARTBEAT_STALE = 10.0  # seconds without a pipeline heartbeat after which it counts as stuck
 
 
@@ -30,7 +29,6 @@ class Background:
         self.gateway = gateway
         self.pipeline = pipeline
         self._quarantine_seq = 0  # the last quarantined entry whose subscriber was told
-        self._quarantine_checked = 0.0
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -65,9 +63,11 @@ class Background:
                 # so that /health and --max-lag see the pipeline's whole backlog, not this gateway's part
                 head = await gateway.threads.read(gateway.threads.store.head_offset)
                 gateway.ingest.head = max(gateway.ingest.head, head)
-                problems = await self._pipeline_problems()
-                if time.monotonic() - self._quarantine_checked >= QUARANTINE_INTERVAL:
-                    await self._follow_quarantine()
+                status = await gateway.threads.read(gateway.threads.store.pipeline_status)
+                problems = self._pipeline_problems(status)
+                health.quarantined = status.quarantined
+                if status.last_quarantined > self._quarantine_seq:
+                    await self._tell_quarantined_owners()
                 if health.quarantined:
                     problems.append(f"{health.quarantined} log entries quarantined (see GET /admin/quarantine)")
                 health.problems = problems
@@ -89,7 +89,7 @@ class Background:
             if ingest.lag > 0 or ingest.head != seen or time.monotonic() >= until:
                 return
 
-    async def _pipeline_problems(self) -> list[str]:
+    def _pipeline_problems(self, status: PipelineStatus) -> list[str]:
         """The pipeline's state from what can be seen of it: its process (when this gateway runs it),
         the process id it registered, and its heartbeat (written every second, with the last sign
         of life of the matcher partition heard from least recently)."""
@@ -101,9 +101,8 @@ class Background:
             exited = "" if pipeline.exited is None else f" (exit code {pipeline.exited})"
             last = f": {pipeline.last_error}" if pipeline.last_error else ""
             return [f"the pipeline process is not running{exited}; restarting{last}"]
-        status = await gateway.threads.read(gateway.threads.store.pipeline_status)
         own = pipeline.process.pid if pipeline is not None and pipeline.process is not None else None
-        if status is None or not status.pid or (own is not None and status.pid != own):
+        if not status.pid or (own is not None and status.pid != own):
             health.pipeline_state = "starting"
             return ["the pipeline is starting"]
         now = time.time()
@@ -120,11 +119,9 @@ class Background:
             return [f"matcher partitions without a running task: {', '.join(map(str, status.dark))}"]
         return []
 
-    async def _follow_quarantine(self) -> None:
-        """Count what is quarantined, and tell the connected owner of a quarantined subscription."""
+    async def _tell_quarantined_owners(self) -> None:
+        """Tell the connected owner of a subscription newly quarantined."""
         threads = self.gateway.threads
-        self._quarantine_checked = time.monotonic()
-        self.gateway.health.quarantined = await threads.read(threads.store.quarantine_count)
         for record in await threads.read(threads.store.quarantine, self._quarantine_seq):
             self._quarantine_seq = record.seq
             if record.kind == KIND_SUBSCRIBE and record.sub_id is not None:

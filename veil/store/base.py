@@ -183,13 +183,16 @@ class PipelineStatus(NamedTuple):
     """What the pipeline last said of itself: the process id it registered (0: none runs, or one is
     expected to start) and when, and at its last heartbeat (when: unix seconds) the last sign of
     life of the matcher partition heard from least recently (milliseconds; 0: not every one yet)
-    and the partitions that had no running task."""
+    and the partitions that had no running task; and how many entries are quarantined, the last one
+    set aside (its seq) among them."""
 
     pid: int
     registered: float
     quiet_since: int
     heartbeat: float | None
     dark: tuple[int, ...] = ()
+    quarantined: int = 0
+    last_quarantined: int = 0
 
 
 class LiveSubscription(NamedTuple):
@@ -545,9 +548,6 @@ class GatewayStore(LogReader):
         """Quarantined entries with seq > `after`, oldest first."""
 
     @abstractmethod
-    def quarantine_count(self) -> int: ...
-
-    @abstractmethod
     def quarantined_at(self, offset: int) -> QuarantineRecord | None: ...
 
     @abstractmethod
@@ -561,8 +561,8 @@ class GatewayStore(LogReader):
         """Forget the registered pipeline: until a new one registers, none counts as running."""
 
     @abstractmethod
-    def pipeline_status(self) -> PipelineStatus | None:
-        """What the pipeline last registered and beat; None if no pipeline ever registered."""
+    def pipeline_status(self) -> PipelineStatus:
+        """What the pipeline last registered and beat (pid 0 if none ever registered), and the quarantine."""
 
 
 class PipelineStore(LogReader):

@@ -46,10 +46,6 @@ class StatusSql(Dialect):
             ).fetchall()
         return [QuarantineRecord(*row) for row in rows]
 
-    def quarantine_count(self) -> int:
-        with self._read() as db:
-            return int(db.execute("SELECT COUNT(*) FROM quarantine WHERE released IS NULL").fetchone()[0])
-
     def quarantined_at(self, offset: int) -> QuarantineRecord | None:
         with self._read() as db:
             row = db.execute(
@@ -278,20 +274,25 @@ class StatusSql(Dialect):
         with self._read() as db:
             return _numbered(db, prefix)
 
-    def pipeline_status(self) -> PipelineStatus | None:
+    def pipeline_status(self) -> PipelineStatus:
+        # the quarantine's figures ride along, so that /health follows them at every look at the
+        # pipeline without a statement of their own
         with self._read() as db:
             rows = {
                 name: (value, updated)
                 for name, value, updated in db.execute(
-                    "SELECT name, value, updated FROM status WHERE name IN ('pipeline', 'heartbeat') OR name LIKE ?",
+                    "SELECT name, value, updated FROM status WHERE name IN ('pipeline', 'heartbeat') OR name LIKE ? "
+                    "UNION ALL SELECT 'quarantine', COUNT(*), COALESCE(MAX(seq), 0) FROM quarantine "
+                    "WHERE released IS NULL",
                     ("dark.%",),
                 )
             }
         dark = tuple(sorted(_partition(name) for name in rows if name.startswith("dark.")))
-        if "pipeline" not in rows:
-            return None
-        (pid, registered), beat = rows["pipeline"], rows.get("heartbeat")
-        return PipelineStatus(pid, registered, beat[0] if beat else 0, beat[1] if beat else None, dark)
+        quarantined, last_quarantined = rows["quarantine"]
+        (pid, registered), beat = rows.get("pipeline", (0, 0.0)), rows.get("heartbeat")
+        return PipelineStatus(
+            pid, registered, beat[0] if beat else 0, beat[1] if beat else None, dark, quarantined, int(last_quarantined)
+        )
 
 
 def _numbered(db: Db, prefix: str) -> dict[int, int]:
