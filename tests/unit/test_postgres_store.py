@@ -89,6 +89,33 @@ def test_only_one_of_racing_owners_gets_a_subscription_id(stores):
         assert all(store.subscription_owner(sub_id) == winner for store in stores)
 
 
+def test_a_cursor_saved_while_its_subscription_goes_never_outlives_it(stores):
+    """Cursors are saved beside the serialized writes: a gateway saving one while another removes
+    the subscription either saves it before (and the removal deletes it) or saves nothing, so a later
+    subscription of the id starts from the beginning, not from where the removed one was."""
+    saver, remover = stores[:2]
+    for n in range(40):
+        sub_id = f"gone-{n}"
+        remover.put_subscription(sub_id, "alice", b"[]")
+        number = remover.subscription_number(sub_id)
+        start = threading.Barrier(2)
+
+        def save(number: int = number, start: threading.Barrier = start) -> None:
+            start.wait()
+            for pub in range(1, 30):
+                saver.save_cursors({number: 1_000_000 + pub}, acked={number: [2_000_000 + pub]})
+
+        thread = threading.Thread(target=save)
+        thread.start()
+        start.wait()
+        time.sleep(0.001 * (n % 8))
+        remover.remove_subscription(sub_id, "alice")
+        thread.join()
+        remover.put_subscription(sub_id, "alice", b"[]")
+        again = remover.subscription_number(sub_id)
+        assert remover.cursor(sub_id) == 0 and remover.acked([number, again]) == {}
+
+
 def test_a_feed_row_wakes_a_waiting_gateway(stores):
     gateway, pipeline = stores[0], stores[1]
     assert gateway.feed_signal

@@ -25,7 +25,7 @@ import numpy as np
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from veil.store.base import Publication, StoreMissing, StoreUnavailable
+from veil.store.base import Publication, StaleRegistry, StoreMissing, StoreUnavailable
 from veil.store.credentials import redacted
 from veil.store.relational import LAST_FEED_SEQ, STATUS_WITHOUT_TOPK, Cursor, Db, RelationalStore, Transaction
 from veil.store.relational.log import HEAD
@@ -242,6 +242,45 @@ BEGIN
 END $$;
 CREATE TRIGGER log_written AFTER INSERT ON log FOR EACH STATEMENT EXECUTE FUNCTION log_written();
 """,
+    # and so is a round's feed row, for the hubs (where a NOTIFY of its own cost a round trip)
+    f"""
+CREATE FUNCTION feed_written() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{FEED_CHANNEL}', '');
+    RETURN NULL;
+END $$;
+CREATE TRIGGER feed_written AFTER INSERT ON feed FOR EACH STATEMENT EXECUTE FUNCTION feed_written();
+""",
+    # a group commit of publications without idempotency keys, in one statement: the write lock is
+    # held inside the server for the statement's transaction only, never across a client's round
+    # trips (a busy gateway's thread answered each late, and every other writer waited for it);
+    # returns the last offset given, or minus the newest registry version if `base` is older
+    f"""
+CREATE FUNCTION veil_append(base BIGINT, at BIGINT, bodies BYTEA[], clients TEXT[], key_ids TEXT[],
+                            signatures TEXT[], valid_for BIGINT[]) RETURNS BIGINT LANGUAGE plpgsql AS $$
+DECLARE
+    newest BIGINT;
+    count INTEGER := cardinality(bodies);
+    last BIGINT;
+BEGIN
+    PERFORM pg_advisory_xact_lock({WRITE_LOCK});
+    IF base IS NOT NULL THEN
+        SELECT COALESCE(MAX(r."offset"), 0) INTO newest FROM registry r;
+        IF newest > base THEN
+            RETURN -newest;
+        END IF;
+    END IF;
+    last := setval('log_offsets', nextval('log_offsets') + count - 1);
+    INSERT INTO log("offset", kind, body, client, key_id, signature, time)
+        SELECT last - count + p.i, 0, p.b, p.c, p.k, p.s, at
+        FROM unnest(bodies, clients, key_ids, signatures) WITH ORDINALITY AS p(b, c, k, s, i);
+    INSERT INTO validity(pub, until)
+        SELECT last - count + v.i, at + v.f FROM unnest(valid_for) WITH ORDINALITY AS v(f, i) WHERE v.f > 0;
+    INSERT INTO status(name, value, updated) VALUES ('received', count, extract(epoch FROM clock_timestamp()))
+        ON CONFLICT (name) DO UPDATE SET value = status.value + excluded.value, updated = excluded.updated;
+    RETURN last;
+END $$;
+""",
 )
 
 
@@ -316,8 +355,11 @@ class PostgresStore(RelationalStore):
     GREATEST = "GREATEST"
     LEAST = "LEAST"
     ROW_LOCK = " FOR UPDATE"
+    SHARE_LOCK = " FOR SHARE"
     NEW_NUMBER = "nextval(pg_get_serial_sequence('subscription_numbers', 'no'))"
-    WRITE = ("BEGIN", f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
+    # one round trip (a statement without parameters goes as a simple query, which may hold two)
+    WRITE = (f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})",)
+    UNSERIALIZED = ("BEGIN",)
     SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",)
 
     def __init__(self, url: str, create: bool = True) -> None:
@@ -350,8 +392,9 @@ class PostgresStore(RelationalStore):
             raise StoreUnavailable(str(exc)) from exc
 
     @contextlib.contextmanager
-    def _tx(self, write: bool = True) -> Iterator[Db]:
-        with self._connection() as db, Transaction(db, self.WRITE if write else self.SNAPSHOT, FAILURES):
+    def _tx(self, write: bool = True, serialized: bool = True) -> Iterator[Db]:
+        begin = (self.WRITE if serialized else self.UNSERIALIZED) if write else self.SNAPSHOT
+        with self._connection() as db, Transaction(db, begin, FAILURES):
             yield db
 
     def _read(self) -> contextlib.AbstractContextManager[Db]:
@@ -369,6 +412,24 @@ class PostgresStore(RelationalStore):
 
     def _triples(self, sub_nos: np.ndarray, pubs: np.ndarray, sizes: np.ndarray) -> tuple[list[int], ...]:
         return sub_nos.tolist(), pubs.tolist(), sizes.tolist()
+
+    def _append_unkeyed(self, now: int, publications: list[Publication], registry: int | None) -> list[int]:
+        with self._alone() as db:  # one statement, its own transaction (`veil_append`)
+            last = db.execute(
+                "SELECT veil_append(?, ?, ?::bytea[], ?::text[], ?::text[], ?::text[], ?::bigint[])",
+                (
+                    registry,
+                    now,
+                    [p.body for p in publications],
+                    [p.publisher for p in publications],
+                    [p.key_id for p in publications],
+                    [p.signature for p in publications],
+                    [p.valid_for or 0 for p in publications],
+                ),
+            ).fetchone()[0]
+        if last < 0:
+            raise StaleRegistry(-last, registry or 0)
+        return list(range(last - len(publications) + 1, last + 1))
 
     def _insert_publications(self, db: Db, now: int, publications: list[Publication]) -> list[int]:
         # the write lock is held: no other transaction takes offsets between these two statements
@@ -390,9 +451,6 @@ class PostgresStore(RelationalStore):
             ),
         )
         return offsets
-
-    def _feed_written(self, db: Db) -> None:
-        db.execute(f"NOTIFY {FEED_CHANNEL}")
 
     feed_signal = True
 

@@ -18,13 +18,14 @@ from veil.store.relational.dialect import (
     Db,
     Dialect,
     add_status,
+    add_statuses,
     count_change,
-    count_durations,
-    get_status,
+    duration_counts,
     now_ms,
-    partition_progress,
     set_least,
     set_status,
+    set_statuses,
+    status_value,
 )
 from veil.store.relational.log import append_entry
 from veil.store.relational.status import set_aside, set_aside_pairs
@@ -182,26 +183,34 @@ class DeliverySql(Dialect):
     def save_cursors(
         self, cursors: dict[int, int], forwarded: int = 0, acked: dict[int, list[int]] | None = None
     ) -> None:
-        with self._tx() as db:
+        # Not serialized with the other writes: a cursor only grows, and the live subscription's row
+        # is share-locked while its cursor is written, so an unsubscription (which deletes the cursor) comes
+        # wholly before or after, never leaving a cursor behind for a later subscription of the id.
+        # One statement per table, whatever the number of subscriptions.
+        live = f"EXISTS ({LIVE_NUMBER}{self.SHARE_LOCK})"
+        with self._tx(serialized=False) as db:
             if forwarded:
                 add_status(db, "forwarded", forwarded)
-            db.executemany(
-                # by number: a cursor of an earlier subscription of the id never moves a later one's
-                "INSERT INTO cursors(sub_id, pub) SELECT n.sub_id, ? FROM subscription_numbers n WHERE n.no = ? "
-                f"AND EXISTS ({LIVE_NUMBER}) "
-                f"ON CONFLICT (sub_id) DO UPDATE SET pub = {self.GREATEST}(cursors.pub, excluded.pub)",
-                [(pub, number) for number, pub in cursors.items()],
-            )
-            if acked:
-                db.executemany(
-                    f"INSERT INTO acked(sub_no, pub) SELECT n.no, ? FROM subscription_numbers n WHERE n.no = ? "
-                    f"AND EXISTS ({LIVE_NUMBER}) ON CONFLICT DO NOTHING",
-                    [(pub, number) for number, pubs in acked.items() for pub in pubs],
+            if cursors:
+                numbers = np.fromiter(cursors, np.int64, len(cursors))
+                db.execute(
+                    # by number: a cursor of an earlier subscription of the id never moves a later one's
+                    f"INSERT INTO cursors(sub_id, pub) SELECT n.sub_id, MAX(j.pub) FROM {self.PAIRS} "
+                    f"JOIN subscription_numbers n ON n.no = j.sub_no WHERE {live} GROUP BY n.sub_id "
+                    f"ON CONFLICT (sub_id) DO UPDATE SET pub = {self.GREATEST}(cursors.pub, excluded.pub)",
+                    self._pairs(numbers, np.fromiter(cursors.values(), np.int64, len(cursors))),
                 )
-                db.executemany(
-                    "DELETE FROM acked WHERE sub_no = ? AND pub <= (SELECT c.pub FROM cursors c "
-                    "JOIN subscription_numbers n USING (sub_id) WHERE n.no = ?)",
-                    [(number, number) for number in acked],
+            if acked:
+                pairs = [(number, pub) for number, pubs in acked.items() for pub in pubs]
+                db.execute(
+                    f"INSERT INTO acked(sub_no, pub) SELECT DISTINCT n.no, j.pub FROM {self.PAIRS} "
+                    f"JOIN subscription_numbers n ON n.no = j.sub_no WHERE {live} ON CONFLICT DO NOTHING",
+                    self._pairs(np.array([n for n, _ in pairs], np.int64), np.array([p for _, p in pairs], np.int64)),
+                )
+                db.execute(
+                    f"DELETE FROM acked WHERE sub_no {self.IN_IDS} AND pub <= (SELECT c.pub FROM cursors c "
+                    "JOIN subscription_numbers n USING (sub_id) WHERE n.no = acked.sub_no)",
+                    (self._ids(list(acked)),),
                 )
             count_change(db)
 
@@ -228,11 +237,16 @@ class DeliverySql(Dialect):
         now = time.time()
         with self._tx() as db:
             # matches of publications at or below the partition's processed offset were recorded by
-            # an earlier run of this round: a replay adds only what is new
-            recorded = partition_progress(db, part)
+            # an earlier run of this round: a replay adds only what is new (its own row, or where the
+            # whole pipeline was when it had none: a store recorded before partitions kept their own)
+            own, whole, owner = db.execute(
+                f"SELECT {status_value(f'processed.{part}', None)}, {status_value('processed')}, "
+                f"{status_value(f'owner.{matcher}', None)}"
+            ).fetchone()
+            recorded = own if own is not None else whole
             if done.start is not None and done.start != recorded:
                 return False
-            if done.owner is not None and get_status(db, f"owner.{matcher}") != done.owner[1]:
+            if done.owner is not None and owner != done.owner[1]:
                 return False
             fresh = pubs > recorded
             sub_nos, pubs = sub_nos[fresh], pubs[fresh]
@@ -250,34 +264,41 @@ class DeliverySql(Dialect):
                 sub_nos = np.concatenate([sub_nos, np.array([n for n, _ in logged], np.int64)])
                 pubs = np.concatenate([pubs, np.array([p for _, p in logged], np.int64)])
                 copies += [(n, p, copy) for n, p, copy in stateful.initials if copy is not None]
+            # the status rows written in three statements, not one each
+            counts = duration_counts([done.took_ms]) if done.took_ms is not None else {}
+            values = {f"beat.{matcher}": now_ms()}  # a sign of life: compared by change, not by clock
             if len(pubs):
-                add_status(db, "matched", len(np.unique(pubs)))
-                add_status(db, "matches", len(pubs))
-                for pairs, first in feed_rows(sub_nos, pubs):
-                    seq = db.execute(
-                        "INSERT INTO feed(pairs, first, created, cropped) VALUES (?, ?, ?, ?) RETURNING seq",
-                        (pairs, first, now, bool(copies)),
-                    ).fetchone()[0]
-                set_status(db, "feed_seq", seq)
-                self._feed_written(db)
+                counts |= {"matched": len(np.unique(pubs)), "matches": len(pubs)}
+                rows = feed_rows(sub_nos, pubs)
+                # one statement for all rows (each with its own seq, in order): PostgreSQL's trigger
+                # signals the hubs once
+                seqs = [
+                    row[0]
+                    for row in db.execute(
+                        "INSERT INTO feed(pairs, first, created, cropped) "
+                        f"VALUES {', '.join(['(?, ?, ?, ?)'] * len(rows))} RETURNING seq",
+                        [item for pairs, first in rows for item in (pairs, first, now, bool(copies))],
+                    )
+                ]
+                values["feed_seq"] = max(seqs)
                 db.executemany(
                     "INSERT INTO copies(sub_no, pub, body) VALUES (?, ?, ?) "
                     "ON CONFLICT (sub_no, pub) DO UPDATE SET body = excluded.body",
                     copies,
                 )
+                if processed > recorded:
+                    values["matches_per_entry"] = -(-len(pubs) // (processed - recorded))
+            if done.built:
+                counts["state_builds"] = 1
+            if counts:
+                add_statuses(db, counts)
+            set_statuses(db, values)
             db.execute(
                 "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE "
                 f"SET value = {self.GREATEST}(status.value, excluded.value), updated = excluded.updated",
                 (f"processed.{part}", processed, now),
             )
-            set_status(db, f"beat.{matcher}", now_ms())  # a sign of life: compared by change, not by clock
             set_least(db, "processed", "processed.")
-            if done.took_ms is not None:
-                count_durations(db, [done.took_ms])
-            if done.built:
-                add_status(db, "state_builds", 1)
-            if len(pubs) and processed > recorded:
-                set_status(db, "matches_per_entry", -(-len(pubs) // (processed - recorded)))
         return True
 
     def _record_stateful(self, db: Db, batch: StatefulBatch, part: int) -> list[tuple[int, int]]:

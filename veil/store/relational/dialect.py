@@ -33,8 +33,10 @@ class Db(Protocol):
     def executemany(self, sql: str, params: Sequence[Sequence[Any]], /) -> Any: ...
 
 
-def status_value(name: str) -> str:
-    return f"(SELECT COALESCE(MAX(value), 0) FROM status WHERE name = '{name}')"
+def status_value(name: str, default: int | None = 0) -> str:
+    """A status row's value as a scalar subquery (`default` when there is no row; None: NULL)."""
+    value = "MAX(value)" if default is None else f"COALESCE(MAX(value), {default})"
+    return f"(SELECT {value} FROM status WHERE name = '{name}')"
 
 
 SPILLED = status_value("spilled")  # the last feed seq spilled
@@ -56,11 +58,14 @@ class Dialect(EventStore):
     GREATEST: str  # the scalar max and min of two values
     LEAST: str
     ROW_LOCK: str  # after a SELECT in a write transaction: a writer without the write lock waits for it
+    SHARE_LOCK: str  # the same, where such writers need not wait for each other
     NEW_NUMBER: str  # a subscription number never given before (the caller holds the write lock)
 
     @abstractmethod
-    def _tx(self, write: bool = True) -> contextlib.AbstractContextManager[Db]:
-        """A transaction: a write one is serialized against all others; a read one sees one snapshot."""
+    def _tx(self, write: bool = True, serialized: bool = True) -> contextlib.AbstractContextManager[Db]:
+        """A transaction: a write one is serialized against all others (`serialized`: on PostgreSQL a
+        write that does not need it, whose rows' own locks order it, runs beside them); a read one
+        sees one snapshot."""
 
     @abstractmethod
     def _read(self) -> contextlib.AbstractContextManager[Db]:
@@ -106,9 +111,6 @@ class Dialect(EventStore):
     def _insert_publications(self, db: Db, now: int, publications: list[Publication]) -> list[int]:
         """Log the publications with consecutive offsets (the caller holds the write lock)."""
 
-    def _feed_written(self, db: Db) -> None:
-        """Signal a new feed row, for `wait_for_feed` (delivered when the transaction commits)."""
-
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -134,10 +136,16 @@ def set_statuses(db: Db, values: dict[str, int]) -> None:
 
 
 def add_status(db: Db, name: str, amount: int) -> None:
+    add_statuses(db, {name: amount})
+
+
+def add_statuses(db: Db, amounts: dict[str, int]) -> None:
+    """Add to several counters in one statement."""
+    now = time.time()
     db.execute(
-        "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) "
+        f"INSERT INTO status(name, value, updated) VALUES {', '.join(['(?, ?, ?)'] * len(amounts))} "
         "ON CONFLICT (name) DO UPDATE SET value = status.value + excluded.value, updated = excluded.updated",
-        (name, amount, time.time()),
+        [item for name, amount in amounts.items() for item in (name, amount, now)],
     )
 
 
@@ -168,13 +176,13 @@ def set_least(db: Db, name: str, prefix: str) -> None:
         set_status(db, name, least)
 
 
-def count_durations(db: Db, durations: Sequence[int]) -> None:
-    """Count matching rounds' durations (ms) into the buckets of BATCH_BOUNDS_MS and their sum."""
+def duration_counts(durations: Sequence[int]) -> dict[str, int]:
+    """Matching rounds' durations (ms) as counts to add to the buckets of BATCH_BOUNDS_MS and to their sum."""
     buckets = np.bincount(np.searchsorted(BATCH_BOUNDS_MS, durations), minlength=len(BATCH_BOUNDS_MS) + 1)
-    for i in np.flatnonzero(buckets).tolist():
-        add_status(db, f"batch_{i}", int(buckets[i]))
+    counts = {f"batch_{i}": int(buckets[i]) for i in np.flatnonzero(buckets).tolist()}
     if len(durations):
-        add_status(db, "batch_ms", int(sum(durations)))
+        counts["batch_ms"] = int(sum(durations))
+    return counts
 
 
 def count_change(db: Db) -> None:

@@ -68,11 +68,10 @@ class LogSql(Dialect):
         self, publications: list[Publication], registry: int | None = None, keys_kept: int = KEYS_KEPT
     ) -> list[int]:
         now = now_ms()
+        if all(p.key is None for p in publications):  # (the common case)
+            return self._append_unkeyed(now, publications, registry)
         with self._tx() as db:
-            if registry is not None and (newest := _registry_version(db)) > registry:
-                raise StaleRegistry(newest, registry)
-            if all(p.key is None for p in publications):  # (the common case)
-                return self._log_publications(db, now, publications)
+            _check_registry(db, registry)
             names = [_key_name(p) for p in publications]
             known = dict(
                 db.execute(
@@ -95,6 +94,12 @@ class LogSql(Dialect):
                 [(name, known[name], now + keys_kept) for name in first],
             )
             return [logged[at] if name is None else known[name] for at, name in enumerate(names)]
+
+    def _append_unkeyed(self, now: int, publications: list[Publication], registry: int | None) -> list[int]:
+        """`append_publications` of publications without idempotency keys."""
+        with self._tx() as db:
+            _check_registry(db, registry)
+            return self._log_publications(db, now, publications)
 
     def _log_publications(self, db: Db, now: int, publications: list[Publication]) -> list[int]:
         offsets = self._insert_publications(db, now, publications)
@@ -383,6 +388,12 @@ class LogSql(Dialect):
 
 def _registry_version(db: Db) -> int:
     return int(db.execute('SELECT COALESCE(MAX("offset"), 0) FROM registry').fetchone()[0])
+
+
+def _check_registry(db: Db, registry: int | None) -> None:
+    """Refuse a write based on registry version `registry` once a newer one is stored."""
+    if registry is not None and (newest := _registry_version(db)) > registry:
+        raise StaleRegistry(newest, registry)
 
 
 def append_entry(db: Db, columns: str, values: tuple[Any, ...]) -> int:
