@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from veil.protocol.envelope import Origin
-from veil.store.base import KIND_COPY, FeedEntry, Round, StatefulBatch
+from veil.store.base import KIND_COPY, KIND_SUBSCRIBE, FeedEntry, Round, StatefulBatch
 from veil.store.queues import FEED_READ_PAIRS, feed_rows, unpack
 from veil.store.relational.dialect import (
     LAST_FEED_SEQ,
@@ -239,9 +239,11 @@ class DeliverySql(Dialect):
             # matches of publications at or below the partition's processed offset were recorded by
             # an earlier run of this round: a replay adds only what is new (its own row, or where the
             # whole pipeline was when it had none: a store recorded before partitions kept their own)
-            own, whole, owner = db.execute(
+            # (and whether any subscription is set aside, which the matches are checked against)
+            own, whole, owner, any_set_aside = db.execute(
                 f"SELECT {status_value(f'processed.{part}', None)}, {status_value('processed')}, "
-                f"{status_value(f'owner.{matcher}', None)}"
+                f"{status_value(f'owner.{matcher}', None)}, "
+                f"EXISTS (SELECT 1 FROM quarantine WHERE kind = {KIND_SUBSCRIBE})"
             ).fetchone()
             recorded = own if own is not None else whole
             if done.start is not None and done.start != recorded:
@@ -253,7 +255,8 @@ class DeliverySql(Dialect):
             copies = [copy for copy in done.copies if copy[1] > recorded]
             if processed > recorded:
                 set_aside(db, done.quarantined, processed, now)
-            dropped = set_aside_pairs(db, sub_nos, pubs, recorded) if len(pubs) else None
+            any_set_aside = any_set_aside or any(entry.kind == KIND_SUBSCRIBE for entry in done.quarantined)
+            dropped = set_aside_pairs(db, sub_nos, pubs, recorded) if len(pubs) and any_set_aside else None
             if dropped is not None:
                 sub_nos, pubs = sub_nos[~dropped], pubs[~dropped]
                 if copies:

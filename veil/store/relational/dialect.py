@@ -168,12 +168,15 @@ def set_least(db: Db, name: str, prefix: str) -> None:
     """Status `name` becomes the least of the rows named `prefix`<partition> (gone when there are
     none): each partition records its own progress and its stateful subscriptions' due and held
     moments, the gateway and compaction read the whole pipeline's. Write transactions are
-    serialized, so every row read is current."""
-    least = db.execute("SELECT MIN(value) FROM status WHERE name LIKE ?", (prefix + "%",)).fetchone()[0]
-    if least is None:
+    serialized, so every row read is current. One statement while there are rows."""
+    written = db.execute(
+        "INSERT INTO status(name, value, updated) SELECT ?, m.least, ? "
+        "FROM (SELECT MIN(value) AS least FROM status WHERE name LIKE ?) AS m WHERE m.least IS NOT NULL "
+        "ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated = excluded.updated",
+        (name, time.time(), prefix + "%"),
+    ).rowcount
+    if not written:
         db.execute("DELETE FROM status WHERE name = ?", (name,))
-    else:
-        set_status(db, name, least)
 
 
 def duration_counts(durations: Sequence[int]) -> dict[str, int]:
