@@ -116,6 +116,9 @@ class PartitionTask:
         self._recent: dict[int, deque[tuple[float, int]]] = {}  # its rounds in the last RATE_WINDOW: (when, entries)
         # the gap before its next round, and whether it applies even when caught up
         self._gap: dict[int, tuple[float, bool]] = {}
+        # matches per log entry in its last round that had any, which sizes the next round: read from
+        # the store once (another task's rounds), then known from this task's own (a read a round less)
+        self._per_entry: dict[int, int] = {}
         # when each held partition's stateful subscriptions are next due (ms), and the tick logged for it
         self._due: dict[int, int | None] = {}
         self._ticked: dict[int, int] = {}
@@ -272,6 +275,7 @@ class PartitionTask:
             self._offsets.pop(part, None)
             self._claimed_to.pop(part, None)
             self._ticked.pop(part, None)
+            self._per_entry.pop(part, None)
         self.held = held
         return cuts
 
@@ -310,7 +314,7 @@ class PartitionTask:
             return start
         began = self._paced(part)
         head = self._head = store.head_offset()
-        end = round_end(start, head, self.max_rows, self.max_matches, store.matches_per_entry())
+        end = round_end(start, head, self.max_rows, self.max_matches, self._matches_per_entry(store, part))
         self._record(store, self.matcher.round(store, part, start, end), part, token, began)
         return None
 
@@ -323,7 +327,7 @@ class PartitionTask:
         if claimed_to is not None and self._head <= claimed_to and part not in self._waiting:
             return claimed_to  # nothing appended since all was claimed: no claim (a write) to try
         began = self._paced(part)
-        rows = round_end(0, self.max_rows, self.max_rows, self.max_matches, store.matches_per_entry())
+        rows = round_end(0, self.max_rows, self.max_rows, self.max_matches, self._matches_per_entry(store, part))
         start, end = store.claim_range(rows, part)
         if end <= start:
             self._claimed_to[part] = start
@@ -340,6 +344,11 @@ class PartitionTask:
             time.sleep(ORDER_POLL)
         self._record(store, done, part, token, began)
         return None
+
+    def _matches_per_entry(self, store: PipelineStore, part: int) -> int:
+        if part not in self._per_entry:
+            self._per_entry[part] = store.matches_per_entry()
+        return self._per_entry[part]
 
     def _rate(self, part: int) -> float:
         """Log entries a second that `part`'s rounds took in over the last RATE_WINDOW."""
@@ -363,6 +372,8 @@ class PartitionTask:
         else:
             self._offsets[part] = done.end
             self._due[part] = None if done.stateful is None else done.stateful.due
+        if len(done.sub_nos) and entries > 0:
+            self._per_entry[part] = -(-len(done.sub_nos) // entries)
         reached = len(np.unique(np.asarray(done.sub_nos)))
         growth = min(GAP_GROWTH, max(1.0, reached / PACED_SUBSCRIPTIONS))
         self._gap[part] = (self.round_gap * growth, reached >= PACED_SUBSCRIPTIONS)

@@ -42,6 +42,29 @@ CONNECTION: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalive
 POOL_SIZE = 5  # connections per process: the gateway's reader, writer and registry-head threads, the hub's waits
 FAILURES = (psycopg.OperationalError,)  # lost connections, full disks, pool timeouts, shutdowns
 
+
+def _signalled(table: str, channel: str) -> str:
+    """A trigger that signals `channel` once per statement inserting into `table`."""
+    return f"""
+CREATE FUNCTION {table}_written() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{channel}', '');
+    RETURN NULL;
+END $$;
+CREATE TRIGGER {table}_written AFTER INSERT ON {table} FOR EACH STATEMENT EXECUTE FUNCTION {table}_written();
+"""
+
+
+def _columns(publications: list[Publication]) -> tuple[list[Any], ...]:
+    """The publications' logged columns as arrays: bodies, publishers, key ids, signatures."""
+    return (
+        [p.body for p in publications],
+        [p.publisher for p in publications],
+        [p.key_id for p in publications],
+        [p.signature for p in publications],
+    )
+
+
 MIGRATIONS = (
     """
 CREATE SEQUENCE log_offsets;
@@ -234,23 +257,9 @@ CREATE TABLE acked (
 """,
     # whatever appends to the log signals it once per statement, delivered on commit: the matcher
     # tasks wait for it instead of reading the head every few milliseconds
-    f"""
-CREATE FUNCTION log_written() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('{LOG_CHANNEL}', '');
-    RETURN NULL;
-END $$;
-CREATE TRIGGER log_written AFTER INSERT ON log FOR EACH STATEMENT EXECUTE FUNCTION log_written();
-""",
+    _signalled("log", LOG_CHANNEL),
     # and so is a round's feed row, for the hubs (where a NOTIFY of its own cost a round trip)
-    f"""
-CREATE FUNCTION feed_written() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('{FEED_CHANNEL}', '');
-    RETURN NULL;
-END $$;
-CREATE TRIGGER feed_written AFTER INSERT ON feed FOR EACH STATEMENT EXECUTE FUNCTION feed_written();
-""",
+    _signalled("feed", FEED_CHANNEL),
     # a group commit of publications without idempotency keys, in one statement: the write lock is
     # held inside the server for the statement's transaction only, never across a client's round
     # trips (a busy gateway's thread answered each late, and every other writer waited for it);
@@ -417,15 +426,7 @@ class PostgresStore(RelationalStore):
         with self._alone() as db:  # one statement, its own transaction (`veil_append`)
             last = db.execute(
                 "SELECT veil_append(?, ?, ?::bytea[], ?::text[], ?::text[], ?::text[], ?::bigint[])",
-                (
-                    registry,
-                    now,
-                    [p.body for p in publications],
-                    [p.publisher for p in publications],
-                    [p.key_id for p in publications],
-                    [p.signature for p in publications],
-                    [p.valid_for or 0 for p in publications],
-                ),
+                (registry, now, *_columns(publications), [p.valid_for or 0 for p in publications]),
             ).fetchone()[0]
         if last < 0:
             raise StaleRegistry(-last, registry or 0)
@@ -441,14 +442,7 @@ class PostgresStore(RelationalStore):
             'INSERT INTO log("offset", kind, body, client, key_id, signature, time) '
             "SELECT o, 0, b, c, k, s, ? FROM unnest(?::bigint[], ?::bytea[], ?::text[], ?::text[], ?::text[]) "
             "AS p(o, b, c, k, s)",
-            (
-                now,
-                offsets,
-                [p.body for p in publications],
-                [p.publisher for p in publications],
-                [p.key_id for p in publications],
-                [p.signature for p in publications],
-            ),
+            (now, offsets, *_columns(publications)),
         )
         return offsets
 
