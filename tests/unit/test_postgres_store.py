@@ -90,9 +90,10 @@ def test_only_one_of_racing_owners_gets_a_subscription_id(stores):
 
 
 def test_a_cursor_saved_while_its_subscription_goes_never_outlives_it(stores):
-    """Cursors are saved beside the serialized writes: a gateway saving one while another removes
-    the subscription either saves it before (and the removal deletes it) or saves nothing, so a later
-    subscription of the id starts from the beginning, not from where the removed one was."""
+    """A gateway saving a cursor while another removes the subscription either saves it before (and
+    the removal deletes it) or saves nothing, so a later subscription of the id starts from the
+    beginning, not from where the removed one was; one saved while the owner replaces the
+    subscription (same number) is kept."""
     saver, remover = stores[:2]
     for n in range(40):
         sub_id = f"gone-{n}"
@@ -114,6 +115,11 @@ def test_a_cursor_saved_while_its_subscription_goes_never_outlives_it(stores):
         remover.put_subscription(sub_id, "alice", b"[]")
         again = remover.subscription_number(sub_id)
         assert remover.cursor(sub_id) == 0 and remover.acked([number, again]) == {}
+        replacing = threading.Thread(target=remover.put_subscription, args=(sub_id, "alice", b"[1]"))
+        replacing.start()
+        saver.save_cursors({again: 77})
+        replacing.join()
+        assert remover.cursor(sub_id) == 77
 
 
 def test_a_feed_row_wakes_a_waiting_gateway(stores):

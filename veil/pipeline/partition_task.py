@@ -372,8 +372,8 @@ class PartitionTask:
         else:
             self._offsets[part] = done.end
             self._due[part] = None if done.stateful is None else done.stateful.due
-        if len(done.sub_nos) and entries > 0:
-            self._per_entry[part] = -(-len(done.sub_nos) // entries)
+            if len(done.sub_nos) and entries > 0:
+                self._per_entry[part] = -(-len(done.sub_nos) // entries)
         reached = len(np.unique(np.asarray(done.sub_nos)))
         growth = min(GAP_GROWTH, max(1.0, reached / PACED_SUBSCRIPTIONS))
         self._gap[part] = (self.round_gap * growth, reached >= PACED_SUBSCRIPTIONS)

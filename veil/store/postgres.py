@@ -364,11 +364,9 @@ class PostgresStore(RelationalStore):
     GREATEST = "GREATEST"
     LEAST = "LEAST"
     ROW_LOCK = " FOR UPDATE"
-    SHARE_LOCK = " FOR SHARE"
     NEW_NUMBER = "nextval(pg_get_serial_sequence('subscription_numbers', 'no'))"
     # one round trip (a statement without parameters goes as a simple query, which may hold two)
     WRITE = (f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})",)
-    UNSERIALIZED = ("BEGIN",)
     SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",)
 
     def __init__(self, url: str, create: bool = True) -> None:
@@ -401,9 +399,8 @@ class PostgresStore(RelationalStore):
             raise StoreUnavailable(str(exc)) from exc
 
     @contextlib.contextmanager
-    def _tx(self, write: bool = True, serialized: bool = True) -> Iterator[Db]:
-        begin = (self.WRITE if serialized else self.UNSERIALIZED) if write else self.SNAPSHOT
-        with self._connection() as db, Transaction(db, begin, FAILURES):
+    def _tx(self, write: bool = True) -> Iterator[Db]:
+        with self._connection() as db, Transaction(db, self.WRITE if write else self.SNAPSHOT, FAILURES):
             yield db
 
     def _read(self) -> contextlib.AbstractContextManager[Db]:
@@ -428,7 +425,7 @@ class PostgresStore(RelationalStore):
                 "SELECT veil_append(?, ?, ?::bytea[], ?::text[], ?::text[], ?::text[], ?::bigint[])",
                 (registry, now, *_columns(publications), [p.valid_for or 0 for p in publications]),
             ).fetchone()[0]
-        if last < 0:
+        if last <= 0:  # (0: never an offset given)
             raise StaleRegistry(-last, registry or 0)
         return list(range(last - len(publications) + 1, last + 1))
 

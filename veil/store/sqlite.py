@@ -220,7 +220,7 @@ class SqliteStore(RelationalStore):
     TRIPLES = "(SELECT value ->> 0 AS sub_no, value ->> 1 AS pub, value ->> 2 AS size FROM json_each(?)) AS j"
     GREATEST = "MAX"
     LEAST = "MIN"
-    ROW_LOCK = SHARE_LOCK = ""  # one writer at a time already
+    ROW_LOCK = ""  # one writer at a time already
 
     def __init__(self, path: str, create: bool = True) -> None:
         self.path = os.path.abspath(path)
@@ -253,7 +253,7 @@ class SqliteStore(RelationalStore):
                 self._connections.append(db)
         return db
 
-    def _tx(self, write: bool = True, serialized: bool = True) -> Transaction:  # one writer at a time anyway
+    def _tx(self, write: bool = True) -> Transaction:
         return Transaction(self._db(), ("BEGIN IMMEDIATE",) if write else ("BEGIN",), FAILURES)
 
     def _read(self) -> contextlib.nullcontext[Db]:

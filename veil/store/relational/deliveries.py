@@ -183,12 +183,11 @@ class DeliverySql(Dialect):
     def save_cursors(
         self, cursors: dict[int, int], forwarded: int = 0, acked: dict[int, list[int]] | None = None
     ) -> None:
-        # Not serialized with the other writes: a cursor only grows, and the live subscription's row
-        # is share-locked while its cursor is written, so an unsubscription (which deletes the cursor) comes
-        # wholly before or after, never leaving a cursor behind for a later subscription of the id.
-        # One statement per table, whatever the number of subscriptions.
-        live = f"EXISTS ({LIVE_NUMBER}{self.SHARE_LOCK})"
-        with self._tx(serialized=False) as db:
+        # One statement per table, whatever the number of subscriptions. Serialized with the other
+        # writes: a save beside an unsubscription could write the cursor it deletes (left behind for a
+        # later subscription of the id), and one beside a replacement would find no live version.
+        live = f"EXISTS ({LIVE_NUMBER})"
+        with self._tx() as db:
             if forwarded:
                 add_status(db, "forwarded", forwarded)
             if cursors:

@@ -58,14 +58,11 @@ class Dialect(EventStore):
     GREATEST: str  # the scalar max and min of two values
     LEAST: str
     ROW_LOCK: str  # after a SELECT in a write transaction: a writer without the write lock waits for it
-    SHARE_LOCK: str  # the same, where such writers need not wait for each other
     NEW_NUMBER: str  # a subscription number never given before (the caller holds the write lock)
 
     @abstractmethod
-    def _tx(self, write: bool = True, serialized: bool = True) -> contextlib.AbstractContextManager[Db]:
-        """A transaction: a write one is serialized against all others (`serialized`: on PostgreSQL a
-        write that does not need it, whose rows' own locks order it, runs beside them); a read one
-        sees one snapshot."""
+    def _tx(self, write: bool = True) -> contextlib.AbstractContextManager[Db]:
+        """A transaction: a write one is serialized against all others; a read one sees one snapshot."""
 
     @abstractmethod
     def _read(self) -> contextlib.AbstractContextManager[Db]:
