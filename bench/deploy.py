@@ -9,12 +9,20 @@
 
 For each: publications/s end to end, publish → delivery p50/p99 at a constant rate, and the CPU each
 component spent per publication (all processes of the component, from /proc, over the whole case).
-PostgreSQL is a throwaway server of the benchmark's own, so that its CPU is the store's alone. On two
-cores the point is the overhead of each part, not a speed-up. As in `bench.selis`, a phase whose
+PostgreSQL is a throwaway server of the benchmark's own, so that its CPU is the store's alone; on it,
+the statements the broker sent and the time the store's write lock was held and waited for, per
+publication (`bench.store_load`). Each deployment runs with each of `--partitions` matcher partitions
+and `--modes` (subscription or publication partitioning; the clusters have one partition per worker).
+On two cores the point is the overhead of each part, not a speed-up. As in `bench.selis`, a phase whose
 deliveries are not exactly the ones its acknowledged publications should make prints how many
 arrived instead of its figures.
 
+Last, the scale model: from each row's CPU per publication, the cores each component would need at
+10k, 100k and 1M publications/s (linear in the rate: gateways and matcher partitions are added side
+by side), and one store's ceiling, the rate at which its write lock would be held all the time.
+
     python -m bench.deploy [--subscriptions 1,128,512] [--seconds 5] [--only sqlite,postgres,...]
+                           [--partitions 1,2,4] [--modes subscriptions,publications]
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -32,9 +41,12 @@ from bench.brokers import subscription_counts
 from bench.cpu import cpu_seconds
 from bench.report import print_table
 from bench.selis import arrived, checked, complete, run_case
+from bench.store_load import SETTINGS, StoreSampler
 from veil.harness import BrokerProcess, PostgresServer, SparkCluster, postgres_database
 
 KINDS = ("sqlite", "postgres", "2 gateways", "cluster 1w", "cluster 2w")
+MODES = ("subscriptions", "publications")
+SCALE = (10_000, 100_000, 1_000_000)  # publications/s the scale model sizes a deployment for
 
 
 @dataclass
@@ -42,6 +54,7 @@ class Deployed:
     publish: BrokerProcess  # where publishers post and subscriptions are made
     deliver: BrokerProcess  # where subscribers connect
     components: dict[str, Callable[[], float]] = field(default_factory=dict)  # name -> CPU seconds so far
+    database: str = ""  # the PostgreSQL database's name, if the store is one
 
 
 def postmaster(server: PostgresServer) -> int:
@@ -50,25 +63,27 @@ def postmaster(server: PostgresServer) -> int:
 
 
 @contextlib.contextmanager
-def deployment(kind: str, postgres: PostgresServer) -> Iterator[Deployed]:
+def deployment(kind: str, postgres: PostgresServer, partitions: int = 2, mode: str = MODES[0]) -> Iterator[Deployed]:
     directory = tempfile.mkdtemp(prefix="veil-bench-")
     processes: list[BrokerProcess] = []
     cluster: SparkCluster | None = None
     try:
         with contextlib.ExitStack() as stack:
             store = () if kind == "sqlite" else ("--store", stack.enter_context(postgres_database(postgres.url)))
+            matchers = ("--partitions", str(partitions), "--partition-mode", mode)
             if kind in ("sqlite", "postgres"):
-                broker = BrokerProcess(os.path.join(directory, "broker"), *store).start()
+                broker = BrokerProcess(os.path.join(directory, "broker"), *store, *matchers).start()
                 processes.append(broker)
                 deployed = Deployed(broker, broker)
                 deployed.components["gateway"] = lambda: cpu_seconds(broker.process.pid, descendants=False)
                 deployed.components["pipeline"] = lambda: cpu_seconds(broker.pipeline_pid())
             else:
-                flags: tuple[str, ...] = ()
+                flags: tuple[str, ...] = matchers
                 if kind.startswith("cluster"):
                     cluster = SparkCluster(workers=int(kind[-2])).start()
                     # a matcher partition's task runs all the time: one per core the cluster has
                     flags = (*cluster.pipeline_flags(), "--driver-memory", "1g", "--partitions", kind[-2])
+                    flags += ("--partition-mode", mode)
                 gateways = [
                     BrokerProcess(os.path.join(directory, name), "--role", "gateway", "--gateway-id", name, *store)
                     for name in ("A", "B")
@@ -87,6 +102,7 @@ def deployment(kind: str, postgres: PostgresServer) -> Iterator[Deployed]:
                     deployed.components["executors"] = lambda: sum(cpu_seconds(w.pid) for w in spark.workers if w)
             if store:
                 deployed.components["postgres"] = lambda: cpu_seconds(postmaster(postgres))
+                deployed.database = urllib.parse.urlsplit(store[1]).path.lstrip("/")
             yield deployed
             for process in processes:
                 process.close()
@@ -98,17 +114,29 @@ def deployment(kind: str, postgres: PostgresServer) -> Iterator[Deployed]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-async def measure(kind: str, postgres: PostgresServer, counts: list[int], seconds: float, rate: float) -> list[dict]:
+async def measure(
+    kind: str, postgres: PostgresServer, partitions: int, mode: str, counts: list[int], seconds: float, rate: float
+) -> list[dict]:
     rows = []
-    with deployment(kind, postgres) as deployed:
+    parts = int(kind[-2]) if kind.startswith("cluster") else partitions
+    with deployment(kind, postgres, partitions, mode) as deployed:
         await run_case(deployed.publish, 8, 3, rate, 1, deployed.deliver)  # warm-up
         for n in counts:
             before = {name: read() for name, read in deployed.components.items()}
-            row = await run_case(deployed.publish, n, seconds, rate, 1, deployed.deliver)
+            with contextlib.ExitStack() as stack:
+                sampler = StoreSampler(postgres.url, deployed.database) if deployed.database else None
+                if sampler:
+                    stack.enter_context(sampler)
+                row = await run_case(deployed.publish, n, seconds, rate, 1, deployed.deliver)
             spent = {name: read() - before[name] for name, read in deployed.components.items()}
-            row.update(kind=kind, cpu={name: value / max(1, row["published"]) for name, value in spent.items()})
+            row.update(
+                kind=kind, partitions=parts, mode=mode,
+                cpu={name: value / max(1, row["published"]) for name, value in spent.items()},
+                store=sampler.load.per_publication(row["published"]) if sampler else {},
+            )  # fmt: skip
             rows.append(row)
-            print(kind, {k: v for k, v in row.items() if k != "cpu"}, row["cpu"], flush=True)
+            print(kind, parts, mode, {k: v for k, v in row.items() if k not in ("cpu", "store")}, row["cpu"],
+                  row["store"], flush=True)  # fmt: skip
     return rows
 
 
@@ -116,11 +144,17 @@ def print_rows(rows: list[dict]) -> None:
     def us(component: str) -> Callable[[dict], object]:
         return lambda r: f"{r['cpu'][component] * 1e6:.0f}" if component in r["cpu"] else None
 
+    def store(figure: str, digits: int) -> Callable[[dict], object]:
+        return lambda r: f"{r['store'][figure]:.{digits}f}" if r["store"] else None
+
     print_table(
         f"SELIS lat/lon workload by deployment, one publication per POST; {os.cpu_count()} cores; "
-        "CPU in µs per publication",
+        "CPU in µs per publication; store: statements sent, and µs the write lock was held / waited for, "
+        "per publication",
         [
             ("deployment", 12, lambda r: r["kind"]),
+            ("parts", 5, lambda r: r["partitions"]),
+            ("mode", 5, lambda r: r["mode"][:4]),
             ("subs", 5, lambda r: r["subs"]),
             ("e2e pub/s", 10, lambda r: checked(r, "flat out", f"{r['sustained']:.0f}")),
             ("vs sqlite", 9, lambda r: f"{r['ratio']:.2f}" if r.get("ratio") else None),
@@ -131,6 +165,9 @@ def print_rows(rows: list[dict]) -> None:
             ("executors", 10, us("executors")),
             ("postgres", 9, us("postgres")),
             ("total", 7, lambda r: f"{sum(r['cpu'].values()) * 1e6:.0f}"),
+            ("stmts", 6, store("statements", 1)),
+            ("held", 6, store("held us", 0)),
+            ("waited", 7, store("waited us", 0)),
             ("arrived at pub/s", 17, lambda r: arrived(r, "steady")),
             ("arrived flat out", 17, lambda r: arrived(r, "flat out")),
         ],
@@ -138,19 +175,57 @@ def print_rows(rows: list[dict]) -> None:
     )
 
 
+def print_scale_model(rows: list[dict]) -> None:
+    """Cores per component at each rate of SCALE, from the CPU per publication above; the store's
+    ceiling is the rate at which its write lock, held `held` µs per publication, is never free."""
+
+    def cores(rate: int) -> Callable[[dict], object]:
+        def shown(row: dict) -> str:
+            components = ("gateway", "pipeline", "executors", "postgres")
+            return "/".join(f"{rate * row['cpu'][c]:.0f}" for c in components if c in row["cpu"])
+
+        return shown
+
+    def ceiling(row: dict) -> str | None:
+        held = row["store"].get("held us")
+        return f"{1e6 / held:,.0f}" if held else None
+
+    print_table(
+        "Scale model (inputs: the table above): cores needed by component, gateway/pipeline[/executors]"
+        "[/postgres], at each rate; one store's ceiling = 1 s / write lock held per publication",
+        [
+            ("deployment", 12, lambda r: r["kind"]),
+            ("parts", 5, lambda r: r["partitions"]),
+            ("mode", 5, lambda r: r["mode"][:4]),
+            ("subs", 5, lambda r: r["subs"]),
+            *((f"{rate:,} pub/s", 18, cores(rate)) for rate in SCALE),
+            ("store ceiling pub/s", 20, ceiling),
+        ],
+        rows,
+    )
+
+
 async def main_async(args: argparse.Namespace) -> None:
-    postgres = PostgresServer().start()
+    postgres = PostgresServer().start(**SETTINGS)
     rows: list[dict] = []
     try:
         for kind in args.only:
-            rows += await measure(kind, postgres, args.subscriptions, args.seconds, args.rate)
+            for mode in args.modes:
+                for partitions in [0] if kind.startswith("cluster") else args.partitions:
+                    rows += await measure(kind, postgres, partitions, mode, args.subscriptions, args.seconds, args.rate)
     finally:
         postgres.stop()
-    baseline = {r["subs"]: r["sustained"] for r in rows if r["kind"] == "sqlite" and complete(r, "flat out")}
+    baseline = {
+        (r["subs"], r["partitions"], r["mode"]): r["sustained"]
+        for r in rows
+        if r["kind"] == "sqlite" and complete(r, "flat out")
+    }
     for row in rows:
-        if row["subs"] in baseline and complete(row, "flat out"):
-            row["ratio"] = row["sustained"] / baseline[row["subs"]]
+        same = (row["subs"], row["partitions"], row["mode"])
+        if same in baseline and complete(row, "flat out"):
+            row["ratio"] = row["sustained"] / baseline[same]
     print_rows(rows)
+    print_scale_model(rows)
 
 
 def main() -> None:
@@ -159,7 +234,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rate", type=float, default=200.0, help="publications/s in the latency phase")
     parser.add_argument("--only", type=lambda text: text.split(","), default=list(KINDS), help=", ".join(KINDS))
-    asyncio.run(main_async(parser.parse_args()))
+    parser.add_argument("--partitions", type=subscription_counts, default=[2], help="matcher partitions, e.g. 1,2,4")
+    parser.add_argument("--modes", type=lambda text: text.split(","), default=[MODES[0]], help=", ".join(MODES))
+    args = parser.parse_args()
+    for option, chosen, known in (("--only", args.only, KINDS), ("--modes", args.modes, MODES)):
+        if unknown := [name for name in chosen if name not in known]:
+            parser.error(f"{option}: {', '.join(unknown)} unknown (known: {', '.join(known)})")
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":

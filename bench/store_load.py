@@ -1,0 +1,93 @@
+"""What a run asks of a PostgreSQL store: statements per publication and the write lock's occupancy.
+
+Every write transaction of the store takes one advisory lock (`veil.store.postgres.WRITE_LOCK`), so
+however many gateways and matcher partitions a deployment has, the time that lock is held per
+publication bounds the rate one store takes. A sampler thread reads `pg_locks` and
+`pg_stat_activity` every `interval` seconds while the run goes: the share of samples in which the
+lock was held, and how many connections were waiting for a lock, times the run's length, give the
+lock's held and waited time per publication. `pg_stat_statements` (loaded by the server's
+`SETTINGS`, counting statements clients send, not those inside functions) gives the statements —
+about the round trips — per publication. The sampler reads from the administrator's database and
+only the broker's database is counted, so its own statements are not; its CPU in the server (one
+statement per sample) is.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import psycopg
+
+from veil.store.postgres import WRITE_LOCK
+
+SETTINGS = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "top"}
+
+_SAMPLE = """
+SELECT
+    (SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+        WHERE d.datname = %(db)s AND l.locktype = 'advisory' AND l.granted
+        AND l.classid = 0 AND l.objid = %(lock)s::bigint::oid),
+    (SELECT count(*) FROM pg_stat_activity WHERE datname = %(db)s AND wait_event_type = 'Lock')
+"""
+_STATEMENTS = """
+SELECT COALESCE(sum(s.calls), 0) FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+WHERE d.datname = %s
+"""
+
+
+@dataclass
+class StoreLoad:
+    statements: int  # sent by the broker's processes while sampled
+    seconds: float
+    held: float  # share of samples in which the write lock was held
+    waiting: float  # connections waiting for a lock, on average over the samples
+
+    def per_publication(self, published: int) -> dict[str, float]:
+        """Statements, and µs the write lock was held and waited for, per publication."""
+        n = max(1, published)
+        return {
+            "statements": self.statements / n,
+            "held us": self.held * self.seconds / n * 1e6,
+            "waited us": self.waiting * self.seconds / n * 1e6,
+        }
+
+
+class StoreSampler:
+    """`with StoreSampler(admin_url, database) as sampler: ...`, then `sampler.load`."""
+
+    def __init__(self, admin_url: str, database: str, interval: float = 0.01) -> None:
+        self.admin_url, self.database, self.interval = admin_url, database, interval
+        self.load = StoreLoad(0, 0.0, 0.0, 0.0)
+        self._stop = threading.Event()
+        self._samples: list[tuple[int, int]] = []
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._started = 0.0
+
+    def __enter__(self) -> StoreSampler:
+        with psycopg.connect(self.admin_url, autocommit=True) as admin:
+            admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            admin.execute("SELECT pg_stat_statements_reset()")
+        self._started = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        seconds = time.monotonic() - self._started
+        with psycopg.connect(self.admin_url, autocommit=True) as admin:
+            row = admin.execute(_STATEMENTS, (self.database,)).fetchone()
+        n = max(1, len(self._samples))
+        self.load = StoreLoad(
+            int(row[0]) if row else 0, seconds,
+            sum(1 for held, _ in self._samples if held) / n, sum(waiting for _, waiting in self._samples) / n,
+        )  # fmt: skip
+
+    def _sample(self) -> None:
+        with psycopg.connect(self.admin_url, autocommit=True) as admin:
+            while not self._stop.wait(self.interval):
+                row = admin.execute(_SAMPLE, {"db": self.database, "lock": WRITE_LOCK}).fetchone()
+                if row:
+                    self._samples.append((int(row[0]), int(row[1])))
