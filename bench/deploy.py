@@ -135,8 +135,9 @@ async def measure(
                 store=sampler.load.per_publication(row["published"]) if sampler else {},
             )  # fmt: skip
             rows.append(row)
+            figures = {k: v for k, v in row["store"].items() if k != "top"}
             print(kind, parts, mode, {k: v for k, v in row.items() if k not in ("cpu", "store")}, row["cpu"],
-                  row["store"], flush=True)  # fmt: skip
+                  figures, flush=True)  # fmt: skip
     return rows
 
 
@@ -226,6 +227,12 @@ async def main_async(args: argparse.Namespace) -> None:
             row["ratio"] = row["sustained"] / baseline[same]
     print_rows(rows)
     print_scale_model(rows)
+    busiest = max((r for r in rows if r["store"]), key=lambda r: r["store"]["statements"], default=None)
+    if busiest is not None:
+        print(f"\nMost frequent statements, per publication, in the busiest case ({busiest['kind']}, "
+              f"{busiest['partitions']} partitions, {busiest['subs']} subscriptions):")  # fmt: skip
+        for calls, query in busiest["store"]["top"]:
+            print(f"  {calls:7.2f}  {query[:110]}")
 
 
 def main() -> None:

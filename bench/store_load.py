@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 
@@ -32,9 +33,10 @@ SELECT
     (SELECT count(*) FROM pg_stat_activity WHERE datname = %(db)s AND wait_event_type = 'Lock')
 """
 _STATEMENTS = """
-SELECT COALESCE(sum(s.calls), 0) FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
-WHERE d.datname = %s
+SELECT s.calls, s.query FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+WHERE d.datname = %s ORDER BY s.calls DESC
 """
+TOP = 6  # statements named, the most frequent
 
 
 @dataclass
@@ -43,14 +45,17 @@ class StoreLoad:
     seconds: float
     held: float  # share of samples in which the write lock was held
     waiting: float  # connections waiting for a lock, on average over the samples
+    top: list[tuple[int, str]] = field(default_factory=list)  # the most frequent: (calls, text)
 
-    def per_publication(self, published: int) -> dict[str, float]:
-        """Statements, and µs the write lock was held and waited for, per publication."""
+    def per_publication(self, published: int) -> dict[str, Any]:
+        """Statements, and µs the write lock was held and waited for, per publication; the most
+        frequent statements, each with its calls per publication."""
         n = max(1, published)
         return {
             "statements": self.statements / n,
             "held us": self.held * self.seconds / n * 1e6,
             "waited us": self.waiting * self.seconds / n * 1e6,
+            "top": [(calls / n, " ".join(query.split())) for calls, query in self.top],
         }
 
 
@@ -78,12 +83,11 @@ class StoreSampler:
         self._thread.join()
         seconds = time.monotonic() - self._started
         with psycopg.connect(self.admin_url, autocommit=True) as admin:
-            row = admin.execute(_STATEMENTS, (self.database,)).fetchone()
+            rows = [(int(calls), str(query)) for calls, query in admin.execute(_STATEMENTS, (self.database,))]
         n = max(1, len(self._samples))
-        self.load = StoreLoad(
-            int(row[0]) if row else 0, seconds,
-            sum(1 for held, _ in self._samples if held) / n, sum(waiting for _, waiting in self._samples) / n,
-        )  # fmt: skip
+        held = sum(1 for locked, _ in self._samples if locked) / n
+        waiting = sum(waiters for _, waiters in self._samples) / n
+        self.load = StoreLoad(sum(calls for calls, _ in rows), seconds, held, waiting, rows[:TOP])
 
     def _sample(self) -> None:
         with psycopg.connect(self.admin_url, autocommit=True) as admin:

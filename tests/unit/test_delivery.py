@@ -10,15 +10,18 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import orjson
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.unit.helpers import published
 from veil.gateway import bundle as bundle_module
 from veil.gateway.bundle import Admitted, Bundle
-from veil.gateway.delivery import DeliveryHub
+from veil.gateway.delivery import DeliveryHub, _merged
 from veil.gateway.quotas import Client
 from veil.gateway.store_threads import StoreThreads
 from veil.protocol import Handshake
 from veil.store import Round, open_store
+from veil.store.base import FeedEntry
 
 RUNNING: set[asyncio.Task] = set()
 
@@ -46,6 +49,7 @@ class Connected:
         self, hub: DeliveryHub, number: int, ack: bool = False, envelope: bool = True, live: bool = True
     ) -> None:
         self.sent: list[bytes] = []
+        self.writes = 0
         self.closed: list[bytes | None] = []
         handshake = Handshake("a", f"s{number}", envelope, ack, None)
         admitted = [Admitted(f"s{number}", number, 0, 0.0)]
@@ -60,6 +64,7 @@ class Connected:
 
     async def _send(self, frames: list[bytes]) -> None:
         self.sent.extend(frames)
+        self.writes += 1
 
     async def _close(self, error: bytes | None) -> None:
         self.closed.append(error)
@@ -89,6 +94,90 @@ async def test_numbers_far_beyond_the_first_table_are_served(tmp_path):
         store.record_round(Round([5000, 3], [second, second], second))
         await until(lambda: len(far_sent) == 1 and len(near_sent) == 2)
         assert far_sent == [b'{"n":2}'] and near_sent == [b'{"n":1}', b'{"n":2}']
+
+
+async def test_rounds_recorded_while_the_hub_is_busy_reach_each_connection_in_one_read_and_one_write(
+    tmp_path, monkeypatch
+):
+    """A hub that fell behind the pipeline's rounds catches up with all it missed at once: one read of
+    the publications' bodies, one write per connection, each subscription's deliveries in order."""
+    async with running_hub(tmp_path) as hub:
+        store = hub.threads.store
+        pubs = store.append_publications(published(*[b'{"n":%d}' % n for n in range(6)]))
+        one, other = Connected(hub, 3), Connected(hub, 4)
+        lookup, reads = hub.published, []
+        busy, go_on = asyncio.Event(), asyncio.Event()
+
+        async def held(sub_nos: np.ndarray, wanted: np.ndarray, cropped: bool):
+            reads.append(sorted(set(wanted.tolist())))
+            busy.set()
+            await go_on.wait()
+            return await lookup(sub_nos, wanted, cropped)
+
+        monkeypatch.setattr(hub, "published", held)
+        store.record_round(Round([3], [pubs[0]], pubs[0]))
+        await busy.wait()
+        for pub in pubs[1:]:
+            store.record_round(Round([3, 4], [pub, pub], pub))
+        go_on.set()
+        await until(lambda: one.seqs() == pubs and other.seqs() == pubs[1:])
+        assert reads == [[pubs[0]], pubs[1:]]
+        assert (one.writes, other.writes) == (2, 1)
+
+
+async def test_a_subscription_that_cannot_take_rounds_offered_as_one_reads_them_all_from_the_store(
+    tmp_path, monkeypatch
+):
+    """Entries offered together are offered as the first of them: a connection without room for them
+    reads the store from that entry on, and so misses none of them and gets none twice."""
+    async with running_hub(tmp_path) as hub:
+        store = hub.threads.store
+        store.put_subscription("s", "a", b"[]")
+        number = store.subscription_number("s")
+        pubs = store.append_publications(published(*[b'{"n":%d}' % n for n in range(5)]))
+        one = Connected(hub, number)
+        store.record_round(Round([number], [pubs[0]], pubs[0]))
+        await until(lambda: one.seqs() == pubs[:1])
+        lookup = hub.published
+        busy, go_on = asyncio.Event(), asyncio.Event()
+
+        async def held(sub_nos: np.ndarray, wanted: np.ndarray, cropped: bool):
+            busy.set()
+            await go_on.wait()
+            return await lookup(sub_nos, wanted, cropped)
+
+        monkeypatch.setattr(hub, "published", held)
+        store.record_round(Round([number], [pubs[1]], pubs[1]))
+        await busy.wait()
+        for pub in pubs[2:]:
+            store.record_round(Round([number], [pub], pub))
+        monkeypatch.setattr(bundle_module, "QUEUE_LIMIT", 2)  # room for two deliveries, three offered at once
+        one.bundle._limit = 2
+        go_on.set()
+        await until(lambda: one.seqs() == pubs)
+        await asyncio.sleep(0.1)
+        assert one.seqs() == pubs
+
+
+@given(st.lists(st.sets(st.tuples(st.integers(0, 4), st.integers(1, 20)), max_size=10), min_size=1, max_size=5))
+def test_entries_offered_as_one_deliver_what_offering_them_one_by_one_would(rounds):
+    entries = []
+    for seq, pairs in enumerate(rounds, 7):
+        ordered = sorted(pairs)
+        entries.append(
+            FeedEntry(seq, np.array([s for s, _ in ordered], np.int64), np.array([p for _, p in ordered], np.int64))
+        )
+    one_by_one: dict[int, list[int]] = {}
+    for entry in entries:  # a connection takes only publications past the last it took
+        for sub_no, pub in zip(entry.sub_nos.tolist(), entry.pubs.tolist(), strict=True):
+            if pub > max(one_by_one.get(sub_no, [0])):
+                one_by_one.setdefault(sub_no, []).append(pub)
+    merged = _merged(entries)
+    as_one: dict[int, list[int]] = {}
+    for sub_no, pub in zip(merged.sub_nos.tolist(), merged.pubs.tolist(), strict=True):
+        as_one.setdefault(sub_no, []).append(pub)
+    assert merged.seq == 7 and list(as_one) == sorted(as_one)
+    assert as_one == one_by_one
 
 
 def unsaved_cursor(hub, sub_id: str, number: int) -> int:

@@ -289,7 +289,10 @@ class DeliveryHub:
             bundle.resync()
 
     async def poll(self) -> None:
-        """Fan the pipeline's feed out to the connected subscriptions, entry by entry."""
+        """Fan the pipeline's feed out to the connected subscriptions: the entries read together as
+        one, so that a hub that fell behind the pipeline's rounds catches up with one read of bodies
+        and one write per connection, however many rounds it missed (rounds may then stay small, and
+        deliveries quick, while the hub keeps up)."""
         store = self.threads.store
         look = True  # whether the feed may hold rows after last_seq: a signalling store says when
         known = self.last_seq  # the feed's last row as last heard, before the read below
@@ -315,21 +318,23 @@ class DeliveryHub:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stopping.wait(), self.poll_interval)
                 continue
-            for entry in entries:
-                if trace.DIRECTORY and len(entry.pubs):
-                    trace.mark("notified", int(entry.pubs.min()) - 1, int(entry.pubs.max()))
-                if entry.seq > self.last_seq + 1:
+            for run in _consecutive(entries):
+                if trace.DIRECTORY:
+                    for entry in run:
+                        if len(entry.pubs):
+                            trace.mark("notified", int(entry.pubs.min()) - 1, int(entry.pubs.max()))
+                if run[0].seq > self.last_seq + 1:
                     # rows this hub never offered went (another gateway's compaction spilled them while
                     # this one counted as gone): its subscriptions read their queues from the store again
                     self._resync()
-                self.offering = entry.seq
+                self.offering = run[-1].seq
                 if self.holders:
                     try:
-                        await self._fan_out(entry)
+                        await self._fan_out(_merged(run))
                     except Exception:
-                        log.exception("fanning out feed entry %d failed; connections re-read the store", entry.seq)
+                        log.exception("fanning out feed entries up to %d failed; they re-read the store", run[-1].seq)
                         self._resync()
-                self.last_seq = entry.seq
+                self.last_seq = run[-1].seq
 
     async def _fan_out(self, entry: FeedEntry) -> None:
         self._grow(int(entry.sub_nos.max(initial=0)) + 1)
@@ -475,6 +480,42 @@ class DeliveryHub:
         for bundle in bundles:
             self.detach(bundle)
         await self.flush_cursors()
+
+
+def _consecutive(entries: list[FeedEntry]) -> list[list[FeedEntry]]:
+    """The entries (in seq order) in runs of consecutive seqs: rows missing between two were spilled,
+    and what follows them is offered only after the subscriptions resync."""
+    runs = [[entries[0]]]
+    for entry in entries[1:]:
+        if entry.seq == runs[-1][-1].seq + 1:
+            runs[-1].append(entry)
+        else:
+            runs.append([entry])
+    return runs
+
+
+def _merged(run: list[FeedEntry]) -> FeedEntry:
+    """A run of entries as one (sorted by subscription, each in publication order), offered as the
+    run's first entry, from which a subscription that cannot take it reads the store again. A
+    subscription's match with a publication before one an earlier entry gave it is dropped, as
+    offering the entries one by one does (a connection takes only publications past its last)."""
+    if len(run) == 1:
+        return run[0]
+    sub_nos = np.concatenate([entry.sub_nos for entry in run])
+    pubs = np.concatenate([entry.pubs for entry in run])
+    order = np.argsort(sub_nos, kind="stable")
+    sub_nos, pubs = sub_nos[order], pubs[order]
+    later = sub_nos[1:] == sub_nos[:-1]  # each pair after the first of its subscription
+    if (later & (pubs[1:] <= pubs[:-1])).any():
+        kept = np.ones(len(pubs), bool)
+        last = -1
+        for at, (sub_no, pub) in enumerate(zip(sub_nos.tolist(), pubs.tolist(), strict=True)):
+            if at and sub_no == sub_nos[at - 1] and pub <= last:
+                kept[at] = False
+            else:
+                last = pub
+        sub_nos, pubs = sub_nos[kept], pubs[kept]
+    return FeedEntry(run[0].seq, sub_nos, pubs, any(entry.cropped for entry in run))
 
 
 def _objects(items: list[bytes]) -> np.ndarray:
