@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tests.unit.helpers import published
 from veil.gateway import bundle as bundle_module
 from veil.gateway.bundle import Admitted, Bundle
-from veil.gateway.delivery import DeliveryHub, _merged
+from veil.gateway.delivery import DeliveryHub, _consecutive, _merged
 from veil.gateway.quotas import Client
 from veil.gateway.store_threads import StoreThreads
 from veil.protocol import Handshake
@@ -178,6 +178,22 @@ def test_entries_offered_as_one_deliver_what_offering_them_one_by_one_would(roun
         as_one.setdefault(sub_no, []).append(pub)
     assert merged.seq == 7 and list(as_one) == sorted(as_one)
     assert as_one == one_by_one
+
+
+@given(st.lists(st.tuples(st.integers(1, 3), st.integers(0, 1500), st.integers(0, 1500)), min_size=1, max_size=12))
+def test_entries_go_out_in_runs_of_consecutive_seqs_each_spanning_what_a_queue_takes(steps):
+    """A run is offered as one: a gap in the seqs ends it (what lies between was spilled), and so
+    does a span of publications an empty queue could not take (a connection would fall behind)."""
+    entries, seq = [], 0
+    for step, low, width in steps:
+        seq += step
+        entries.append(FeedEntry(seq, np.zeros(2, np.int64), np.array([low, low + width], np.int64)))
+    runs = _consecutive(entries)
+    assert [entry for run in runs for entry in run] == entries
+    for run in runs:
+        assert [entry.seq for entry in run] == list(range(run[0].seq, run[0].seq + len(run)))
+        spans = [int(entry.pubs.max() - entry.pubs.min()) + 1 for entry in run]
+        assert len(run) == 1 or sum(spans) <= bundle_module.QUEUE_LIMIT
 
 
 def unsaved_cursor(hub, sub_id: str, number: int) -> int:

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from veil.gateway.bundle import Bundle, Published, line_sizes
+from veil.gateway.bundle import QUEUE_LIMIT, Bundle, Published, line_sizes
 from veil.gateway.quotas import UNLIMITED, Quotas
 from veil.gateway.store_threads import StoreThreads
 from veil.monitoring import trace
@@ -290,7 +290,7 @@ class DeliveryHub:
 
     async def poll(self) -> None:
         """Fan the pipeline's feed out to the connected subscriptions: the entries read together as
-        one, so that a hub that fell behind the pipeline's rounds catches up with one read of bodies
+        one (`_consecutive`), so that a hub that fell behind the pipeline's rounds catches up with one read of bodies
         and one write per connection, however many rounds it missed (rounds may then stay small, and
         deliveries quick, while the hub keeps up)."""
         store = self.threads.store
@@ -483,21 +483,27 @@ class DeliveryHub:
 
 
 def _consecutive(entries: list[FeedEntry]) -> list[list[FeedEntry]]:
-    """The entries (in seq order) in runs of consecutive seqs: rows missing between two were spilled,
-    and what follows them is offered only after the subscriptions resync."""
-    runs = [[entries[0]]]
-    for entry in entries[1:]:
-        if entry.seq == runs[-1][-1].seq + 1:
+    """The entries (in seq order) in runs of consecutive seqs, each run spanning at most QUEUE_LIMIT
+    publications (so that a connection whose queue is empty takes a run whole, as it took each of
+    its entries: it falls behind no sooner than when they were offered one by one). Rows missing
+    between two were spilled, and what follows them is offered only after the subscriptions resync."""
+    runs: list[list[FeedEntry]] = []
+    spanned = 0
+    for entry in entries:
+        span = int(entry.pubs.max()) - int(entry.pubs.min()) + 1 if len(entry.pubs) else 0
+        if runs and entry.seq == runs[-1][-1].seq + 1 and spanned + span <= QUEUE_LIMIT:
             runs[-1].append(entry)
+            spanned += span
         else:
             runs.append([entry])
+            spanned = span
     return runs
 
 
 def _merged(run: list[FeedEntry]) -> FeedEntry:
     """A run of entries as one (sorted by subscription, each in publication order), offered as the
     run's first entry, from which a subscription that cannot take it reads the store again. A
-    subscription's match with a publication before one an earlier entry gave it is dropped, as
+    subscription's match with a publication not past one an earlier entry gave it is dropped, as
     offering the entries one by one does (a connection takes only publications past its last)."""
     if len(run) == 1:
         return run[0]
@@ -507,13 +513,12 @@ def _merged(run: list[FeedEntry]) -> FeedEntry:
     sub_nos, pubs = sub_nos[order], pubs[order]
     later = sub_nos[1:] == sub_nos[:-1]  # each pair after the first of its subscription
     if (later & (pubs[1:] <= pubs[:-1])).any():
-        kept = np.ones(len(pubs), bool)
-        last = -1
-        for at, (sub_no, pub) in enumerate(zip(sub_nos.tolist(), pubs.tolist(), strict=True)):
-            if at and sub_no == sub_nos[at - 1] and pub <= last:
-                kept[at] = False
-            else:
-                last = pub
+        # (rare: a replaced subscription's initial matches again) kept: the pairs past every pair
+        # before them, by a key that orders subscriptions first (dense ranks keep it within int64)
+        ranks = np.cumsum(np.r_[True, ~later]) - 1
+        _, dense = np.unique(pubs, return_inverse=True)
+        key = ranks * (len(pubs) + 1) + dense
+        kept = key > np.r_[-1, np.maximum.accumulate(key)[:-1]]
         sub_nos, pubs = sub_nos[kept], pubs[kept]
     return FeedEntry(run[0].seq, sub_nos, pubs, any(entry.cropped for entry in run))
 
