@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from bench.brokers import subscription_counts
 from bench.cpu import cpu_seconds
-from bench.report import print_table
+from bench.report import Column, print_table
 from bench.selis import arrived, checked, complete, run_case
 from bench.store_load import SETTINGS, StoreSampler
 from veil.harness import BrokerProcess, PostgresServer, SparkCluster, postgres_database
@@ -81,9 +81,7 @@ def deployment(kind: str, postgres: PostgresServer, partitions: int = 2, mode: s
                 flags: tuple[str, ...] = matchers
                 if kind.startswith("cluster"):
                     cluster = SparkCluster(workers=int(kind[-2])).start()
-                    # a matcher partition's task runs all the time: one per core the cluster has
-                    flags = (*cluster.pipeline_flags(), "--driver-memory", "1g", "--partitions", kind[-2])
-                    flags += ("--partition-mode", mode)
+                    flags = (*cluster.pipeline_flags(), "--driver-memory", "1g", *matchers)
                 gateways = [
                     BrokerProcess(os.path.join(directory, name), "--role", "gateway", "--gateway-id", name, *store)
                     for name in ("A", "B")
@@ -118,7 +116,6 @@ async def measure(
     kind: str, postgres: PostgresServer, partitions: int, mode: str, counts: list[int], seconds: float, rate: float
 ) -> list[dict]:
     rows = []
-    parts = int(kind[-2]) if kind.startswith("cluster") else partitions
     with deployment(kind, postgres, partitions, mode) as deployed:
         await run_case(deployed.publish, 8, 3, rate, 1, deployed.deliver)  # warm-up
         for n in counts:
@@ -130,15 +127,24 @@ async def measure(
                 row = await run_case(deployed.publish, n, seconds, rate, 1, deployed.deliver)
             spent = {name: read() - before[name] for name, read in deployed.components.items()}
             row.update(
-                kind=kind, partitions=parts, mode=mode,
+                kind=kind, partitions=partitions, mode=mode,
                 cpu={name: value / max(1, row["published"]) for name, value in spent.items()},
                 store=sampler.load.per_publication(row["published"]) if sampler else {},
             )  # fmt: skip
             rows.append(row)
             figures = {k: v for k, v in row["store"].items() if k != "top"}
-            print(kind, parts, mode, {k: v for k, v in row.items() if k not in ("cpu", "store")}, row["cpu"],
+            print(kind, partitions, mode, {k: v for k, v in row.items() if k not in ("cpu", "store")}, row["cpu"],
                   figures, flush=True)  # fmt: skip
     return rows
+
+
+# the columns that say which case a row is, in both tables
+CASE: list[Column] = [
+    ("deployment", 12, lambda r: r["kind"]),
+    ("parts", 5, lambda r: r["partitions"]),
+    ("mode", 5, lambda r: r["mode"][:4]),
+    ("subs", 5, lambda r: r["subs"]),
+]
 
 
 def print_rows(rows: list[dict]) -> None:
@@ -153,10 +159,7 @@ def print_rows(rows: list[dict]) -> None:
         "CPU in µs per publication; store: statements sent, and µs the write lock was held / waited for, "
         "per publication",
         [
-            ("deployment", 12, lambda r: r["kind"]),
-            ("parts", 5, lambda r: r["partitions"]),
-            ("mode", 5, lambda r: r["mode"][:4]),
-            ("subs", 5, lambda r: r["subs"]),
+            *CASE,
             ("e2e pub/s", 10, lambda r: checked(r, "flat out", f"{r['sustained']:.0f}")),
             ("vs sqlite", 9, lambda r: f"{r['ratio']:.2f}" if r.get("ratio") else None),
             ("p50 ms", 7, lambda r: checked(r, "steady", f"{r['p50'] * 1000:.0f}")),
@@ -195,10 +198,7 @@ def print_scale_model(rows: list[dict]) -> None:
         "Scale model (inputs: the table above): cores needed by component, gateway/pipeline[/executors]"
         "[/postgres], at each rate; one store's ceiling = 1 s / write lock held per publication",
         [
-            ("deployment", 12, lambda r: r["kind"]),
-            ("parts", 5, lambda r: r["partitions"]),
-            ("mode", 5, lambda r: r["mode"][:4]),
-            ("subs", 5, lambda r: r["subs"]),
+            *CASE,
             *((f"{rate:,} pub/s", 18, cores(rate)) for rate in SCALE),
             ("store ceiling pub/s", 20, ceiling),
         ],
@@ -212,7 +212,8 @@ async def main_async(args: argparse.Namespace) -> None:
     try:
         for kind in args.only:
             for mode in args.modes:
-                for partitions in [0] if kind.startswith("cluster") else args.partitions:
+                # a cluster's matcher partition runs all the time: one per core (worker) it has
+                for partitions in [int(kind[-2])] if kind.startswith("cluster") else args.partitions:
                     rows += await measure(kind, postgres, partitions, mode, args.subscriptions, args.seconds, args.rate)
     finally:
         postgres.stop()

@@ -289,10 +289,9 @@ class DeliveryHub:
             bundle.resync()
 
     async def poll(self) -> None:
-        """Fan the pipeline's feed out to the connected subscriptions: the entries read together as
-        one (`_consecutive`), so that a hub that fell behind the pipeline's rounds catches up with one read of bodies
-        and one write per connection, however many rounds it missed (rounds may then stay small, and
-        deliveries quick, while the hub keeps up)."""
+        """Fan the pipeline's feed out to the connected subscriptions, the entries read together in
+        runs offered as one (`_consecutive`, `_merged`): a hub that fell behind the pipeline's rounds
+        catches up with one read of bodies and one write per connection a run, not one per round."""
         store = self.threads.store
         look = True  # whether the feed may hold rows after last_seq: a signalling store says when
         known = self.last_seq  # the feed's last row as last heard, before the read below
