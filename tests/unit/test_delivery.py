@@ -5,18 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import tempfile
 import time
 from collections.abc import AsyncIterator
 
 import numpy as np
 import orjson
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.helpers import published
 from veil.gateway import bundle as bundle_module
 from veil.gateway.bundle import Admitted, Bundle
-from veil.gateway.delivery import DeliveryHub, _consecutive, _merged
+from veil.gateway.delivery import Asked, DeliveryHub, _consecutive, _merged
 from veil.gateway.quotas import Client
 from veil.gateway.store_threads import StoreThreads
 from veil.protocol import Handshake
@@ -194,6 +195,90 @@ def test_entries_go_out_in_runs_of_consecutive_seqs_each_spanning_what_a_queue_t
         assert [entry.seq for entry in run] == list(range(run[0].seq, run[0].seq + len(run)))
         spans = [int(entry.pubs.max() - entry.pubs.min()) + 1 for entry in run]
         assert len(run) == 1 or sum(spans) <= bundle_module.QUEUE_LIMIT
+
+
+async def test_connections_that_fall_behind_together_read_their_backlogs_in_one_read(tmp_path, monkeypatch):
+    """Hundreds of connections of one that fell behind together would each scan the same feed rows
+    and read the same bodies: their reads are gathered into one, and each gets exactly its own."""
+    async with running_hub(tmp_path) as hub:
+        store = hub.threads.store
+        numbers = []
+        for n in range(20):
+            store.put_subscription(f"s{n}", "alice", b"[]")
+            numbers.append(store.subscription_number(f"s{n}"))
+        pubs = store.append_publications(published(*[b'{"n":%d}' % n for n in range(12)]))
+        owed: dict[int, list[int]] = {number: [] for number in numbers}
+        for at, pub in enumerate(pubs):  # the n-th subscription matches every (n+1)-th publication
+            mine = [number for n, number in enumerate(numbers) if at % (n + 1) == 0]
+            store.record_round(Round(mine, [pub] * len(mine), pub))
+            for number in mine:
+                owed[number].append(pub)
+        await until(lambda: hub.last_seq == store.last_feed_seq())
+        reads, backlogs = [], store.backlogs
+
+        def counted(*args):
+            reads.append(len(args[0]))
+            return backlogs(*args)
+
+        monkeypatch.setattr(store, "backlogs", counted)
+        late = [Connected(hub, number, live=False) for number in numbers]
+        for connection in late:
+            connection.run()
+        await until(lambda: all(c.seqs() == owed[n] for c, n in zip(late, numbers, strict=True)))
+        assert reads == [len(numbers)]
+        store.record_round(Round(numbers, [pubs[-1] + 1] * len(numbers), pubs[-1] + 1))
+        await until(lambda: all(c.bundle.live[0] for c in late))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.sets(st.integers(0, 7), max_size=8), min_size=1, max_size=8),
+    st.integers(0, 8),
+    st.lists(st.tuples(st.integers(0, 8), st.integers(1, 5)), min_size=8, max_size=8),
+    st.lists(st.integers(0, 7), min_size=1, max_size=8),
+)
+def test_a_gathered_backlog_read_gives_each_connection_what_its_own_read_would(rounds, spilled, asks, cuts):
+    """However the reads are gathered (each with its own floors and limit, over spilled rows and the
+    feed), each connection's matches and what they deliver are those of a read of its own."""
+
+    async def check(path: str) -> None:
+        store = open_store(f"sqlite:///{path}/veil.db")
+        threads = StoreThreads(store)
+        hub = DeliveryHub(threads)
+        numbers = []
+        for n in range(8):
+            store.put_subscription(f"s{n}", "alice", b"[]")
+            numbers.append(store.subscription_number(f"s{n}"))
+        pubs = store.append_publications(published(*[b'{"n":%d}' % n for n in range(len(rounds))]))
+        for pub, chosen in zip(pubs, rounds, strict=True):
+            mine = [numbers[n] for n in sorted(chosen)]
+            store.record_round(Round(mine, [pub] * len(mine), pub, copies=[(mine[0], pub, b"cut")] if mine else ()))
+        store.compact(1000, min(spilled, len(rounds)), time.time() + 1)  # the first rounds spilled
+        groups = np.split(np.arange(8), sorted(set(cuts)))
+        gathered = [
+            Asked(
+                np.array([numbers[n] for n in group], np.int64),
+                np.array([pubs[min(asks[n][0], len(pubs)) - 1] if asks[n][0] else 0 for n in group], np.int64),
+                asks[group[0]][1] if len(group) else 1,
+                0,
+                asyncio.get_running_loop().create_future(),
+            )
+            for group in groups
+            if len(group)
+        ]
+        together = await hub._read_together(gathered)
+        for asked, backlog in zip(gathered, together, strict=True):
+            sub_nos, alone, watermark, _ = store.backlogs(asked.numbers, asked.afters, asked.limit)
+            assert (backlog.sub_nos.tolist(), backlog.pubs.tolist(), backlog.watermark) == (
+                sub_nos.tolist(), alone.tolist(), watermark,
+            )  # fmt: skip
+            own, variants = await hub.published(sub_nos, alone, cropped=True)
+            assert backlog.published.bodies[backlog.variants].tolist() == own.bodies[variants].tolist()
+            assert backlog.published.envelopes[backlog.variants].tolist() == own.envelopes[variants].tolist()
+        threads.close()
+
+    with tempfile.TemporaryDirectory() as path:
+        asyncio.run(check(path))
 
 
 def unsaved_cursor(hub, sub_id: str, number: int) -> int:

@@ -87,6 +87,19 @@ class Published(NamedTuple):
     sizes: np.ndarray
 
 
+class Backlog(NamedTuple):
+    """What a read of subscriptions' backlogs found (`Hub.backlog`): their matches (sorted by
+    subscription, then publication), the highest feed seq visible to the read, the seq a next read
+    of the feed may start from, and what the matches deliver (`Published`, each match's variant)."""
+
+    sub_nos: np.ndarray
+    pubs: np.ndarray
+    watermark: int
+    reached: int
+    published: Published
+    variants: np.ndarray
+
+
 class Hub(Protocol):
     """What a bundle asks of the delivery hub that fans the feed out to it."""
 
@@ -107,7 +120,7 @@ class Hub(Protocol):
 
     def sent(self, logged: list[np.ndarray]) -> None: ...
 
-    async def published(self, sub_nos: np.ndarray, pubs: np.ndarray, cropped: bool) -> tuple[Published, np.ndarray]: ...
+    async def backlog(self, numbers: np.ndarray, afters: np.ndarray, limit: int, since: int) -> Backlog: ...
 
 
 class Lines(NamedTuple):
@@ -471,19 +484,17 @@ class Bundle:
         """Read the queues of the subscriptions that take no offers, all at once, from the store."""
         places = np.flatnonzero(self.open & ~self.live)
         limit = min(QUEUE_LIMIT, max(REFILL_EACH, REFILL_DELIVERIES // len(places)))
-        threads = self.hub.threads
         since = int(self.unread[places].min())
-        sub_nos, pubs, watermark, reached = await threads.read(
-            threads.store.backlogs, self.numbers[places], self.last_queued[places], limit, since
-        )
+        backlog = await self.hub.backlog(self.numbers[places], self.last_queued[places], limit, since)
         if self.closed:
             return
+        sub_nos, pubs = backlog.sub_nos, backlog.pubs
         rows = self._by_number[np.searchsorted(self._numbers_sorted, sub_nos)]
         size = len(self.ids)
         full = np.bincount(rows, minlength=size)[places] >= limit
         cut = np.zeros(len(places), bool)  # read, but not all queued: the rest is read again
         if len(pubs):
-            published, variants = await self.hub.published(sub_nos, pubs, cropped=True)
+            published, variants = backlog.published, backlog.variants
             known = variants >= 0  # compacted away meanwhile: nobody is owed them
             if self._acked:
                 known &= ~self._acked_among(rows, pubs)
@@ -498,10 +509,10 @@ class Bundle:
                 self._queue(lines, len(lines.places))
             np.maximum.at(self.last_queued, rows, pubs)
         read = full & ~cut
-        self.unread[places[read]] = np.maximum(self.unread[places[read]], reached)
+        self.unread[places[read]] = np.maximum(self.unread[places[read]], backlog.reached)
         # Rows the hub handled after our snapshot were not offered to us, nor those of an entry it is
         # offering now (it chose whom to offer before our read ended): read again before going live.
-        if self.hub.offering <= watermark:
+        if self.hub.offering <= backlog.watermark:
             caught_up = places[~full & ~cut]
             self.live[caught_up] = self.open[caught_up]
             self.hub.taking(self.numbers[caught_up], self.key, True)

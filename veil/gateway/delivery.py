@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from veil.gateway.bundle import QUEUE_LIMIT, Bundle, Published, line_sizes
+from veil.gateway.bundle import QUEUE_LIMIT, Backlog, Bundle, Published, line_sizes
 from veil.gateway.quotas import UNLIMITED, Quotas
 from veil.gateway.store_threads import StoreThreads
 from veil.monitoring import trace
@@ -40,6 +40,7 @@ BUNDLE_CURSOR_TICKS = 10  # cursor flushes per save of multiplexed connections' 
 FEED_WAIT = 0.5  # seconds the hub waits for a store's signal of new deliveries before it looks again
 FEED_RETRY = 1.0  # seconds before the feed is read again after the store failed
 JUDGE_INTERVAL = 0.1  # seconds a judgement of which clients are behind stands
+BACKLOG_READ = 1 << 18  # deliveries the connections' backlog reads gathered into one may ask for, at most
 
 
 class Clients(NamedTuple):
@@ -56,6 +57,16 @@ class Unsaved(NamedTuple):
 
     cursors: dict[int, int]
     acked: dict[int, list[int]]
+
+
+class Asked(NamedTuple):
+    """A connection's read of its subscriptions' backlogs, waiting to be gathered (`DeliveryHub.backlog`)."""
+
+    numbers: np.ndarray
+    afters: np.ndarray
+    limit: int
+    since: int
+    found: asyncio.Future[Backlog]
 
 
 class DeliveryHub:
@@ -96,6 +107,8 @@ class DeliveryHub:
         self._no_refills = asyncio.Event()
         self._may_refill = asyncio.Event()
         self._may_refill.set()
+        self._asked: list[Asked] = []  # backlog reads waiting to be gathered, and the task reading them
+        self._reading: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.last_seq = self.offering = await self.threads.read(self.threads.store.last_feed_seq)
@@ -229,6 +242,73 @@ class DeliveryHub:
                 await bound(floors)
         finally:
             self._may_refill.set()
+
+    async def backlog(self, numbers: np.ndarray, afters: np.ndarray, limit: int, since: int) -> Backlog:
+        """These subscriptions' backlogs (`GatewayStore.backlogs`: each after its own publication, at
+        most `limit` each, the unspilled feed from seq `since` on) and what they deliver. The reads
+        connections ask for while one is under way are made together: one statement per table and one
+        pass over the feed's rows for all of them, where hundreds of connections that fell behind
+        together would each scan the same rows and read the same bodies."""
+        found: asyncio.Future[Backlog] = asyncio.get_running_loop().create_future()
+        self._asked.append(Asked(numbers, afters, limit, since, found))
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.ensure_future(self._read_backlogs())
+        return await found
+
+    async def _read_backlogs(self) -> None:
+        while self._asked:
+            gathered: list[Asked] = []
+            later: list[Asked] = []
+            numbers: set[int] = set()
+            size = 0
+            for asked in self._asked:
+                if asked.found.done():  # (its connection went meanwhile)
+                    continue
+                mine = asked.numbers.tolist()
+                # a subscription asked for twice (its old connection still reading as a new one
+                # attached) is read again after; and a read holds about BACKLOG_READ deliveries
+                if gathered and (size + len(mine) * asked.limit > BACKLOG_READ or not numbers.isdisjoint(mine)):
+                    later.append(asked)
+                    continue
+                gathered.append(asked)
+                numbers.update(mine)
+                size += len(mine) * asked.limit
+            self._asked = later
+            if not gathered:
+                continue
+            try:
+                backlogs = await self._read_together(gathered)
+            except Exception as error:  # each connection fails as its own read would have
+                for asked in gathered:
+                    if not asked.found.done():
+                        asked.found.set_exception(error)
+                continue
+            for asked, backlog in zip(gathered, backlogs, strict=True):
+                if not asked.found.done():
+                    asked.found.set_result(backlog)
+
+    async def _read_together(self, gathered: list[Asked]) -> list[Backlog]:
+        """One read of the gathered backlogs, split by who asked."""
+        store = self.threads.store
+        numbers = np.concatenate([asked.numbers for asked in gathered])
+        afters = np.concatenate([asked.afters for asked in gathered])
+        limits = np.repeat([asked.limit for asked in gathered], [len(asked.numbers) for asked in gathered])
+        since = min(asked.since for asked in gathered)
+        sub_nos, pubs, watermark, reached = await self.threads.read(store.backlogs, numbers, afters, limits, since)
+        published, variants = await self.published(sub_nos, pubs, cropped=True) if len(pubs) else (_NONE, pubs)
+        if len(gathered) == 1:
+            return [Backlog(sub_nos, pubs, watermark, reached, published, variants)]
+        # whose each match is (the matches are sorted by subscription; a stable sort keeps each
+        # connection's so)
+        askers = np.repeat(np.arange(len(gathered)), [len(asked.numbers) for asked in gathered])
+        order = np.argsort(numbers)
+        whose = askers[order][np.searchsorted(numbers[order], sub_nos)]
+        by_asker = np.argsort(whose, kind="stable")
+        cuts = np.searchsorted(whose[by_asker], np.arange(1, len(gathered)))
+        return [
+            Backlog(sub_nos[rows], pubs[rows], watermark, reached, published, variants[rows])
+            for rows in np.split(by_asker, cuts)
+        ]
 
     def queued(self) -> int:
         """Deliveries queued in memory for connected subscriptions."""
@@ -527,3 +607,7 @@ def _objects(items: list[bytes]) -> np.ndarray:
     array = np.empty(len(items), object)
     array[:] = items
     return array
+
+
+_EMPTY = np.empty(0, np.int64)
+_NONE = Published(_EMPTY, _objects([]), _objects([]), _EMPTY, _EMPTY)  # what a read that found nothing delivers

@@ -423,12 +423,13 @@ class GatewayStore(LogReader):
 
     @abstractmethod
     def backlogs(
-        self, numbers: np.ndarray, afters: np.ndarray, limit: int, from_seq: int = 0
+        self, numbers: np.ndarray, afters: np.ndarray, limit: int | np.ndarray, from_seq: int = 0
     ) -> tuple[np.ndarray, np.ndarray, int, int]:
         """Many subscriptions' queued matches at once (by number, each after its own publication, at
-        most `limit` each; of the unspilled feed, the entries from seq `from_seq` on): (subscription
-        numbers, publications) sorted by both, the highest feed seq visible to the same read, and the
-        feed seq a next read may start from. Bodies are looked up as for the feed (`bodies`, `copies`)."""
+        most `limit` each, one for all or one per number; of the unspilled feed, the entries from seq
+        `from_seq` on): (subscription numbers, publications) sorted by both, the highest feed seq
+        visible to the same read, and the feed seq a next read may start from. Bodies are looked up
+        as for the feed (`bodies`, `copies`)."""
 
     @abstractmethod
     def cursor(self, sub_id: str) -> int: ...

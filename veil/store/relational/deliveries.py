@@ -82,7 +82,7 @@ class DeliverySql(Dialect):
         return {(sub_no, pub): body for sub_no, pub, body in rows}
 
     def backlogs(
-        self, numbers: np.ndarray, afters: np.ndarray, limit: int, from_seq: int = 0
+        self, numbers: np.ndarray, afters: np.ndarray, limit: int | np.ndarray, from_seq: int = 0
     ) -> tuple[np.ndarray, np.ndarray, int, int]:
         with self._tx(write=False) as db:
             watermark = db.execute(LAST_FEED_SEQ).fetchone()[0]
@@ -90,10 +90,11 @@ class DeliverySql(Dialect):
         return sub_nos, pubs, watermark, reached
 
     def _queued(
-        self, db: Db, numbers: np.ndarray, afters: np.ndarray, limit: int, watermark: int, from_seq: int
+        self, db: Db, numbers: np.ndarray, afters: np.ndarray, limit: int | np.ndarray, watermark: int, from_seq: int
     ) -> tuple[np.ndarray, np.ndarray, int]:
         """`backlogs` inside a read transaction: the live subscriptions' spilled rows, then the
         unspilled feed up to `watermark`; and where a next read of the feed starts."""
+        limits = np.broadcast_to(np.asarray(limit, np.int64), numbers.shape)
         # a number is live while it is its id's newest and the id has a live subscription: the queue of
         # an earlier subscription of the id is nobody's
         live = {
@@ -104,23 +105,38 @@ class DeliverySql(Dialect):
                 (self._ids(numbers),),
             )
         }
+        # most queues have no spilled rows: one statement (a seek each) says which have, and only
+        # those are read, a statement each (a LIMIT per subscription, whatever it holds)
+        spilling = {
+            number
+            for (number,) in db.execute(
+                f"SELECT j.sub_no FROM {self.PAIRS} WHERE EXISTS "
+                "(SELECT 1 FROM deliveries d WHERE d.sub_no = j.sub_no AND d.pub > j.pub)",
+                self._pairs(numbers, afters),
+            )
+        }
         floors: dict[int, int] = {}
+        caps: dict[int, int] = {}
         found: list[tuple[int, int]] = []
-        for number, floor in zip(numbers.tolist(), afters.tolist(), strict=True):
+        for number, floor, cap in zip(numbers.tolist(), afters.tolist(), limits.tolist(), strict=True):
             if number not in live:
                 continue
-            spilled = db.execute(
-                "SELECT pub FROM deliveries WHERE sub_no = ? AND pub > ? ORDER BY pub LIMIT ?",
-                (number, floor, limit),
-            ).fetchall()
+            caps[number] = cap
+            spilled = (
+                db.execute(
+                    "SELECT pub FROM deliveries WHERE sub_no = ? AND pub > ? ORDER BY pub LIMIT ?", (number, floor, cap)
+                ).fetchall()
+                if number in spilling
+                else []
+            )
             found += [(number, pub) for (pub,) in spilled]
-            if len(spilled) < limit:
+            if len(spilled) < cap:
                 floors[number] = spilled[-1][0] if spilled else floor
         sub_nos = np.array([number for number, _ in found], np.int64)
         pubs = np.array([pub for _, pub in found], np.int64)
         reached = watermark
         if floors:
-            more_nos, more_pubs, reached = self._unspilled(db, floors, watermark, limit, from_seq)
+            more_nos, more_pubs, reached = self._unspilled(db, floors, watermark, caps, from_seq)
             sub_nos, pubs = np.concatenate([sub_nos, more_nos]), np.concatenate([pubs, more_pubs])
         if len(floors) < len(live):  # some filled up on spilled rows: their feed is still to read
             reached = from_seq
@@ -130,21 +146,22 @@ class DeliverySql(Dialect):
         # is delivered once
         once = np.r_[True, (sub_nos[1:] != sub_nos[:-1]) | (pubs[1:] != pubs[:-1])][: len(pubs)]
         sub_nos, pubs = sub_nos[once], pubs[once]
-        kept = _ranks(sub_nos) < limit
+        by_number = np.argsort(numbers)
+        kept = _ranks(sub_nos) < limits[by_number][np.searchsorted(numbers[by_number], sub_nos)]
         return sub_nos[kept], pubs[kept], reached
 
     @staticmethod
     def _unspilled(
-        db: Db, floors: dict[int, int], upto_seq: int, limit: int, from_seq: int = 0
+        db: Db, floors: dict[int, int], upto_seq: int, caps: dict[int, int], from_seq: int = 0
     ) -> tuple[np.ndarray, np.ndarray, int]:
         """Subscriptions' matches after their floors in the feed rows not yet spilled (from seq
-        `from_seq` on), in one pass over the rows, until each has `limit` or the rows end: binary
+        `from_seq` on), in one pass over the rows, until each has its cap or the rows end: binary
         searches in each row, whose pairs are sorted by subscription number, so a row costs what the
         subscriptions asked for, not its size. Also the seq from which a next pass must read: that of
         the row where the first of them filled up, `upto_seq` when none did."""
         wanted = np.fromiter(floors, np.int64, len(floors))
         floor = np.fromiter(floors.values(), np.int64, len(floors))
-        needed = np.full(len(wanted), limit)
+        needed = np.array([caps[number] for number in floors], np.int64)
         found_nos: list[np.ndarray] = []
         found_pubs: list[np.ndarray] = []
         rows = db.execute(
