@@ -7,9 +7,9 @@ publication bounds the rate one store takes. A sampler thread reads `pg_locks` a
 lock was held, and how many connections were waiting for a lock, times the run's length, give the
 lock's held and waited time per publication. `pg_stat_statements` (loaded by the server's
 `SETTINGS`, counting statements clients send, not those inside functions) gives the statements —
-about the round trips — per publication. The sampler reads from the administrator's database and
-only the broker's database is counted, so its own statements are not; its CPU in the server (one
-statement per sample) is.
+about the round trips — per publication, and the server's time in each. The sampler reads from the
+administrator's database and only the broker's database is counted, so its own statements are not;
+its server process's CPU is told apart (`StoreLoad.sampler_cpu`) for the caller to leave out.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 
+from bench.cpu import cpu_seconds
 from veil.store.postgres import WRITE_LOCK
 
 SETTINGS = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "top"}
@@ -33,10 +34,10 @@ SELECT
     (SELECT count(*) FROM pg_stat_activity WHERE datname = %(db)s AND wait_event_type = 'Lock')
 """
 _STATEMENTS = """
-SELECT s.calls, s.query FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
-WHERE d.datname = %s ORDER BY s.calls DESC
+SELECT s.calls, s.total_exec_time, s.query FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+WHERE d.datname = %s ORDER BY s.total_exec_time DESC
 """
-TOP = 6  # statements named, the most frequent
+TOP = 8  # statements named, those the server spent the most time in
 
 
 @dataclass
@@ -45,30 +46,32 @@ class StoreLoad:
     seconds: float
     held: float  # share of samples in which the write lock was held
     waiting: float  # connections waiting for a lock, on average over the samples
-    top: list[tuple[int, str]] = field(default_factory=list)  # the most frequent: (calls, text)
+    top: list[tuple[int, float, str]] = field(default_factory=list)  # the busiest: (calls, ms, text)
+    sampler_cpu: float = 0.0  # seconds of CPU the sampler's own server process spent
 
     def per_publication(self, published: int) -> dict[str, Any]:
-        """Statements, and µs the write lock was held and waited for, per publication; the most
-        frequent statements, each with its calls per publication."""
+        """Statements, and µs the write lock was held and waited for, per publication; the statements
+        the server spent the most time in, each with its calls and µs per publication."""
         n = max(1, published)
         return {
             "statements": self.statements / n,
             "held us": self.held * self.seconds / n * 1e6,
             "waited us": self.waiting * self.seconds / n * 1e6,
-            "top": [(calls / n, " ".join(query.split())) for calls, query in self.top],
+            "top": [(calls / n, ms * 1e3 / n, " ".join(query.split())) for calls, ms, query in self.top],
         }
 
 
 class StoreSampler:
     """`with StoreSampler(admin_url, database) as sampler: ...`, then `sampler.load`."""
 
-    def __init__(self, admin_url: str, database: str, interval: float = 0.01) -> None:
+    def __init__(self, admin_url: str, database: str, interval: float = 0.05) -> None:
         self.admin_url, self.database, self.interval = admin_url, database, interval
         self.load = StoreLoad(0, 0.0, 0.0, 0.0)
         self._stop = threading.Event()
         self._samples: list[tuple[int, int]] = []
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._started = 0.0
+        self._cpu = 0.0
 
     def __enter__(self) -> StoreSampler:
         with psycopg.connect(self.admin_url, autocommit=True) as admin:
@@ -83,15 +86,20 @@ class StoreSampler:
         self._thread.join()
         seconds = time.monotonic() - self._started
         with psycopg.connect(self.admin_url, autocommit=True) as admin:
-            rows = [(int(calls), str(query)) for calls, query in admin.execute(_STATEMENTS, (self.database,))]
+            rows = [
+                (int(calls), float(ms), str(query))
+                for calls, ms, query in admin.execute(_STATEMENTS, (self.database,))
+            ]
         n = max(1, len(self._samples))
         held = sum(1 for locked, _ in self._samples if locked) / n
         waiting = sum(waiters for _, waiters in self._samples) / n
-        self.load = StoreLoad(sum(calls for calls, _ in rows), seconds, held, waiting, rows[:TOP])
+        self.load = StoreLoad(sum(calls for calls, _, _ in rows), seconds, held, waiting, rows[:TOP], self._cpu)
 
     def _sample(self) -> None:
         with psycopg.connect(self.admin_url, autocommit=True) as admin:
+            backend = admin.execute("SELECT pg_backend_pid()").fetchone()
             while not self._stop.wait(self.interval):
                 row = admin.execute(_SAMPLE, {"db": self.database, "lock": WRITE_LOCK}).fetchone()
                 if row:
                     self._samples.append((int(row[0]), int(row[1])))
+            self._cpu = cpu_seconds(int(backend[0]), descendants=False) if backend else 0.0
