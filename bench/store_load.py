@@ -9,7 +9,8 @@ lock's held and waited time per publication. `pg_stat_statements` (loaded by the
 `SETTINGS`, counting statements clients send, not those inside functions) gives the statements —
 about the round trips — per publication, and the server's time in each. The sampler reads from the
 administrator's database and only the broker's database is counted, so its own statements are not;
-its server process's CPU is told apart (`StoreLoad.sampler_cpu`) for the caller to leave out.
+the CPU of the server process that samples is told apart (`StoreLoad.sampler_cpu`) for the caller
+to leave out (the two short connections that reset and read the statistics are not).
 """
 
 from __future__ import annotations

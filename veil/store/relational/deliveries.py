@@ -121,7 +121,6 @@ class DeliverySql(Dialect):
         for number, floor, cap in zip(numbers.tolist(), afters.tolist(), limits.tolist(), strict=True):
             if number not in live:
                 continue
-            caps[number] = cap
             spilled = (
                 db.execute(
                     "SELECT pub FROM deliveries WHERE sub_no = ? AND pub > ? ORDER BY pub LIMIT ?", (number, floor, cap)
@@ -130,8 +129,9 @@ class DeliverySql(Dialect):
                 else []
             )
             found += [(number, pub) for (pub,) in spilled]
-            if len(spilled) < cap:
+            if len(spilled) < cap:  # the rest from the feed: what a read past more than the cap skipped is lost
                 floors[number] = spilled[-1][0] if spilled else floor
+                caps[number] = cap - len(spilled)
         sub_nos = np.array([number for number, _ in found], np.int64)
         pubs = np.array([pub for _, pub in found], np.int64)
         reached = watermark
