@@ -406,6 +406,10 @@ class PostgresStore(RelationalStore):
     def _read(self) -> contextlib.AbstractContextManager[Db]:
         return self._connection()
 
+    def _pipelined(self, db: Db) -> contextlib.AbstractContextManager[object]:
+        assert isinstance(db, _Connection)
+        return db.conn.pipeline()
+
     def _ids(self, values: Sequence[int] | np.ndarray) -> list[int]:
         ids: list[int] = np.asarray(values, np.int64).tolist()
         return ids

@@ -204,7 +204,7 @@ class DeliverySql(Dialect):
         # writes: a save beside an unsubscription could write the cursor it deletes (left behind for a
         # later subscription of the id), and one beside a replacement would find no live version.
         live = f"EXISTS ({LIVE_NUMBER})"
-        with self._tx() as db:
+        with self._tx() as db, self._pipelined(db):
             if forwarded:
                 add_status(db, "forwarded", forwarded)
             if cursors:
@@ -283,41 +283,46 @@ class DeliverySql(Dialect):
                 sub_nos = np.concatenate([sub_nos, np.array([n for n, _ in logged], np.int64)])
                 pubs = np.concatenate([pubs, np.array([p for _, p in logged], np.int64)])
                 copies += [(n, p, copy) for n, p, copy in stateful.initials if copy is not None]
-            # the status rows written in three statements, not one each
+            # the status rows written in a few statements, not one each
             counts = duration_counts([done.took_ms]) if done.took_ms is not None else {}
             values = {f"beat.{matcher}": now_ms()}  # a sign of life: compared by change, not by clock
-            if len(pubs):
-                counts |= {"matched": len(np.unique(pubs)), "matches": len(pubs)}
-                rows = feed_rows(sub_nos, pubs)
-                # one statement for all rows (each with its own seq, in order): PostgreSQL's trigger
-                # signals the hubs once
-                seqs = [
-                    row[0]
-                    for row in db.execute(
-                        "INSERT INTO feed(pairs, first, created, cropped) "
-                        f"VALUES {', '.join(['(?, ?, ?, ?)'] * len(rows))} RETURNING seq",
-                        [item for pairs, first in rows for item in (pairs, first, now, bool(copies))],
-                    )
-                ]
-                values["feed_seq"] = max(seqs)
-                db.executemany(
-                    "INSERT INTO copies(sub_no, pub, body) VALUES (?, ?, ?) "
-                    "ON CONFLICT (sub_no, pub) DO UPDATE SET body = excluded.body",
-                    copies,
-                )
-                if processed > recorded:
-                    values["matches_per_entry"] = -(-len(pubs) // (processed - recorded))
             if done.built:
                 counts["state_builds"] = 1
-            if counts:
-                add_statuses(db, counts)
-            set_statuses(db, values)
-            db.execute(
-                "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE "
-                f"SET value = {self.GREATEST}(status.value, excluded.value), updated = excluded.updated",
-                (f"processed.{part}", processed, now),
-            )
-            set_least(db, "processed", "processed.")
+            if len(pubs):
+                counts |= {"matched": len(np.unique(pubs)), "matches": len(pubs)}
+                if processed > recorded:
+                    values["matches_per_entry"] = -(-len(pubs) // (processed - recorded))
+            with self._pipelined(db):  # the rest, written with the lock held, in one round trip
+                if len(pubs):
+                    rows = feed_rows(sub_nos, pubs)
+                    # one statement for all rows (each with its own seq, in order): PostgreSQL's
+                    # trigger signals the hubs once; the lock is held, so the last seq is this one's
+                    # (`WHERE true`: SQLite reads an upsert's SELECT without one as a join)
+                    db.execute(
+                        "INSERT INTO feed(pairs, first, created, cropped) "
+                        f"VALUES {', '.join(['(?, ?, ?, ?)'] * len(rows))}",
+                        [item for pairs, first in rows for item in (pairs, first, now, bool(copies))],
+                    )
+                    db.execute(
+                        "INSERT INTO status(name, value, updated) SELECT 'feed_seq', MAX(seq), ? FROM feed WHERE true "
+                        "ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated = excluded.updated",
+                        (now,),
+                    )
+                if copies:
+                    db.executemany(
+                        "INSERT INTO copies(sub_no, pub, body) VALUES (?, ?, ?) "
+                        "ON CONFLICT (sub_no, pub) DO UPDATE SET body = excluded.body",
+                        copies,
+                    )
+                if counts:
+                    add_statuses(db, counts)
+                set_statuses(db, values)
+                db.execute(
+                    "INSERT INTO status(name, value, updated) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE "
+                    f"SET value = {self.GREATEST}(status.value, excluded.value), updated = excluded.updated",
+                    (f"processed.{part}", processed, now),
+                )
+                set_least(db, "processed", "processed.")
         return True
 
     def _record_stateful(self, db: Db, batch: StatefulBatch, part: int) -> list[tuple[int, int]]:

@@ -83,6 +83,12 @@ class Dialect(EventStore):
         except self.failures as exc:
             raise StoreUnavailable(str(exc)) from exc
 
+    def _pipelined(self, db: Db) -> contextlib.AbstractContextManager[object]:
+        """Statements whose results nobody reads, sent together where the store is across a network:
+        one round trip for all of them instead of one each, where a transaction holding the write
+        lock waits for every one (an error surfaces when the block ends)."""
+        return contextlib.nullcontext()
+
     @abstractmethod
     def _ids(self, values: Sequence[int] | np.ndarray) -> Any: ...
 
@@ -165,15 +171,18 @@ def set_least(db: Db, name: str, prefix: str) -> None:
     """Status `name` becomes the least of the rows named `prefix`<partition> (gone when there are
     none): each partition records its own progress and its stateful subscriptions' due and held
     moments, the gateway and compaction read the whole pipeline's. Write transactions are
-    serialized, so every row read is current. One statement while there are rows."""
-    written = db.execute(
+    serialized, so every row read is current. Two statements whose results are not read, so that
+    they may be sent together with others (`Dialect._pipelined`)."""
+    db.execute(
         "INSERT INTO status(name, value, updated) SELECT ?, m.least, ? "
         "FROM (SELECT MIN(value) AS least FROM status WHERE name LIKE ?) AS m WHERE m.least IS NOT NULL "
         "ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated = excluded.updated",
         (name, time.time(), prefix + "%"),
-    ).rowcount
-    if not written:
-        db.execute("DELETE FROM status WHERE name = ?", (name,))
+    )
+    db.execute(
+        "DELETE FROM status WHERE name = ? AND NOT EXISTS (SELECT 1 FROM status WHERE name LIKE ?)",
+        (name, prefix + "%"),
+    )
 
 
 def duration_counts(durations: Sequence[int]) -> dict[str, int]:
