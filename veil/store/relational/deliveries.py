@@ -305,7 +305,8 @@ class DeliverySql(Dialect):
                     )
                     db.execute(
                         "INSERT INTO status(name, value, updated) SELECT 'feed_seq', MAX(seq), ? FROM feed WHERE true "
-                        "ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated = excluded.updated",
+                        f"ON CONFLICT (name) DO UPDATE SET value = {self.GREATEST}(status.value, excluded.value), "
+                        "updated = excluded.updated",
                         (now,),
                     )
                 if copies:
