@@ -232,7 +232,7 @@ async def main_async(args: argparse.Namespace) -> None:
     print_scale_model(rows)
     busiest = max((r for r in rows if r["store"]), key=lambda r: r["store"]["statements"], default=None)
     if busiest is not None:
-        print(f"\nStatements the server spent the most time in, per publication, in the busiest case "
+        print(f"\nStatements the server spent the most time in, per publication, in the case that sent the most "
               f"({busiest['kind']}, {busiest['partitions']} partitions, {busiest['subs']} subscriptions):")  # fmt: skip
         print("    calls       µs  statement")
         for calls, us, query in busiest["store"]["top"]:

@@ -129,7 +129,7 @@ class DeliverySql(Dialect):
                 else []
             )
             found += [(number, pub) for (pub,) in spilled]
-            if len(spilled) < cap:  # the rest from the feed: what a read past more than the cap skipped is lost
+            if len(spilled) < cap:  # what is left of the cap, from the feed (a read past the cap skips the rest)
                 floors[number] = spilled[-1][0] if spilled else floor
                 caps[number] = cap - len(spilled)
         sub_nos = np.array([number for number, _ in found], np.int64)
