@@ -302,25 +302,28 @@ async def test_connections_closed_for_sending_no_handshake_get_an_error_line_fir
         s.setblocking(False)
         await loop.sock_connect(s, ("127.0.0.1", broker.tcp_port))
         sockets.append(s)
-    async with aiohttp.ClientSession() as http, http.ws_connect(f"ws://127.0.0.1:{broker.ws_port}/") as ws:
-        message = await ws.receive(timeout=READ_TIMEOUT + 10)
-        assert message.type == aiohttp.WSMsgType.TEXT, message
-        error = orjson.loads(message.data)
-        assert (error["status"], error["field"]) == (400, "handshake") and "within" in error["error"]
 
-    async def told(s: socket.socket) -> bytes:
+    async def told(s: socket.socket) -> dict:
         received = b""
         async with asyncio.timeout(READ_TIMEOUT + 10):
             while chunk := await loop.sock_recv(s, 4096):
                 received += chunk
-        return received
+        assert received.endswith(b"\n"), f"closed without an error line ({received!r})"
+        error = orjson.loads(received)
+        assert error["field"] == "handshake" and error["status"] == 400, error
+        return error
 
     try:
-        for s in sockets:
-            line = await told(s)
-            assert line.endswith(b"\n"), f"closed without an error line ({line!r})"
-            error = orjson.loads(line)
-            assert error["field"] == "handshake" and error["status"] == 400, error
+        # The eighth goes only once the last is admitted: the WebSocket below is then the newest.
+        for s in sockets[:8]:
+            assert "the oldest went" in (await told(s))["error"]
+        async with aiohttp.ClientSession() as http, http.ws_connect(f"ws://127.0.0.1:{broker.ws_port}/") as ws:
+            message = await ws.receive(timeout=READ_TIMEOUT + 10)
+            assert message.type == aiohttp.WSMsgType.TEXT, message
+            error = orjson.loads(message.data)
+            assert (error["status"], error["field"]) == (400, "handshake") and "within" in error["error"]
+        for s in sockets[8:]:
+            await told(s)
     finally:
         for s in sockets:
             s.close()
