@@ -290,6 +290,10 @@ BEGIN
     RETURN last;
 END $$;
 """,
+    # the newest feed row compaction may spill, found without reading the rows
+    """
+CREATE INDEX feed_created ON feed(created);
+""",
 )
 
 

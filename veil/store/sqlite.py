@@ -143,6 +143,7 @@ CREATE TABLE IF NOT EXISTS feed (
 -- the oldest publication the feed still needs: MIN(first) over the table would read every entry's
 -- pairs blob (overflow pages are a linked list), hundreds of megabytes when subscribers lag
 CREATE INDEX IF NOT EXISTS feed_first ON feed(first);
+CREATE INDEX IF NOT EXISTS feed_created ON feed(created);  -- the newest row compaction may spill
 CREATE TABLE IF NOT EXISTS copies (  -- cropped copies, for the few matches that deliver one
     sub_no INTEGER NOT NULL,
     pub INTEGER NOT NULL,

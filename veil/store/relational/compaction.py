@@ -125,14 +125,29 @@ class CompactionSql(Dialect):
         return published
 
     def _spill(self, db: Db, upto: int, before: float, limit: int, changes: int) -> int:
-        """Move the matches of feed rows up to seq `upto` created before `before` that live
-        subscriptions have not consumed into per-subscription rows, about `limit` matches per call
-        (a large entry is spilled over several calls, whole subscriptions at a time, so that no
-        transaction holds the write lock for long); returns the matches looked at."""
+        """Move the matches of feed rows up to seq `upto` and to the newest created before `before`
+        (rows are made in seq order, under the write lock) that live subscriptions have not consumed
+        into per-subscription rows, about `limit` matches per call (a large entry is spilled over
+        several calls, whole subscriptions at a time, so that no transaction holds the write lock for
+        long); returns the matches looked at."""
         spilled, position = db.execute(f"SELECT {SPILLED}, {SPILL_POSITION}").fetchone()
+        # the newest row old enough, found by its index: SQLite keeps a column after a long blob in the
+        # blob's overflow pages, so reading `created` from the rows walked each row's pairs
+        due = db.execute("SELECT seq FROM feed WHERE created < ? ORDER BY created DESC LIMIT 1", (before,)).fetchone()
+        if due is None:
+            return 0
+        # then the rows' sizes (no row is read whole for it), and only the rows this step reaches: a
+        # PostgreSQL cursor fetches its whole result, and every step under the write lock read every
+        # row due (at 512 subscriptions, seconds of the feed, for 20,000 matches each)
+        sizes = db.execute(
+            "SELECT seq, length(pairs) FROM feed WHERE seq > ? AND seq <= ? ORDER BY seq", (spilled, min(upto, due[0]))
+        ).fetchall()
+        if not sizes:
+            return 0
+        budget = 16 * (limit + position)  # bytes: two int64 per pair
+        last = next((seq for seq, size in sizes if (budget := budget - size) <= 0), sizes[-1][0])
         rows = db.execute(  # stepped one entry at a time: entries can be tens of megabytes
-            "SELECT seq, pairs FROM feed WHERE seq > ? AND seq <= ? AND created < ? ORDER BY seq",
-            (spilled, upto, before),
+            "SELECT seq, pairs FROM feed WHERE seq > ? AND seq <= ? ORDER BY seq", (spilled, last)
         )
         looked = 0
         floor: np.ndarray | None = None

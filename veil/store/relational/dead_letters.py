@@ -22,14 +22,14 @@ from typing import Any
 from veil.protocol.envelope import Origin
 from veil.store.base import KIND_REDELIVER, REPLAY_MOST, DeadLetter, QueueBounds
 from veil.store.relational.dialect import SPILL_POSITION, SPILLED, Db, Dialect, add_status, now_ms
-from veil.store.relational.log import LIVE, append_entry, first_logged
+from veil.store.relational.log import LIVE, LIVE_NUMBER, append_entry, first_logged
 
 # a live subscription's queue: its number, floor (the cursor) and the bounds its subscriber set
 QUEUED = (
     "SELECT q.sub_no, COALESCE(c.pub, 0), b.deliveries, b.bytes, b.age, q.deliveries, q.bytes "
     "FROM queues q JOIN subscription_numbers n ON n.no = q.sub_no "
-    "JOIN subscriptions s ON s.sub_id = n.sub_id AND s.deleted IS NULL "
     "LEFT JOIN cursors c ON c.sub_id = n.sub_id LEFT JOIN queue_bounds b ON b.sub_no = q.sub_no "
+    f"WHERE EXISTS ({LIVE_NUMBER}) "
 )
 NEWEST = 2**62  # a seq (and an offset) past every one
 CLAIMED = "SELECT 1 FROM connections k JOIN gateways g ON g.gateway = k.gateway WHERE k.sub_id = n.sub_id"
@@ -62,7 +62,7 @@ class DeadLetterSql(Dialect):
                 (now - bounds.age_ms, limit),
             ).rowcount
             add_status(db, "dead_letters_expired", expired)
-            rows = db.execute(QUEUED + f"WHERE NOT EXISTS ({CLAIMED} AND g.seen >= ?)", (alive_since,)).fetchall()
+            rows = db.execute(QUEUED + f"AND NOT EXISTS ({CLAIMED} AND g.seen >= ?)", (alive_since,)).fetchall()
             return expired + self._bound(db, rows, {}, bounds, now, limit, ages)
 
     def bound_held_queues(
@@ -72,7 +72,7 @@ class DeadLetterSql(Dialect):
             return 0
         with self._tx() as db:
             rows = db.execute(
-                QUEUED + f"WHERE q.sub_no {self.IN_IDS} AND EXISTS ({CLAIMED} AND k.gateway = ?)",
+                QUEUED + f"AND q.sub_no {self.IN_IDS} AND EXISTS ({CLAIMED} AND k.gateway = ?)",
                 (self._ids(list(floors)), gateway),
             ).fetchall()
             return self._bound(db, rows, floors, bounds, now, limit, True)

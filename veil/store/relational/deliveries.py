@@ -27,12 +27,10 @@ from veil.store.relational.dialect import (
     set_statuses,
     status_value,
 )
-from veil.store.relational.log import append_entry
+from veil.store.relational.log import LIVE_NUMBER, append_entry
 from veil.store.relational.status import set_aside, set_aside_pairs
 
 ORIGIN = "COALESCE(client, ''), key_id, signature, copy_of, cropped"  # the columns of an Origin
-# `subscription_numbers n` names a live subscription (of its id, the newest number names the live one)
-LIVE_NUMBER = "SELECT 1 FROM subscriptions s WHERE s.sub_id = n.sub_id AND s.deleted IS NULL"
 
 
 class DeliverySql(Dialect):

@@ -61,6 +61,10 @@ LIVE = (
     "SELECT s.owner, n.no FROM subscriptions s JOIN subscription_numbers n USING (sub_id) "
     "WHERE s.sub_id = ? AND s.deleted IS NULL"
 )
+# `subscription_numbers n` names a live subscription (of its id, the newest number names the live one);
+# as EXISTS, so that a query over numbers stays driven by them (as a join, SQLite's planner may walk
+# every live subscription and look each up in the numbers asked: 46 s for 18,000 of 20,000)
+LIVE_NUMBER = "SELECT 1 FROM subscriptions s WHERE s.sub_id = n.sub_id AND s.deleted IS NULL"
 
 
 class LogSql(Dialect):
