@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tests.unit.helpers import published
 from veil.gateway import bundle as bundle_module
 from veil.gateway.bundle import Admitted, Bundle
-from veil.gateway.delivery import Asked, DeliveryHub, _consecutive, _merged
+from veil.gateway.delivery import RUN_MATCHES, Asked, DeliveryHub, _consecutive, _merged
 from veil.gateway.quotas import Client
 from veil.gateway.store_threads import StoreThreads
 from veil.protocol import Handshake
@@ -181,20 +181,28 @@ def test_entries_offered_as_one_deliver_what_offering_them_one_by_one_would(roun
     assert as_one == one_by_one
 
 
-@given(st.lists(st.tuples(st.integers(1, 3), st.integers(0, 1500), st.integers(0, 1500)), min_size=1, max_size=12))
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 3), st.integers(0, 1500), st.integers(0, 1500), st.integers(2, 40_000)),
+        min_size=1, max_size=12,
+    )
+)  # fmt: skip
 def test_entries_go_out_in_runs_of_consecutive_seqs_each_spanning_what_a_queue_takes(steps):
     """A run is offered as one: a gap in the seqs ends it (what lies between was spilled), and so
-    does a span of publications an empty queue could not take (a connection would fall behind)."""
+    does a span of publications an empty queue could not take (a connection would fall behind), and
+    so do more matches than RUN_MATCHES (the connections' shares of it would not fit either)."""
     entries, seq = [], 0
-    for step, low, width in steps:
+    for step, low, width, matches in steps:
         seq += step
-        entries.append(FeedEntry(seq, np.zeros(2, np.int64), np.array([low, low + width], np.int64)))
+        pubs = np.linspace(low, low + width, matches).astype(np.int64)
+        entries.append(FeedEntry(seq, np.zeros(matches, np.int64), pubs))
     runs = _consecutive(entries)
     assert [entry for run in runs for entry in run] == entries
     for run in runs:
         assert [entry.seq for entry in run] == list(range(run[0].seq, run[0].seq + len(run)))
         spans = [int(entry.pubs.max() - entry.pubs.min()) + 1 for entry in run]
         assert len(run) == 1 or sum(spans) <= bundle_module.QUEUE_LIMIT
+        assert len(run) == 1 or sum(len(entry.pubs) for entry in run) <= RUN_MATCHES
 
 
 async def test_connections_that_fall_behind_together_read_their_backlogs_in_one_read(tmp_path, monkeypatch):
