@@ -136,11 +136,13 @@ class CompactionSql(Dialect):
         due = db.execute("SELECT seq FROM feed WHERE created < ? ORDER BY created DESC LIMIT 1", (before,)).fetchone()
         if due is None:
             return 0
-        # then the rows' sizes (no row is read whole for it), and only the rows this step reaches: a
-        # PostgreSQL cursor fetches its whole result, and every step under the write lock read every
-        # row due (at 512 subscriptions, seconds of the feed, for 20,000 matches each)
+        # then the rows' sizes (no row is read whole for it; a row holds a match at least, so no more
+        # rows than matches), and only the rows this step reaches: a PostgreSQL cursor fetches its
+        # whole result, and every step under the write lock read every row due (at 512
+        # subscriptions, seconds of the feed, for 20,000 matches each)
         sizes = db.execute(
-            "SELECT seq, length(pairs) FROM feed WHERE seq > ? AND seq <= ? ORDER BY seq", (spilled, min(upto, due[0]))
+            "SELECT seq, length(pairs) FROM feed WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+            (spilled, min(upto, due[0]), limit + 1),
         ).fetchall()
         if not sizes:
             return 0

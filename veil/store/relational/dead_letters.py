@@ -87,7 +87,13 @@ class DeadLetterSql(Dialect):
         being spilled (over several steps) still holds the pairs already spilled, which a backlog read
         may take from it: nothing from its first publication on leaves a queue meanwhile."""
         spilled, position = db.execute(f"SELECT {SPILLED}, {SPILL_POSITION}").fetchone()
-        partial = db.execute("SELECT first FROM feed WHERE seq = ?", (spilled + 1,)).fetchone() if position else None
+        # (the first row past the spilled ones: seqs may have gaps, as PostgreSQL's identity leaves
+        # one where a round's transaction rolled back)
+        partial = (
+            db.execute("SELECT first FROM feed WHERE seq > ? ORDER BY seq LIMIT 1", (spilled,)).fetchone()
+            if position
+            else None
+        )
         ceiling = NEWEST if partial is None else partial[0] - 1
         moved = 0
         for number, cursor, deliveries, size_bound, age, held, size in rows:
