@@ -50,6 +50,14 @@ def feed_rows(sub_nos: np.ndarray, pubs: np.ndarray) -> list[tuple[bytes, int]]:
     ]  # fmt: skip
 
 
+def last_within(sizes: list[tuple[int, int]], matches: int) -> int:
+    """Of feed rows' (seq, bytes of pairs), in seq order, the seq of the row in which `matches`
+    matches are reached (the last row when they are not): a read up to it holds about that many
+    matches, and at least one row, without any row having been read whole to know."""
+    budget = 16 * matches  # bytes: two int64 a match
+    return next((seq for seq, size in sizes if (budget := budget - size) <= 0), sizes[-1][0])
+
+
 def unpack(seq: int, pairs: bytes, cropped: bool = False) -> FeedEntry:
     both = np.frombuffer(pairs, np.int64)
     half = len(both) // 2

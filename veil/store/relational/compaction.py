@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from veil.store.base import KIND_CANCEL, KIND_COPY, KIND_PUBLICATION, KIND_REDELIVER, KIND_REGISTRY, KIND_TICK
-from veil.store.queues import consumed_floor, horizon, spill_end, unconsumed, unpack
+from veil.store.queues import consumed_floor, horizon, last_within, spill_end, unconsumed, unpack
 from veil.store.relational.dialect import (
     PROCESSED,
     SPILL_POSITION,
@@ -126,10 +126,11 @@ class CompactionSql(Dialect):
 
     def _spill(self, db: Db, upto: int, before: float, limit: int, changes: int) -> int:
         """Move the matches of feed rows up to seq `upto` and to the newest created before `before`
-        (rows are made in seq order, under the write lock) that live subscriptions have not consumed
-        into per-subscription rows, about `limit` matches per call (a large entry is spilled over
-        several calls, whole subscriptions at a time, so that no transaction holds the write lock for
-        long); returns the matches looked at."""
+        (rows are made in seq order under the write lock, so in `created` order while the clock does
+        not step back; a younger row before it goes early, which costs queue rows and loses nothing)
+        that live subscriptions have not consumed into per-subscription rows, about `limit` matches
+        per call (a large entry is spilled over several calls, whole subscriptions at a time, so that
+        no transaction holds the write lock for long); returns the matches looked at."""
         spilled, position = db.execute(f"SELECT {SPILLED}, {SPILL_POSITION}").fetchone()
         # the newest row old enough, found by its index: SQLite keeps a column after a long blob in the
         # blob's overflow pages, so reading `created` from the rows walked each row's pairs
@@ -146,8 +147,7 @@ class CompactionSql(Dialect):
         ).fetchall()
         if not sizes:
             return 0
-        budget = 16 * (limit + position)  # bytes: two int64 per pair
-        last = next((seq for seq, size in sizes if (budget := budget - size) <= 0), sizes[-1][0])
+        last = last_within(sizes, limit + position)  # (the first row's first `position` are spilled)
         rows = db.execute(  # stepped one entry at a time: entries can be tens of megabytes
             "SELECT seq, pairs FROM feed WHERE seq > ? AND seq <= ? ORDER BY seq", (spilled, last)
         )

@@ -11,7 +11,7 @@ import numpy as np
 
 from veil.protocol.envelope import Origin
 from veil.store.base import KIND_COPY, KIND_SUBSCRIBE, FeedEntry, Round, StatefulBatch
-from veil.store.queues import FEED_READ_PAIRS, feed_rows, unpack
+from veil.store.queues import FEED_READ_PAIRS, feed_rows, last_within, unpack
 from veil.store.relational.dialect import (
     LAST_FEED_SEQ,
     SPILLED,
@@ -43,8 +43,7 @@ class DeliverySql(Dialect):
             ).fetchall()
             if not sizes:
                 return []
-            budget = 16 * FEED_READ_PAIRS  # bytes: two int64 per pair
-            last = next((row_seq for row_seq, size in sizes if (budget := budget - size) <= 0), sizes[-1][0])
+            last = last_within(sizes, FEED_READ_PAIRS)
             rows = db.execute(
                 "SELECT seq, pairs, cropped FROM feed WHERE seq > ? AND seq <= ? ORDER BY seq", (seq, last)
             ).fetchall()
