@@ -44,7 +44,7 @@ BACKLOG_READ = 1 << 18  # deliveries the connections' backlog reads gathered int
 # matches a run of feed entries offered as one holds, at most (an entry alone may hold more): each
 # multiplexed connection takes its share of a run at once, and one whose queue or quota has no room for
 # it reads the store instead (at 20,000 subscriptions on 18 connections, runs of up to 64 entries of
-# ~200,000 matches each sent most connections to the store: 4-8 times the gateway's CPU per delivery)
+# over 100,000 matches each sent most connections to the store: 2-8 times the gateway's CPU per delivery)
 RUN_MATCHES = 1 << 16
 
 
