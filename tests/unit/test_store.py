@@ -26,6 +26,7 @@ from veil.store import (
     UnknownSubscription,
     open_store,
 )
+from veil.store.queues import distinct, sorted_pairs
 
 
 def backlog(store, number: int, after: int, limit: int) -> tuple[list[tuple[int, bytes, Origin]], int]:
@@ -118,6 +119,22 @@ def test_a_large_round_is_cut_into_bounded_feed_rows_read_a_few_at_a_time(store,
     for n in numbers:
         queued, _ = backlog(store, n, 0, 100)
         assert [pub for pub, _, _ in queued] == sorted(p for m, p in pairs if m == n)
+
+
+INT64S = st.integers(0, 2**63 - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 10_000)) | st.tuples(INT64S, INT64S), max_size=60))
+def test_pairs_sort_by_subscription_then_publication_and_distinct_counts_them(pairs):
+    """A round's pairs sorted by one packed key where both fit (a round spans a few thousand
+    offsets), by both columns where they do not (numbers or offsets near 2**63); `distinct` counts
+    by a table over a narrow span and by `np.unique` over a wide one, alike."""
+    sub_nos = np.array([n for n, _ in pairs], np.int64)
+    pubs = np.array([p for _, p in pairs], np.int64)
+    ordered_subs, ordered_pubs = sorted_pairs(sub_nos, pubs)
+    assert list(zip(ordered_subs.tolist(), ordered_pubs.tolist(), strict=True)) == sorted(pairs)
+    assert distinct(pubs) == len({p for _, p in pairs}) and distinct(sub_nos) == len({n for n, _ in pairs})
 
 
 def test_feed_entries_are_sorted_by_subscription(store):

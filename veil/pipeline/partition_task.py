@@ -40,6 +40,7 @@ from veil.pipeline import worker_state
 from veil.pipeline.matcher import Matcher
 from veil.pipeline.store_handle import store_for
 from veil.store import PipelineStore, Round, StoreUnavailable
+from veil.store.queues import distinct
 
 log = logging.getLogger("veil.pipeline")
 ORDER_POLL = 0.002  # seconds between looks at the ranges before a matched one, while it waits for them
@@ -374,7 +375,7 @@ class PartitionTask:
             self._due[part] = None if done.stateful is None else done.stateful.due
             if len(done.sub_nos) and entries > 0:
                 self._per_entry[part] = -(-len(done.sub_nos) // entries)
-        reached = len(np.unique(np.asarray(done.sub_nos)))
+        reached = distinct(np.asarray(done.sub_nos, np.int64))
         growth = min(GAP_GROWTH, max(1.0, reached / PACED_SUBSCRIPTIONS))
         self._gap[part] = (self.round_gap * growth, reached >= PACED_SUBSCRIPTIONS)
         trace.mark("recorded", done.start or 0, done.end)

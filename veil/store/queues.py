@@ -41,13 +41,39 @@ def feed_rows(sub_nos: np.ndarray, pubs: np.ndarray) -> list[tuple[bytes, int]]:
     publications matching many subscriptions would otherwise be hundreds of megabytes. The rows
     follow each other in pair order, so a subscription whose matches span two rows gets them in
     publication order."""
-    order = np.lexsort((pubs, sub_nos))
-    sub_nos, pubs = sub_nos[order], pubs[order]
+    sub_nos, pubs = sorted_pairs(sub_nos, pubs)
     return [
         (sub_nos[low : low + FEED_ROW_PAIRS].tobytes() + pubs[low : low + FEED_ROW_PAIRS].tobytes(),
          int(pubs[low : low + FEED_ROW_PAIRS].min()))
         for low in range(0, len(pubs), FEED_ROW_PAIRS)
     ]  # fmt: skip
+
+
+def sorted_pairs(sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(subscription number, publication) pairs in that order. A round's publications span a few
+    thousand offsets, so both fit one int64 key, and one sort of the keys takes a tenth of the time
+    of `np.lexsort` over both columns (13 against 177 ms for a million pairs); pairs whose key
+    would not fit are sorted by both columns."""
+    if not len(pubs):
+        return sub_nos, pubs
+    low = int(pubs.min())
+    bits = (int(pubs.max()) - low).bit_length()
+    if bits >= 62 or int(sub_nos.min()) < 0 or int(sub_nos.max()) >> (62 - bits):
+        order = np.lexsort((pubs, sub_nos))
+        return sub_nos[order], pubs[order]
+    keys = np.sort((sub_nos << bits) | (pubs - low))
+    return keys >> bits, (keys & ((1 << bits) - 1)) + low
+
+
+def distinct(values: np.ndarray) -> int:
+    """How many different values: counted over their span when it is no wider than a few times their
+    number (a round's publications, a round's subscriptions), without the sort `np.unique` makes."""
+    if not len(values):
+        return 0
+    low, high = int(values.min()), int(values.max())
+    if high - low > 4 * len(values):
+        return len(np.unique(values))
+    return int(np.count_nonzero(np.bincount(values - low)))
 
 
 def last_within(sizes: list[tuple[int, int]], matches: int) -> int:

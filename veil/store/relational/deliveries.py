@@ -11,7 +11,7 @@ import numpy as np
 
 from veil.protocol.envelope import Origin
 from veil.store.base import KIND_COPY, KIND_SUBSCRIBE, FeedEntry, Round, StatefulBatch
-from veil.store.queues import FEED_READ_PAIRS, feed_rows, last_within, unpack
+from veil.store.queues import FEED_READ_PAIRS, distinct, feed_rows, last_within, unpack
 from veil.store.relational.dialect import (
     LAST_FEED_SEQ,
     SPILLED,
@@ -286,7 +286,7 @@ class DeliverySql(Dialect):
             if done.built:
                 counts["state_builds"] = 1
             if len(pubs):
-                counts |= {"matched": len(np.unique(pubs)), "matches": len(pubs)}
+                counts |= {"matched": distinct(pubs), "matches": len(pubs)}
                 if processed > recorded:
                     values["matches_per_entry"] = -(-len(pubs) // (processed - recorded))
             with self._pipelined(db):  # the rest, written with the lock held, in one round trip
