@@ -13,12 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from veil.matching import Predicate, SubscriptionIndex
-from veil.matching import index as index_module
 from veil.protocol.subscriptions import parse_predicate
 
 KEYS = ["a", "b", "c", "d.[0]", "e.f"]
@@ -266,18 +264,12 @@ def test_the_oracle_reads_the_semantics_as_written() -> None:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
 )
-@given(
-    initial=population(ALL_SUBSCRIPTIONS),
-    merge_at=st.sampled_from([0, 2, index_module.MERGE_MIN]),
-    data=st.data(),
-)
-def test_index_equals_the_oracle(initial: list[list[dict]], merge_at: int, data: st.DataObject) -> None:
-    """Range bounds normally wait in an unsorted buffer until 512 of one key and operator gather; a
-    merge point of 0 or 2 puts the bounds of tens of subscriptions in the sorted arrays the index
-    searches by bisection, so both ways of finding candidates are compared."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(index_module, "MERGE_MIN", merge_at)
-        run_against_the_oracle(data, initial, ALL_SUBSCRIPTIONS, ALL_BATCHES)
+@given(initial=population(ALL_SUBSCRIPTIONS), data=st.data())
+def test_index_equals_the_oracle(initial: list[list[dict]], data: st.DataObject) -> None:
+    """Range bounds added since the last match are inserted into the sorted arrays by the next one:
+    adds, replacements and removals between matches insert a few or many bounds into arrays of
+    every size, beside those of removed subscriptions."""
+    run_against_the_oracle(data, initial, ALL_SUBSCRIPTIONS, ALL_BATCHES)
 
 
 @settings(
@@ -292,10 +284,9 @@ def test_numbers_where_float64_rounds_compare_exactly(initial: list[list[dict]],
     run_against_the_oracle(data, initial, NEAR_SUBSCRIPTIONS, NEAR_BATCHES)
 
 
-@pytest.mark.parametrize("merge_at", [0, index_module.MERGE_MIN])
-def test_every_operator_at_every_bound_alone_and_behind_an_equality(merge_at: int) -> None:
+def test_every_operator_at_every_bound_alone_and_behind_an_equality() -> None:
     """Each constraint is filed twice: alone, where the index finds its candidates by it (a bucket, a
-    sorted or buffered bound, a prefix), and behind an equality on another key that the index
+    sorted bound, a prefix), and behind an equality on another key that the index
     prefers (that key's many decoy values make it look the most selective), so that its vectorised
     verification decides it instead. Every value is then matched against every constraint, at and on
     both sides of each bound."""
@@ -312,14 +303,12 @@ def test_every_operator_at_every_bound_alone_and_behind_an_equality(merge_at: in
     for number, (op, target) in enumerate(targets):
         live[f"alone{number}"] = [{"key": "x", "val": target, "op": op}]
         live[f"behind{number}"] = [{"key": "k", "val": "on", "op": "eq"}, {"key": "x", "val": target, "op": op}]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(index_module, "MERGE_MIN", merge_at)
-        index = SubscriptionIndex()
-        for sub_id, wire in live.items():
-            index.add(sub_id, parsed(wire))
-        batch = [{"x": value, "k": "on"} for value in [*numbers, *strings, True, False]] + [{"k": "on"}]
-        for publication, found in zip(batch, index.match_batch(batch), strict=True):
-            assert sorted(found) == expected_matches(live, publication), publication
+    index = SubscriptionIndex()
+    for sub_id, wire in live.items():
+        index.add(sub_id, parsed(wire))
+    batch = [{"x": value, "k": "on"} for value in [*numbers, *strings, True, False]] + [{"k": "on"}]
+    for publication, found in zip(batch, index.match_batch(batch), strict=True):
+        assert sorted(found) == expected_matches(live, publication), publication
 
 
 def test_many_updates_trigger_merges_and_rebuilds() -> None:

@@ -9,8 +9,8 @@ not satisfy. The candidates' predicates are then verified at once with numpy ove
 predicate table. This is the counting algorithm's idea (only satisfied predicates cost) with the
 count replaced by a vectorised check, which is what makes batches fast in Python.
 
-Updates are incremental: new range bounds wait in a small unsorted buffer that is merged when it
-grows; removed subscriptions are tombstoned and the structures are rebuilt once tombstones outnumber
+Updates are incremental: new range bounds wait in a list until the next match inserts them into
+the sorted arrays at once; removed subscriptions are tombstoned and the structures are rebuilt once tombstones outnumber
 the living. Numbers compare as float64; the rare integers beyond 2**53, which float64 cannot hold
 exactly, are matched by the reference semantics instead.
 """
@@ -42,7 +42,6 @@ PREDICATE_ROW = np.dtype(
      ("low", np.float64), ("high", np.float64)]
 )  # fmt: skip
 EXACT_LIMIT = 2**53
-MERGE_MIN = 512
 CHUNK_PAIRS = 1 << 20
 VERIFY_STAGES = (4, 12, 28, np.iinfo(np.int64).max)  # predicate positions where pairs are dropped
 
@@ -74,7 +73,11 @@ class _Column:
 
 
 class _Bounds:
-    """Range bounds of one (key, operator, class): sorted arrays plus a small unsorted buffer."""
+    """Range bounds of one (key, operator, class): sorted arrays, and the bounds added since the last
+    match, merged in by the next one. A match against unmerged bounds compared every publication
+    with each of them (up to 512, or a sixteenth of the sorted ones, per key and operator, until more
+    came): on the CUPUS load at 20,000 subscriptions, 4 % of a matcher's time for no pair it
+    would not otherwise find."""
 
     def __init__(self, op: int, dtype: type) -> None:
         self.op = op
@@ -87,18 +90,20 @@ class _Bounds:
     def add(self, value: object, slot: int) -> None:
         self.new_values.append(value)
         self.new_slots.append(slot)
-        if len(self.new_values) > max(MERGE_MIN, len(self.values) >> 4):
-            self._merge()
 
     def _merge(self) -> None:
-        values = np.concatenate([self.values, np.array(self.new_values, self.dtype)])
-        slots = np.concatenate([self.slots, np.array(self.new_slots, np.int64)])
-        order = np.argsort(values, kind="stable")
-        self.values, self.slots = values[order], slots[order]
+        """One insert of the sorted new bounds: the cost of a copy, not of sorting all again."""
+        fresh: np.ndarray = np.array(self.new_values, self.dtype)
+        order = np.argsort(fresh, kind="stable")
+        at = np.searchsorted(self.values, fresh[order], "right")
+        self.values = np.insert(self.values, at, fresh[order])
+        self.slots = np.insert(self.slots, at, np.array(self.new_slots, np.int64)[order])
         self.new_values, self.new_slots = [], []
 
     def candidates(self, pubs: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(publication, slot) pairs whose bound the publication's value satisfies."""
+        if self.new_values:
+            self._merge()
         bound = self.values
         if self.op in (GT, GE, BETWEEN):  # bound below the value: a prefix of the sorted bounds
             ends = np.searchsorted(bound, values, "left" if self.op == GT else "right")
@@ -110,24 +115,7 @@ class _Bounds:
         total = int(counts.sum())
         offsets = np.cumsum(counts) - counts
         picks = np.repeat(starts - offsets, counts) + np.arange(total)
-        pair_pubs, pair_slots = np.repeat(pubs, counts), self.slots[picks]
-        if self.new_values:
-            fresh: np.ndarray = np.array(self.new_values, self.dtype)
-            hit = _compare(self.op, values[:, None], fresh[None, :])
-            rows, cols = np.nonzero(hit)
-            pair_pubs = np.concatenate([pair_pubs, pubs[rows]])
-            pair_slots = np.concatenate([pair_slots, np.array(self.new_slots, np.int64)[cols]])
-        return pair_pubs, pair_slots
-
-
-def _compare(op: int, value: np.ndarray, bound: np.ndarray) -> np.ndarray:
-    if op == GT:
-        return value > bound
-    if op in (GE, BETWEEN):
-        return value >= bound
-    if op == LT:
-        return value < bound
-    return value <= bound
+        return np.repeat(pubs, counts), self.slots[picks]
 
 
 class SubscriptionIndex:
@@ -307,8 +295,9 @@ class SubscriptionIndex:
         """All (publication position, subscription slot) matches of a batch; `sub_id(slot)` names them."""
         batch = _Batch(publications, self._key_ids, self._tokens)
         pair_pubs, pair_slots = self._candidates(batch)
-        keep = self._alive.view[pair_slots]
-        pair_pubs, pair_slots = pair_pubs[keep], pair_slots[keep]
+        if self._dead:  # tombstones since the last rebuild
+            keep = self._alive.view[pair_slots]
+            pair_pubs, pair_slots = pair_pubs[keep], pair_slots[keep]
         found_pubs, found_slots = [], []
         for low in range(0, len(pair_pubs), CHUNK_PAIRS):
             p, s = pair_pubs[low : low + CHUNK_PAIRS], pair_slots[low : low + CHUNK_PAIRS]
