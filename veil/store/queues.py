@@ -28,25 +28,47 @@ SPILL_AFTER = 2.0  # seconds a match may wait in the feed before it gets its own
 COMPACT_INTERVAL = 2.0  # seconds between compaction rounds
 COMPACT_IDLE_INTERVAL = 16.0  # at most, while they find nothing to do and nothing moves
 COMPACT_CHUNK = 20000  # rows per compaction step (one transaction)
-FEED_ROW_PAIRS = 1 << 20  # matches per feed row at most (16 MiB)
+FEED_ROW_PAIRS = 1 << 20  # matches per feed row at most (2-16 MiB packed, 16 MiB unpacked)
+PACKED = -1  # a packed row's first int64 (an unpacked row's is a subscription number: never negative)
+# a publication's offset from the row's least, in as many bytes as the row's span needs
+PUB_WIDTHS: dict[int, type[np.integer]] = {2: np.uint16, 4: np.uint32, 8: np.int64}
+# the fewest bytes of a row a match takes: a read's byte budget for some number of matches bounds
+# what the row's unpacked columns (16 bytes a match) take
+MATCH_BYTES = 2
 FEED_READ_PAIRS = 4 << 20  # matches the hub reads from the feed at once, about (it takes at least a row)
 NEVER = np.iinfo(np.int64).max
 
 
 def feed_rows(sub_nos: np.ndarray, pubs: np.ndarray) -> list[tuple[bytes, int]]:
-    """A round's matches as feed rows: each row's pairs sorted by (subscription number, publication),
-    so that a subscription's matches are one binary search away and spilled rows fill the queue index
-    in order, with the oldest publication the row holds. A row holds at most FEED_ROW_PAIRS pairs:
-    whatever reads the feed (the gateway's hub, compaction) holds a row whole, and one round of many
-    publications matching many subscriptions would otherwise be hundreds of megabytes. The rows
-    follow each other in pair order, so a subscription whose matches span two rows gets them in
-    publication order."""
+    """A round's matches as feed rows (`pack`): each row's pairs sorted by (subscription number,
+    publication), so that a subscription's matches are one binary search away and spilled rows fill
+    the queue index in order, with the oldest publication the row holds. A row holds at most
+    FEED_ROW_PAIRS pairs: whatever reads the feed (the gateway's hub, compaction) holds a row whole,
+    and one round of many publications matching many subscriptions would otherwise be hundreds of
+    megabytes. The rows follow each other in pair order, so a subscription whose matches span two
+    rows gets them in publication order."""
     sub_nos, pubs = sorted_pairs(sub_nos, pubs)
     return [
-        (sub_nos[low : low + FEED_ROW_PAIRS].tobytes() + pubs[low : low + FEED_ROW_PAIRS].tobytes(),
+        (pack(sub_nos[low : low + FEED_ROW_PAIRS], pubs[low : low + FEED_ROW_PAIRS]),
          int(pubs[low : low + FEED_ROW_PAIRS].min()))
         for low in range(0, len(pubs), FEED_ROW_PAIRS)
     ]  # fmt: skip
+
+
+def pack(sub_nos: np.ndarray, pubs: np.ndarray) -> bytes:
+    """Sorted pairs as one feed row: a header (PACKED, how many subscriptions, the width of a
+    publication, the least publication), each subscription number once and where its matches end,
+    then the publications as offsets from the least, in as few bytes as their span needs. A round's
+    million matches at 20,000 CUPUS subscriptions are 2.4 MiB instead of two int64 columns' 16, and
+    SQLite writes such a row in 0.6 ms against 22 and reads it in 0.6 against 20 (a 16 MiB blob is
+    four thousand overflow pages)."""
+    cuts = np.flatnonzero(sub_nos[1:] != sub_nos[:-1]) + 1
+    numbers, ends = sub_nos[np.r_[0, cuts]], np.r_[cuts, len(sub_nos)].astype(np.int64)
+    low = int(pubs.min())
+    span = int(pubs.max()) - low
+    width, dtype = next((width, dtype) for width, dtype in PUB_WIDTHS.items() if span <= np.iinfo(dtype).max)
+    head = np.array([PACKED, len(numbers), width, low], np.int64)
+    return b"".join([head.tobytes(), numbers.tobytes(), ends.tobytes(), (pubs - low).astype(dtype).tobytes()])
 
 
 def sorted_pairs(sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -80,14 +102,22 @@ def last_within(sizes: list[tuple[int, int]], matches: int) -> int:
     """Of feed rows' (seq, bytes of pairs), in seq order, the seq of the row in which `matches`
     matches are reached (the last row when they are not): a read up to it holds about that many
     matches, and at least one row, without any row having been read whole to know."""
-    budget = 16 * matches  # bytes: two int64 a match
+    budget = MATCH_BYTES * matches
     return next((seq for seq, size in sizes if (budget := budget - size) <= 0), sizes[-1][0])
 
 
 def unpack(seq: int, pairs: bytes, cropped: bool = False) -> FeedEntry:
-    both = np.frombuffer(pairs, np.int64)
-    half = len(both) // 2
-    return FeedEntry(seq, both[:half], both[half:], cropped)
+    """A feed row's pairs as columns (`pack`)."""
+    head = np.frombuffer(pairs, np.int64, 4) if len(pairs) >= 32 else None
+    if head is None or head[0] != PACKED:  # a row from before rows were packed: two int64 columns
+        both = np.frombuffer(pairs, np.int64)
+        half = len(both) // 2
+        return FeedEntry(seq, both[:half], both[half:], cropped)
+    count, width, low = int(head[1]), int(head[2]), int(head[3])
+    numbers = np.frombuffer(pairs, np.int64, 2 * count, 32)
+    sub_nos = np.repeat(numbers[:count], np.diff(numbers[count:], prepend=0))
+    pubs = np.frombuffer(pairs, PUB_WIDTHS[width], offset=32 + 16 * count).astype(np.int64) + low
+    return FeedEntry(seq, sub_nos, pubs, cropped)
 
 
 def spill_end(entry: FeedEntry, position: int, budget: int) -> int:
