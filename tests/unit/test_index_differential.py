@@ -337,3 +337,19 @@ def test_long_subscriptions_fail_at_any_position(lengths: list[int], failures: l
     batch = [{f"a{j}": -1 if j == failing else 1 for j in range(45)} for failing in failures]
     for failing, found in zip(failures, index.match_batch(batch), strict=True):
         assert sorted(found) == sorted(f"s{i}" for i, length in enumerate(lengths) if not 0 <= failing < length)
+
+
+def test_long_subscriptions_of_many_lengths_are_checked_in_groups_of_one_width() -> None:
+    """Past the last stage's start a pair's width is its length less 28: subscriptions of many
+    lengths make more widths than the first stage's few, which are grouped by one sort."""
+    live: dict[str, list[dict]] = {}
+    for length in range(29, 45):
+        for failing in (None, 0, length - 1):  # all hold, or the first or the last fails
+            wire = [{"key": f"k{i}", "val": i, "op": "ge" if i != failing else "gt"} for i in range(length)]
+            live[f"s{length}.{failing}"] = wire
+    index = SubscriptionIndex()
+    for sub_id, wire in live.items():
+        index.add(sub_id, parsed(wire))
+    batch = [{f"k{i}": i for i in range(n)} for n in (0, 30, 44, 50)]
+    for publication, found in zip(batch, index.match_batch(batch), strict=True):
+        assert sorted(found) == expected_matches(live, publication), publication

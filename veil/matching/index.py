@@ -381,12 +381,17 @@ class SubscriptionIndex:
         width 0 holds). Pairs of one width are checked together as a matrix, a row per pair:
         spreading each pair's fields over its predicates (`np.repeat`) and reducing ragged runs cost
         more than the checks themselves."""
-        present = np.flatnonzero(np.bincount(widths)).tolist()
+        counts = np.bincount(widths)
+        present = np.flatnonzero(counts)
         if len(present) == 1:
-            return self._check_width(batch, pubs, first_rows, present[0])
+            return self._check_width(batch, pubs, first_rows, int(present[0]))
         result = np.empty(len(pubs), bool)
-        for width in present:
-            group = np.flatnonzero(widths == width)
+        if len(present) <= VERIFY_STAGES[0]:  # a scan a width while they are few (the first stage's)
+            groups = [np.flatnonzero(widths == width) for width in present.tolist()]
+        else:  # else one sort (a radix sort of 16-bit keys, where they fit)
+            keys = widths.astype(np.uint16) if present[-1] < 1 << 16 else widths
+            groups = np.split(np.argsort(keys, kind="stable"), np.cumsum(counts[present])[:-1])
+        for width, group in zip(present.tolist(), groups, strict=True):
             result[group] = self._check_width(batch, pubs[group], first_rows[group], width)
         return result
 

@@ -4,7 +4,7 @@ Group commit: the gateway funnels appends through one writer thread (`gateway.in
 commits each list it is given in one transaction, so many concurrent publishes share one fsync.
 
 Matches are queued in two tiers. The pipeline writes each round's matches as one packed feed
-row (16 bytes a match, one insert a round); a feed row is the durable queue for every match in it.
+row (a few bytes a match, one insert a round); a feed row is the durable queue for every match in it.
 Once a row is `SPILL_AFTER` seconds old and the hub has fanned it out, compaction spills the matches
 its subscriptions have not yet consumed into per-subscription queue rows, and the feed row can go.
 A subscriber that keeps up therefore costs no per-match row at all; one that lags or is away gets a
@@ -28,13 +28,16 @@ SPILL_AFTER = 2.0  # seconds a match may wait in the feed before it gets its own
 COMPACT_INTERVAL = 2.0  # seconds between compaction rounds
 COMPACT_IDLE_INTERVAL = 16.0  # at most, while they find nothing to do and nothing moves
 COMPACT_CHUNK = 20000  # rows per compaction step (one transaction)
-FEED_ROW_PAIRS = 1 << 20  # matches per feed row at most (2-16 MiB packed, 16 MiB unpacked)
+FEED_ROW_PAIRS = 1 << 20  # matches per feed row at most
 PACKED = -1  # a packed row's first int64 (an unpacked row's is a subscription number: never negative)
 # a publication's offset from the row's least, in as many bytes as the row's span needs
 PUB_WIDTHS: dict[int, type[np.integer]] = {2: np.uint16, 4: np.uint32, 8: np.int64}
-# the fewest bytes of a row a match takes: a read's byte budget for some number of matches bounds
-# what the row's unpacked columns (16 bytes a match) take
-MATCH_BYTES = 2
+# The fewest and the most bytes of a row a match takes (2: a subscription's many matches; 56: a
+# row of one): a read of rows up to a byte budget of FEWEST_MATCH_BYTES a match holds at most that
+# many matches (what their columns take unpacked, 16 bytes each, stays bounded), and one of
+# MOST_MATCH_BYTES a match holds at least that many (a compaction step fills its share)
+FEWEST_MATCH_BYTES = 2
+MOST_MATCH_BYTES = 56
 FEED_READ_PAIRS = 4 << 20  # matches the hub reads from the feed at once, about (it takes at least a row)
 NEVER = np.iinfo(np.int64).max
 
@@ -98,11 +101,10 @@ def distinct(values: np.ndarray) -> int:
     return int(np.count_nonzero(np.bincount(values - low)))
 
 
-def last_within(sizes: list[tuple[int, int]], matches: int) -> int:
-    """Of feed rows' (seq, bytes of pairs), in seq order, the seq of the row in which `matches`
-    matches are reached (the last row when they are not): a read up to it holds about that many
-    matches, and at least one row, without any row having been read whole to know."""
-    budget = MATCH_BYTES * matches
+def last_within(sizes: list[tuple[int, int]], budget: int) -> int:
+    """Of feed rows' (seq, bytes of pairs), in seq order, the seq of the row in which `budget` bytes
+    are reached (the last row when they are not): a read up to it holds that many bytes of rows
+    give or take a row, and at least one row, without any row having been read whole to know."""
     return next((seq for seq, size in sizes if (budget := budget - size) <= 0), sizes[-1][0])
 
 

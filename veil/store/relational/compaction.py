@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from veil.store.base import KIND_CANCEL, KIND_COPY, KIND_PUBLICATION, KIND_REDELIVER, KIND_REGISTRY, KIND_TICK
-from veil.store.queues import consumed_floor, horizon, last_within, spill_end, unconsumed, unpack
+from veil.store.queues import MOST_MATCH_BYTES, consumed_floor, horizon, last_within, spill_end, unconsumed, unpack
 from veil.store.relational.dialect import (
     PROCESSED,
     SPILL_POSITION,
@@ -147,7 +147,8 @@ class CompactionSql(Dialect):
         ).fetchall()
         if not sizes:
             return 0
-        last = last_within(sizes, limit + position)  # (the first row's first `position` are spilled)
+        # rows that hold the step's matches at least (the first row's first `position` are spilled)
+        last = last_within(sizes, MOST_MATCH_BYTES * (limit + position))
         rows = db.execute(  # stepped one entry at a time: entries can be tens of megabytes
             "SELECT seq, pairs FROM feed WHERE seq > ? AND seq <= ? ORDER BY seq", (spilled, last)
         )

@@ -11,7 +11,7 @@ import numpy as np
 
 from veil.protocol.envelope import Origin
 from veil.store.base import KIND_COPY, KIND_SUBSCRIBE, FeedEntry, Round, StatefulBatch
-from veil.store.queues import FEED_READ_PAIRS, distinct, feed_rows, last_within, unpack
+from veil.store.queues import FEED_READ_PAIRS, FEWEST_MATCH_BYTES, distinct, feed_rows, last_within, unpack
 from veil.store.relational.dialect import (
     LAST_FEED_SEQ,
     SPILLED,
@@ -36,14 +36,14 @@ ORIGIN = "COALESCE(client, ''), key_id, signature, copy_of, cropped"  # the colu
 class DeliverySql(Dialect):
     def feed_since(self, seq: int, limit: int) -> list[FeedEntry]:
         with self._read() as db:
-            # the rows' sizes first (no row is read whole for it): as many rows as make about
+            # the rows' sizes first (no row is read whole for it): as many rows as hold at most about
             # FEED_READ_PAIRS pairs, at least one, so that what one read holds stays bounded
             sizes = db.execute(
                 "SELECT seq, length(pairs) FROM feed WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)
             ).fetchall()
             if not sizes:
                 return []
-            last = last_within(sizes, FEED_READ_PAIRS)
+            last = last_within(sizes, FEWEST_MATCH_BYTES * FEED_READ_PAIRS)
             rows = db.execute(
                 "SELECT seq, pairs, cropped FROM feed WHERE seq > ? AND seq <= ? ORDER BY seq", (seq, last)
             ).fetchall()
