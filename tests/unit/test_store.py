@@ -178,7 +178,7 @@ def test_a_row_written_before_rows_were_packed_is_read_spilled_and_queued_as_bef
 def test_a_compaction_step_of_small_rows_spills_its_share(store):
     """A packed row of one publication's matches is a few hundred bytes: a step reads rows by bytes
     enough for its share of matches, not by the fewest bytes a match may take (which made a step of
-    rounds like these spill 90 matches, and the compaction loop rest between steps)."""
+    rounds like these spill a few rows' matches, and the compaction loop rest between steps)."""
     for sub_id in "abcdefghij":
         store.put_subscription(sub_id, "alice", b"[]")
     numbers = [store.subscription_number(sub_id) for sub_id in "abcdefghij"]

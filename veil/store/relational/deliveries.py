@@ -11,7 +11,15 @@ import numpy as np
 
 from veil.protocol.envelope import Origin
 from veil.store.base import KIND_COPY, KIND_SUBSCRIBE, FeedEntry, Round, StatefulBatch
-from veil.store.queues import FEED_READ_PAIRS, FEWEST_MATCH_BYTES, distinct, feed_rows, last_within, unpack
+from veil.store.queues import (
+    FEED_READ_PAIRS,
+    FEWEST_MATCH_BYTES,
+    distinct,
+    feed_rows,
+    last_within,
+    sorted_pairs,
+    unpack,
+)
 from veil.store.relational.dialect import (
     LAST_FEED_SEQ,
     SPILLED,
@@ -137,8 +145,7 @@ class DeliverySql(Dialect):
             sub_nos, pubs = np.concatenate([sub_nos, more_nos]), np.concatenate([pubs, more_pubs])
         if len(floors) < len(live):  # some filled up on spilled rows: their feed is still to read
             reached = from_seq
-        order = np.lexsort((pubs, sub_nos))
-        sub_nos, pubs = sub_nos[order], pubs[order]
+        sub_nos, pubs = sorted_pairs(sub_nos, pubs)
         # a match queued twice (a replaced subscription's initial matches again, in a later feed row)
         # is delivered once
         once = np.r_[True, (sub_nos[1:] != sub_nos[:-1]) | (pubs[1:] != pubs[:-1])][: len(pubs)]
@@ -153,9 +160,10 @@ class DeliverySql(Dialect):
     ) -> tuple[np.ndarray, np.ndarray, int]:
         """Subscriptions' matches after their floors in the feed rows not yet spilled (from seq
         `from_seq` on), in one pass over the rows, until each has its cap or the rows end: binary
-        searches in each row, whose pairs are sorted by subscription number, so a row costs what the
-        subscriptions asked for, not its size. Also the seq from which a next pass must read: that of
-        the row where the first of them filled up, `upto_seq` when none did."""
+        searches in each row, whose pairs are sorted by subscription number, so a row's search costs
+        what the subscriptions asked for (unpacking the row still costs its size). Also the seq from
+        which a next pass must read: that of the row where the first of them filled up, `upto_seq`
+        when none did."""
         wanted = np.fromiter(floors, np.int64, len(floors))
         floor = np.fromiter(floors.values(), np.int64, len(floors))
         needed = np.array([caps[number] for number in floors], np.int64)
