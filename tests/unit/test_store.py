@@ -26,7 +26,7 @@ from veil.store import (
     UnknownSubscription,
     open_store,
 )
-from veil.store.queues import distinct, pack, sorted_pairs, unpack
+from veil.store.queues import distinct, matches_of, pack, sorted_pairs, uniques, unpack
 
 
 def backlog(store, number: int, after: int, limit: int) -> tuple[list[tuple[int, bytes, Origin]], int]:
@@ -129,12 +129,15 @@ INT64S = st.integers(0, 2**63 - 1)
 def test_pairs_sort_by_subscription_then_publication_and_distinct_counts_them(pairs):
     """A round's pairs sorted by one packed key where both fit (a round spans a few thousand
     offsets), by both columns where they do not (numbers or offsets near 2**63); `distinct` counts
-    by a table over a narrow span and by `np.unique` over a wide one, alike."""
+    and `uniques` finds by a table over a narrow span and by `np.unique` over a wide one, alike."""
     sub_nos = np.array([n for n, _ in pairs], np.int64)
     pubs = np.array([p for _, p in pairs], np.int64)
     ordered_subs, ordered_pubs = sorted_pairs(sub_nos, pubs)
     assert list(zip(ordered_subs.tolist(), ordered_pubs.tolist(), strict=True)) == sorted(pairs)
     assert distinct(pubs) == len({p for _, p in pairs}) and distinct(sub_nos) == len({n for n, _ in pairs})
+    for values in (pubs, sub_nos):  # `uniques` likewise, by a table or by `np.unique`
+        found, index = uniques(values)
+        assert found.tolist() == sorted(set(values.tolist())) and found[index].tolist() == values.tolist()
 
 
 @settings(max_examples=200, deadline=None)
@@ -149,6 +152,23 @@ def test_a_packed_row_unpacks_to_its_sorted_pairs_whatever_its_publications_span
     ordered = sorted_pairs(sub_nos, pubs)
     entry = unpack(7, pack(*ordered))
     assert entry.sub_nos.tolist() == ordered[0].tolist() and entry.pubs.tolist() == ordered[1].tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 60), st.integers(0, 2**40)), max_size=60),
+    st.lists(st.integers(0, 70), unique=True, max_size=20),
+    st.booleans(),
+)
+def test_a_rows_matches_for_some_subscriptions_are_theirs_alone_in_order(pairs, wanted, packed):
+    """`matches_of` reads a packed row's table of subscriptions, not the row: what it finds for
+    the numbers asked for (in any order, some absent) is what unpacking the row finds; alike for
+    a row from before rows were packed."""
+    ordered = sorted_pairs(np.array([n for n, _ in pairs], np.int64), np.array([p for _, p in pairs], np.int64))
+    row = pack(*ordered) if packed and pairs else np.concatenate(ordered).tobytes()
+    whose, pubs = matches_of(row, np.array(wanted, np.int64))
+    expected = [(i, p) for i, number in enumerate(wanted) for n, p in sorted(pairs) if n == number]
+    assert list(zip(whose.tolist(), pubs.tolist(), strict=True)) == expected
 
 
 def test_a_row_written_before_rows_were_packed_is_read_spilled_and_queued_as_before(store):

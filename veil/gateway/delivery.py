@@ -33,6 +33,7 @@ from veil.protocol import ProtocolError
 from veil.protocol.envelope import fields
 from veil.protocol.errors import unknown
 from veil.store.base import FeedEntry
+from veil.store.queues import uniques
 
 log = logging.getLogger("veil.gateway")
 
@@ -469,13 +470,12 @@ class DeliveryHub:
         each match's variant (-1: compacted away): the publication's bytes, or where the pipeline
         cropped it for the subscription (`cropped`: it may have), its copy."""
         store = self.threads.store
-        wanted = np.unique(pubs)
+        wanted, variants = uniques(pubs)
         found = await self.threads.read(store.bodies, wanted)
         looked_up = [found.get(pub, (b"", None, 0)) for pub in wanted.tolist()]  # no origin: compacted
         bodies = [body for body, _, _ in looked_up]
         envelopes = [b"" if origin is None else fields(origin) for _, origin, _ in looked_up]
         logged = [at for _, _, at in looked_up]
-        variants = np.searchsorted(wanted, pubs)
         if len(found) < len(wanted):
             missing = np.array([origin is None for _, origin, _ in looked_up])
             variants[missing[variants]] = -1

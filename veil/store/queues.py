@@ -101,6 +101,22 @@ def distinct(values: np.ndarray) -> int:
     return int(np.count_nonzero(np.bincount(values - low)))
 
 
+def uniques(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values, sorted, and each value's index among them (`np.unique` with
+    `return_inverse`): by a table over their span when it is no wider than a few times their number
+    (a round's publications, which a gateway looks up for a million matches at once), a gather each
+    where `np.unique` sorts them all."""
+    if not len(values):
+        return values, np.empty(0, np.intp)
+    low, high = int(values.min()), int(values.max())
+    if high - low > 4 * len(values):
+        found, index = np.unique(values, return_inverse=True)
+        return found, index
+    present = np.zeros(high - low + 1, bool)
+    present[values - low] = True
+    return np.flatnonzero(present) + low, (np.cumsum(present) - 1)[values - low]
+
+
 def last_within(sizes: list[tuple[int, int]], budget: int) -> int:
     """Of feed rows' (seq, bytes of pairs), in seq order, the seq of the row in which `budget` bytes
     are reached (the last row when they are not): a read up to it holds that many bytes of rows
@@ -110,16 +126,52 @@ def last_within(sizes: list[tuple[int, int]], budget: int) -> int:
 
 def unpack(seq: int, pairs: bytes, cropped: bool = False) -> FeedEntry:
     """A feed row's pairs as columns (`pack`)."""
-    head = np.frombuffer(pairs, np.int64, 4) if len(pairs) >= 32 else None
-    if head is None or head[0] != PACKED:  # a row from before rows were packed: two int64 columns
+    columns = _columns(pairs)
+    if columns is None:  # a row from before rows were packed: two int64 columns
         both = np.frombuffer(pairs, np.int64)
         half = len(both) // 2
         return FeedEntry(seq, both[:half], both[half:], cropped)
+    numbers, ends, offsets, low = columns
+    sub_nos = np.repeat(numbers, np.diff(ends, prepend=0))
+    return FeedEntry(seq, sub_nos, offsets.astype(np.int64) + low, cropped)
+
+
+def matches_of(pairs: bytes, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The matches a feed row holds for the subscription numbers `wanted`: for each, the index in
+    `wanted` of its subscription and its publication, in `wanted`'s order, then publication order.
+    Of a packed row only the table of subscriptions and the wanted ones' publications are read: a
+    backlog read asks a row of 20,000 subscriptions for a few of them, and `unpack` would spend the
+    whole row's size on each (a quarter of a saturated gateway's samples once)."""
+    columns = _columns(pairs)
+    if columns is None:
+        entry = unpack(0, pairs)
+        low = np.searchsorted(entry.sub_nos, wanted)
+        high = np.searchsorted(entry.sub_nos, wanted, side="right")
+        offsets, least = entry.pubs, 0
+    else:
+        numbers, ends, offsets, least = columns
+        if not len(numbers):
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        at = np.minimum(np.searchsorted(numbers, wanted), len(numbers) - 1)
+        hit = numbers[at] == wanted
+        high = np.where(hit, ends[at], 0)
+        low = np.where(hit & (at > 0), ends[at - 1], 0)
+    sizes = high - low
+    whose = np.repeat(np.arange(len(wanted)), sizes)
+    spots = np.arange(len(whose)) + np.repeat(low - np.cumsum(sizes) + sizes, sizes)
+    return whose, offsets[spots].astype(np.int64) + least
+
+
+def _columns(pairs: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | None:
+    """A packed row's subscription numbers, where each one's matches end, the publications' offsets
+    and the least publication, as views of the row (nothing copied); None for a row from before rows
+    were packed."""
+    head = np.frombuffer(pairs, np.int64, 4) if len(pairs) >= 32 else None
+    if head is None or head[0] != PACKED:
+        return None
     count, width, low = int(head[1]), int(head[2]), int(head[3])
-    numbers = np.frombuffer(pairs, np.int64, 2 * count, 32)
-    sub_nos = np.repeat(numbers[:count], np.diff(numbers[count:], prepend=0))
-    pubs = np.frombuffer(pairs, PUB_WIDTHS[width], offset=32 + 16 * count).astype(np.int64) + low
-    return FeedEntry(seq, sub_nos, pubs, cropped)
+    table = np.frombuffer(pairs, np.int64, 2 * count, 32)
+    return table[:count], table[count:], np.frombuffer(pairs, PUB_WIDTHS[width], offset=32 + 16 * count), low
 
 
 def spill_end(entry: FeedEntry, position: int, budget: int) -> int:

@@ -8,7 +8,16 @@ import time
 import numpy as np
 
 from veil.store.base import KIND_CANCEL, KIND_COPY, KIND_PUBLICATION, KIND_REDELIVER, KIND_REGISTRY, KIND_TICK
-from veil.store.queues import MOST_MATCH_BYTES, consumed_floor, horizon, last_within, spill_end, unconsumed, unpack
+from veil.store.queues import (
+    MOST_MATCH_BYTES,
+    consumed_floor,
+    horizon,
+    last_within,
+    spill_end,
+    unconsumed,
+    uniques,
+    unpack,
+)
 from veil.store.relational.dialect import (
     PROCESSED,
     SPILL_POSITION,
@@ -177,11 +186,11 @@ class CompactionSql(Dialect):
     def _queue(self, db: Db, sub_nos: np.ndarray, pubs: np.ndarray) -> None:
         """Spilled matches into their subscriptions' queue rows, with their publications' sizes, and
         counted per subscription (what the queues' bounds are checked against)."""
-        wanted = np.unique(pubs)
+        wanted, index = uniques(pubs)
         known = dict(
             db.execute(f'SELECT "offset", length(body) FROM log WHERE "offset" {self.IN_IDS}', (self._ids(wanted),))
         )
-        sizes = np.array([known.get(pub) or 0 for pub in wanted.tolist()], np.int64)[np.searchsorted(wanted, pubs)]
+        sizes = np.array([known.get(pub) or 0 for pub in wanted.tolist()], np.int64)[index]
         db.execute(
             # WHERE: without it, SQLite reads ON CONFLICT as the ON of a join
             f"INSERT INTO deliveries(sub_no, pub, size) SELECT j.sub_no, j.pub, j.size FROM {self.TRIPLES} WHERE TRUE "

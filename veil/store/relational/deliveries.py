@@ -17,6 +17,7 @@ from veil.store.queues import (
     distinct,
     feed_rows,
     last_within,
+    matches_of,
     sorted_pairs,
     unpack,
 )
@@ -160,10 +161,9 @@ class DeliverySql(Dialect):
     ) -> tuple[np.ndarray, np.ndarray, int]:
         """Subscriptions' matches after their floors in the feed rows not yet spilled (from seq
         `from_seq` on), in one pass over the rows, until each has its cap or the rows end: binary
-        searches in each row, whose pairs are sorted by subscription number, so a row's search costs
-        what the subscriptions asked for (unpacking the row still costs its size). Also the seq from
-        which a next pass must read: that of the row where the first of them filled up, `upto_seq`
-        when none did."""
+        searches in each row's table of subscriptions (`matches_of`), so a row costs what the
+        subscriptions asked for, not its size. Also the seq from which a next pass must read: that of
+        the row where the first of them filled up, `upto_seq` when none did."""
         wanted = np.fromiter(floors, np.int64, len(floors))
         floor = np.fromiter(floors.values(), np.int64, len(floors))
         needed = np.array([caps[number] for number in floors], np.int64)
@@ -175,18 +175,14 @@ class DeliverySql(Dialect):
         )
         full: int | None = None
         for seq, pairs in rows:
-            entry = unpack(seq, pairs)
-            low = np.searchsorted(entry.sub_nos, wanted)
-            sizes = np.searchsorted(entry.sub_nos, wanted, side="right") - low
-            whose = np.repeat(np.arange(len(wanted)), sizes)
-            at = np.arange(len(whose)) + np.repeat(low - np.cumsum(sizes) + sizes, sizes)
-            mine = entry.pubs[at] > floor[whose]
-            whose, at = whose[mine], at[mine]
+            whose, pubs = matches_of(pairs, wanted)
+            mine = pubs > floor[whose]
+            whose, pubs = whose[mine], pubs[mine]
             kept = _ranks(whose) < needed[whose]
-            whose, at = whose[kept], at[kept]
-            if len(at):
-                found_nos.append(entry.sub_nos[at])
-                found_pubs.append(entry.pubs[at])
+            whose, pubs = whose[kept], pubs[kept]
+            if len(pubs):
+                found_nos.append(wanted[whose])
+                found_pubs.append(pubs)
                 needed -= np.bincount(whose, minlength=len(wanted))
                 if full is None and (needed <= 0).any():
                     full = seq  # the first to fill up may have more here: the next pass starts here
