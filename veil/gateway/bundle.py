@@ -220,7 +220,7 @@ class Bundle:
         # what cannot fit is not even made into lines: an entry may hold millions of deliveries
         lines = None
         if self.queued + len(places) <= self._limit and int(self._id_bytes[places].sum()) <= room:
-            lines = _lines(places, pubs, variants, published, self._id_bytes, live=True)[0]
+            lines = _lines(places, variants, published, self._id_bytes, live=True)[0]
         if lines is None or self._queued_lines + len(lines.pubs) > LINE_LIMIT or lines.size > room:
             self._fall_behind(seq, places)
             return
@@ -498,7 +498,7 @@ class Bundle:
             known = variants >= 0  # compacted away meanwhile: nobody is owed them
             if self._acked:
                 known &= ~self._acked_among(rows, pubs)
-            lines, sizes = _lines(rows[known], pubs[known], variants[known], published, self._id_bytes, live=False)
+            lines, sizes = _lines(rows[known], variants[known], published, self._id_bytes, live=False)
             taken = fitting(sizes, min(self.hub.quotas.room(self.client), REFILL_BYTES), least=1)
             if taken < len(lines.pubs):  # a line's subscriptions have all lines before it queued
                 lines = _head(lines, sizes, taken)
@@ -539,7 +539,7 @@ class Bundle:
 
 
 def _lines(
-    places: np.ndarray, pubs: np.ndarray, variants: np.ndarray, published: Published, id_bytes: np.ndarray, live: bool
+    places: np.ndarray, variants: np.ndarray, published: Published, id_bytes: np.ndarray, live: bool
 ) -> tuple[Lines, np.ndarray]:
     """Deliveries (grouped by subscription, each in publication order) as lines: one per variant, in
     publication order, naming the subscriptions it goes to (`id_bytes`: each place's id as written);
@@ -547,7 +547,12 @@ def _lines(
     if not len(places):
         empty = np.empty(0, np.int64)
         return Lines(empty, [], [], empty, empty, empty if live else None, 0), empty
-    order = np.lexsort((variants, pubs))
+    # in publication order, then variant: each variant's rank in that order, then one stable sort of
+    # the ranks (a radix sort when they fit 16 bits; `np.lexsort` of both columns was twice the work)
+    ranks = np.empty(len(published.pubs), np.int64)
+    ranks[np.lexsort((np.arange(len(published.pubs)), published.pubs))] = np.arange(len(published.pubs))
+    keys = ranks[variants]
+    order = np.argsort(keys.astype(np.uint16) if len(ranks) <= 1 << 16 else keys, kind="stable")
     variants, places = variants[order], places[order]
     starts = np.flatnonzero(np.r_[True, variants[1:] != variants[:-1]])
     chosen = variants[starts]
