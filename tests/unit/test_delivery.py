@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tests.unit.helpers import published
 from veil.gateway import bundle as bundle_module
 from veil.gateway.bundle import Admitted, Bundle
-from veil.gateway.delivery import RUN_MATCHES, Asked, DeliveryHub, _consecutive, _merged
+from veil.gateway.delivery import RUN_MATCHES, Asked, DeliveryHub, _consecutive, _merged, _objects
 from veil.gateway.quotas import Client
 from veil.gateway.store_threads import StoreThreads
 from veil.protocol import Handshake
@@ -407,3 +407,31 @@ async def test_past_its_unacknowledged_bound_a_connection_waits_for_an_acknowled
         assert one.seqs() == pubs[:3]
         one.bundle.acknowledge(pubs[2])
         await until(lambda: one.seqs() == pubs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 30), min_size=1, max_size=12, unique=True),
+    st.lists(st.integers(0, 11), max_size=8),
+    st.lists(st.tuples(st.integers(0, 40), st.integers(0, 19)), max_size=60),
+)
+def test_a_connections_lines_go_in_publication_order_then_variant_naming_their_subscriptions(pubs, crops, taken):
+    """`_lines` orders a connection's deliveries by one stable sort of the variants' ranks
+    (`ranked`, once per `Published`): by publication, a cropped copy after the publication it
+    copies, each line naming its subscriptions in the order they were given."""
+    pubs = sorted(pubs)
+    variant_pubs = np.array(pubs + [pubs[c % len(pubs)] for c in crops], np.int64)
+    count = len(variant_pubs)
+    empty = _objects([b""] * count)
+    published = bundle_module.Published(
+        variant_pubs, empty, empty, np.zeros(count, np.int64), np.ones(count, np.int64),
+        bundle_module.ranked(variant_pubs, copies=bool(crops)),
+    )  # fmt: skip
+    places = np.array([place for place, _ in taken], np.int64)
+    variants = np.array([variant % count for _, variant in taken], np.int64)
+    lines, sizes = bundle_module._lines(places, variants, published, np.full(41, 3, np.int64), live=True)
+    expected = sorted(range(len(taken)), key=lambda at: (variant_pubs[variants[at]], variants[at], at))
+    assert lines.places.tolist() == places[expected].tolist()
+    firsts = [at for n, at in enumerate(expected) if n == 0 or variants[at] != variants[expected[n - 1]]]
+    assert lines.pubs.tolist() == variant_pubs[variants[firsts]].tolist()
+    assert lines.counts.sum() == len(taken) and sizes.tolist() == [1 + 3 * c for c in lines.counts.tolist()]

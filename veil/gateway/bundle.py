@@ -77,14 +77,25 @@ class Admitted(NamedTuple):
 
 class Published(NamedTuple):
     """What a feed entry delivers, once per distinct copy ("variant": a publication, or a cropped copy
-    of it for one subscription): its offset, bytes, envelope fields, when it was logged (ms) and the
-    bytes of its line but the subscription ids (`sizes`)."""
+    of it for one subscription): its offset, bytes, envelope fields, when it was logged (ms), the
+    bytes of its line but the subscription ids (`sizes`), and its rank in publication order, then
+    variant (`ranks`, from `ranked`: made once for all the connections it is offered to)."""
 
     pubs: np.ndarray
     bodies: np.ndarray  # of bytes
     envelopes: np.ndarray  # of bytes
     logged: np.ndarray
     sizes: np.ndarray
+    ranks: np.ndarray
+
+
+def ranked(pubs: np.ndarray, copies: bool) -> np.ndarray:
+    """Each variant's rank in publication order, then variant (`Published.ranks`). Without cropped
+    copies (`copies`) the variants are the distinct publications in order, and need no sort."""
+    ranks = np.arange(len(pubs))
+    if copies:
+        ranks[np.lexsort((ranks, pubs))] = np.arange(len(pubs))
+    return ranks
 
 
 class Backlog(NamedTuple):
@@ -547,12 +558,10 @@ def _lines(
     if not len(places):
         empty = np.empty(0, np.int64)
         return Lines(empty, [], [], empty, empty, empty if live else None, 0), empty
-    # in publication order, then variant: each variant's rank in that order, then one stable sort of
-    # the ranks (a radix sort when they fit 16 bits; `np.lexsort` of both columns was twice the work)
-    ranks = np.empty(len(published.pubs), np.int64)
-    ranks[np.lexsort((np.arange(len(published.pubs)), published.pubs))] = np.arange(len(published.pubs))
-    keys = ranks[variants]
-    order = np.argsort(keys.astype(np.uint16) if len(ranks) <= 1 << 16 else keys, kind="stable")
+    # in publication order, then variant: one stable sort of the variants' ranks (a radix sort when
+    # they fit 16 bits), a quarter of the time of `np.lexsort` over publications and variants
+    keys = published.ranks[variants]
+    order = np.argsort(keys.astype(np.uint16) if len(published.ranks) <= 1 << 16 else keys, kind="stable")
     variants, places = variants[order], places[order]
     starts = np.flatnonzero(np.r_[True, variants[1:] != variants[:-1]])
     chosen = variants[starts]

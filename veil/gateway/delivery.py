@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from veil.gateway.bundle import QUEUE_LIMIT, Backlog, Bundle, Published, line_sizes
+from veil.gateway.bundle import QUEUE_LIMIT, Backlog, Bundle, Published, line_sizes, ranked
 from veil.gateway.quotas import UNLIMITED, Quotas
 from veil.gateway.store_threads import StoreThreads
 from veil.monitoring import trace
@@ -490,9 +490,10 @@ class DeliveryHub:
                 envelopes.append(fields(found[pub][1]._replace(cropped=True)))
                 logged.append(found[pub][2])
                 variant_pubs.append(pub)
+        offsets = np.array(variant_pubs, np.int64)
         published = Published(
-            np.array(variant_pubs, np.int64), _objects(bodies), _objects(envelopes), np.array(logged, np.int64),
-            line_sizes(bodies, envelopes),
+            offsets, _objects(bodies), _objects(envelopes), np.array(logged, np.int64), line_sizes(bodies, envelopes),
+            ranked(offsets, copies=len(offsets) > len(wanted)),
         )  # fmt: skip
         return published, variants
 
@@ -623,4 +624,4 @@ def _objects(items: list[bytes]) -> np.ndarray:
 
 
 _EMPTY = np.empty(0, np.int64)
-_NONE = Published(_EMPTY, _objects([]), _objects([]), _EMPTY, _EMPTY)  # what a read that found nothing delivers
+_NONE = Published(_EMPTY, _objects([]), _objects([]), _EMPTY, _EMPTY, _EMPTY)  # what a read that found nothing delivers

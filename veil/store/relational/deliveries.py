@@ -161,9 +161,10 @@ class DeliverySql(Dialect):
     ) -> tuple[np.ndarray, np.ndarray, int]:
         """Subscriptions' matches after their floors in the feed rows not yet spilled (from seq
         `from_seq` on), in one pass over the rows, until each has its cap or the rows end: binary
-        searches in each row's table of subscriptions (`matches_of`), so a row costs what the
-        subscriptions asked for, not its size. Also the seq from which a next pass must read: that of
-        the row where the first of them filled up, `upto_seq` when none did."""
+        searches in each row's table of subscriptions (`matches_of`), so that a row's numpy work is
+        what the subscriptions asked for, not its size (the store still reads the row whole). Also the
+        seq from which a next pass must read: that of the row where the first of them filled up,
+        `upto_seq` when none did."""
         wanted = np.fromiter(floors, np.int64, len(floors))
         floor = np.fromiter(floors.values(), np.int64, len(floors))
         needed = np.array([caps[number] for number in floors], np.int64)
@@ -229,7 +230,8 @@ class DeliverySql(Dialect):
                     "JOIN subscription_numbers n USING (sub_id) WHERE n.no = acked.sub_no)",
                     (self._ids(list(acked)),),
                 )
-            count_change(db)
+            if cursors or acked:  # (a count of deliveries alone changes nothing compaction derived)
+                count_change(db)
 
     def acked(self, numbers: Sequence[int]) -> dict[int, list[int]]:
         found: dict[int, list[int]] = {}
