@@ -36,3 +36,14 @@ def test_chunks_count_as_prometheus_counts_one_by_one(chunks):
     assert got.keys() == expected.keys()
     for name, value in expected.items():
         assert abs(got[name] - value) <= 1e-9 * max(1.0, abs(value)), name
+
+
+@given(st.lists(st.tuples(VALUES, st.integers(0, 5000)), max_size=50))
+def test_a_value_counted_n_times_is_n_observations_of_it(weighed):
+    """A line to many subscriptions is one latency counted as many deliveries."""
+    once = Histogram(LATENCY_BOUNDS)
+    once.observe(np.array([value for value, n in weighed for _ in range(n)], np.float64))
+    counted = Histogram(LATENCY_BOUNDS)
+    counted.observe(np.array([v for v, _ in weighed], np.float64), np.array([n for _, n in weighed], np.int64))
+    assert counted.counts.tolist() == once.counts.tolist()
+    assert abs(counted.total - once.total) <= 1e-9 * max(1.0, once.total)

@@ -75,6 +75,10 @@ class Admitted(NamedTuple):
     acked: np.ndarray = np.empty(0, np.int64)
 
 
+# when publications were logged (ms), and how many deliveries of each were sent (None: one each)
+Sent = tuple[np.ndarray, np.ndarray | None]
+
+
 class Published(NamedTuple):
     """What a feed entry delivers, once per distinct copy ("variant": a publication, or a cropped copy
     of it for one subscription): its offset, bytes, envelope fields, when it was logged (ms), the
@@ -129,7 +133,7 @@ class Hub(Protocol):
 
     def save_acked(self, number: int, pubs: list[int]) -> None: ...
 
-    def sent(self, logged: list[np.ndarray]) -> None: ...
+    def sent(self, logged: list[Sent]) -> None: ...
 
     async def backlog(self, numbers: np.ndarray, afters: np.ndarray, limit: int, since: int) -> Backlog: ...
 
@@ -401,7 +405,7 @@ class Bundle:
         pubs: list[int] = []
         bodies: list[bytes] = []
         envelopes: list[bytes] = []
-        logged: list[np.ndarray] = []
+        logged: list[Sent] = []
         size = 0
         while self.pending and len(pubs) < SEND_LINES and size < SEND_BYTES:
             item = self.pending.popleft()
@@ -410,7 +414,7 @@ class Bundle:
             bodies.extend(item.bodies)
             envelopes.extend(item.envelopes)
             if item.logged is not None:
-                logged.append(item.logged)
+                logged.append((item.logged, None))
         self.queued -= len(pubs)
         self._queued_lines -= len(pubs)
         with self.watch.writing():
@@ -459,14 +463,15 @@ class Bundle:
             self._remember(np.concatenate([item.pubs for item in batch]), np.cumsum(counts), places, pubs)
         else:
             np.maximum.at(self.cursor, places, pubs)
-        logged = [np.repeat(item.logged, item.counts) for item in batch if item.logged is not None]
+        logged: list[Sent] = [(item.logged, item.counts) for item in batch if item.logged is not None]
         self._written_out(size, len(places), logged)
         if trace.DIRECTORY and logged and len(pubs):
             trace.mark("written", int(pubs.min()) - 1, int(pubs.max()))
 
-    def _written_out(self, size: int, deliveries: int, logged: list[np.ndarray]) -> None:
+    def _written_out(self, size: int, deliveries: int, logged: list[Sent]) -> None:
         """A write went through: its bytes go back to the quota; its deliveries count, and the
-        latencies of those taken live (`logged`: when their publications were logged)."""
+        latencies of those taken live (`logged`: when their publications were logged, and how many
+        deliveries each line made)."""
         self.queued_bytes -= size
         self.hub.quotas.release(self.client, size)
         self.hub.forwarded += deliveries

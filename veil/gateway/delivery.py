@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from veil.gateway.bundle import QUEUE_LIMIT, Backlog, Bundle, Published, line_sizes, ranked
+from veil.gateway.bundle import QUEUE_LIMIT, Backlog, Bundle, Published, Sent, line_sizes, ranked
 from veil.gateway.quotas import UNLIMITED, Quotas
 from veil.gateway.store_threads import StoreThreads
 from veil.monitoring import trace
@@ -105,7 +105,7 @@ class DeliveryHub:
         self.forming: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self.forwarded = 0  # deliveries sent and not yet counted in the store
         self.latency = Histogram(LATENCY_BOUNDS)  # publish (logged) -> delivery (written to the connection), s
-        self._sent: list[tuple[int, list[np.ndarray]]] = []  # (when, logged times) of sends not yet observed
+        self._sent: list[tuple[int, list[Sent]]] = []  # (when, logged times) of sends not yet observed
         self._stopping = asyncio.Event()
         # connections' reads of their backlogs, and whether one may start: the queues' bounds are
         # applied after what each has read, which must not move meanwhile (`bound_backlogs`)
@@ -497,20 +497,25 @@ class DeliveryHub:
         )  # fmt: skip
         return published, variants
 
-    def sent(self, logged: list[np.ndarray]) -> None:
-        """Deliveries of publications logged at these times (ms) were sent now. Observed later, in
-        bulk (`observe_latency`): a send to one subscriber costs an append, not a histogram update."""
+    def sent(self, logged: list[Sent]) -> None:
+        """Deliveries of publications logged at these times (ms) were sent now, as many of each as
+        its count says (None: one each). Observed later, in bulk (`observe_latency`): a send to one
+        subscriber costs an append, not a histogram update, and a line to a thousand subscriptions
+        one latency weighed a thousand, not a thousand latencies."""
         self._sent.append((time.time_ns() // 1_000_000, logged))
 
     def observe_latency(self) -> None:
         if not self._sent:
             return
         sent, self._sent = self._sent, []
-        at = np.concatenate([times for _, arrays in sent for times in arrays])
-        when = np.repeat([moment for moment, _ in sent], [sum(map(len, arrays)) for _, arrays in sent])
+        at = np.concatenate([times for _, pairs in sent for times, _ in pairs])
+        counts = np.concatenate(
+            [np.ones(len(times), np.int64) if count is None else count for _, pairs in sent for times, count in pairs]
+        )
+        when = np.repeat([moment for moment, _ in sent], [sum(len(times) for times, _ in pairs) for _, pairs in sent])
         known = at > 0  # 0: a store too old to have logged the time
         since = np.maximum(when[known] - at[known], 0)  # clocks of other gateways may be ahead
-        self.latency.observe(since / 1000)
+        self.latency.observe(since / 1000, counts[known])
 
     async def save_cursors_periodically(self, interval: float = 0.1) -> None:
         for tick in itertools.count(1):

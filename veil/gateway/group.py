@@ -298,7 +298,7 @@ class Group(Bundle):
         self._ready.extend(zip(pubs, map(wrap, pubs, item.bodies, item.envelopes), sizes, strict=True))
         self.hub.forwarded += count
         if item.logged is not None:
-            self.hub.sent([item.logged])
+            self.hub.sent([(item.logged, None)])
         return True
 
 

@@ -23,9 +23,15 @@ class Histogram:
         self.counts = np.zeros(len(bounds) + 1, np.int64)  # per bucket; the last is past every bound
         self.total = 0.0
 
-    def observe(self, values: np.ndarray) -> None:
-        self.counts += np.bincount(np.searchsorted(self.bounds, values), minlength=len(self.counts))
-        self.total += float(values.sum())
+    def observe(self, values: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """Each value observed once, or as many times as `counts` says."""
+        buckets = np.searchsorted(self.bounds, values)
+        if counts is None:
+            self.counts += np.bincount(buckets, minlength=len(self.counts))
+            self.total += float(values.sum())
+        else:
+            self.counts += np.bincount(buckets, counts, len(self.counts)).astype(np.int64)
+            self.total += float(values @ counts)
 
     def family(self, name: str, text: str) -> HistogramMetricFamily:
         return family(name, text, self.bounds.tolist(), self.counts.tolist(), self.total)
