@@ -508,14 +508,16 @@ class DeliveryHub:
         if not self._sent:
             return
         sent, self._sent = self._sent, []
-        at = np.concatenate([times for _, pairs in sent for times, _ in pairs])
-        counts = np.concatenate(
-            [np.ones(len(times), np.int64) if count is None else count for _, pairs in sent for times, count in pairs]
-        )
-        when = np.repeat([moment for moment, _ in sent], [sum(len(times) for times, _ in pairs) for _, pairs in sent])
+        lines = [line for _, group in sent for line in group]
+        at = np.concatenate([times for times, _ in lines])
+        when = np.repeat([moment for moment, _ in sent], [sum(len(times) for times, _ in group) for _, group in sent])
         known = at > 0  # 0: a store too old to have logged the time
         since = np.maximum(when[known] - at[known], 0)  # clocks of other gateways may be ahead
-        self.latency.observe(since / 1000, counts[known])
+        if all(count is None for _, count in lines):  # connections of one alone: no counts to make
+            self.latency.observe(since / 1000)
+        else:
+            ones = (np.ones(len(times), np.int64) if count is None else count for times, count in lines)
+            self.latency.observe(since / 1000, np.concatenate(list(ones))[known])
 
     async def save_cursors_periodically(self, interval: float = 0.1) -> None:
         for tick in itertools.count(1):
