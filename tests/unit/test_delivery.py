@@ -417,7 +417,7 @@ async def test_past_its_unacknowledged_bound_a_connection_waits_for_an_acknowled
 )
 def test_a_connections_lines_go_in_publication_order_then_variant_naming_their_subscriptions(pubs, crops, taken):
     """`_lines` orders a connection's deliveries by one stable sort of the variants' ranks
-    (`ranked`, once per `Published`): by publication, a cropped copy after the publication it
+    (`variant_ranks`, once per `Published`): by publication, a cropped copy after the publication it
     copies, each line naming its subscriptions in the order they were given."""
     pubs = sorted(pubs)
     variant_pubs = np.array(pubs + [pubs[c % len(pubs)] for c in crops], np.int64)
@@ -425,7 +425,7 @@ def test_a_connections_lines_go_in_publication_order_then_variant_naming_their_s
     empty = _objects([b""] * count)
     published = bundle_module.Published(
         variant_pubs, empty, empty, np.zeros(count, np.int64), np.ones(count, np.int64),
-        bundle_module.ranked(variant_pubs, copies=bool(crops)),
+        bundle_module.variant_ranks(variant_pubs),
     )  # fmt: skip
     places = np.array([place for place, _ in taken], np.int64)
     variants = np.array([variant % count for _, variant in taken], np.int64)
@@ -435,3 +435,20 @@ def test_a_connections_lines_go_in_publication_order_then_variant_naming_their_s
     firsts = [at for n, at in enumerate(expected) if n == 0 or variants[at] != variants[expected[n - 1]]]
     assert lines.pubs.tolist() == variant_pubs[variants[firsts]].tolist()
     assert lines.counts.sum() == len(taken) and sizes.tolist() == [1 + 3 * c for c in lines.counts.tolist()]
+
+
+def test_lines_of_more_variants_than_16_bits_rank_are_ordered_alike():
+    """Past 65,536 variants (a publisher's cropping rules can make one a match) the ranks are
+    sorted as int64, not cut to 16 bits: the lines keep publication order, then variant."""
+    rng = np.random.default_rng(7)
+    count = (1 << 16) + 5
+    variant_pubs = rng.integers(0, 1000, count).astype(np.int64)
+    empty = _objects([b""] * count)
+    published = bundle_module.Published(
+        variant_pubs, empty, empty, np.zeros(count, np.int64), np.ones(count, np.int64),
+        bundle_module.variant_ranks(variant_pubs),
+    )  # fmt: skip
+    variants = rng.integers(0, count, 5000).astype(np.int64)
+    places = np.arange(5000, dtype=np.int64)
+    lines, _ = bundle_module._lines(places, variants, published, np.full(5000, 3, np.int64), live=True)
+    assert lines.places.tolist() == np.lexsort((places, variants, variant_pubs[variants])).tolist()

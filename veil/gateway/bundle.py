@@ -83,7 +83,7 @@ class Published(NamedTuple):
     """What a feed entry delivers, once per distinct copy ("variant": a publication, or a cropped copy
     of it for one subscription): its offset, bytes, envelope fields, when it was logged (ms), the
     bytes of its line but the subscription ids (`sizes`), and its rank in publication order, then
-    variant (`ranks`, from `ranked`: made once for all the connections it is offered to)."""
+    variant (`ranks`, from `variant_ranks`: made once for all the connections it is offered to)."""
 
     pubs: np.ndarray
     bodies: np.ndarray  # of bytes
@@ -93,11 +93,11 @@ class Published(NamedTuple):
     ranks: np.ndarray
 
 
-def ranked(pubs: np.ndarray, copies: bool) -> np.ndarray:
+def variant_ranks(pubs: np.ndarray) -> np.ndarray:
     """Each variant's rank in publication order, then variant (`Published.ranks`). Without cropped
-    copies (`copies`) the variants are the distinct publications in order, and need no sort."""
+    copies the variants are the distinct publications in order already, and need no sort."""
     ranks = np.arange(len(pubs))
-    if copies:
+    if len(pubs) > 1 and not (pubs[1:] > pubs[:-1]).all():
         ranks[np.lexsort((ranks, pubs))] = np.arange(len(pubs))
     return ranks
 

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from veil.gateway.bundle import QUEUE_LIMIT, Backlog, Bundle, Published, Sent, line_sizes, ranked
+from veil.gateway.bundle import QUEUE_LIMIT, Backlog, Bundle, Published, Sent, line_sizes, variant_ranks
 from veil.gateway.quotas import UNLIMITED, Quotas
 from veil.gateway.store_threads import StoreThreads
 from veil.monitoring import trace
@@ -493,7 +493,7 @@ class DeliveryHub:
         offsets = np.array(variant_pubs, np.int64)
         published = Published(
             offsets, _objects(bodies), _objects(envelopes), np.array(logged, np.int64), line_sizes(bodies, envelopes),
-            ranked(offsets, copies=len(offsets) > len(wanted)),
+            variant_ranks(offsets),
         )  # fmt: skip
         return published, variants
 

@@ -141,7 +141,7 @@ def matches_of(pairs: bytes, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray
     `wanted` of its subscription and its publication, in `wanted`'s order, then publication order.
     Of a packed row only the table of subscriptions and the wanted ones' publications are read: a
     backlog read asks a row of 20,000 subscriptions for a few of them, and `unpack` would spend the
-    whole row's size on each (a quarter of a saturated gateway's samples once)."""
+    whole row's size on each (backlog reads were a quarter of a saturated gateway's samples once)."""
     columns = _columns(pairs)
     if columns is None:
         entry = unpack(0, pairs)
