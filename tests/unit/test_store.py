@@ -1,7 +1,11 @@
+import fcntl
+import multiprocessing
+import os
 import sqlite3
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -21,11 +25,13 @@ from veil.store import (
     Quarantined,
     Round,
     StatefulBatch,
+    StoreUnavailable,
     Totals,
     UnknownPublication,
     UnknownSubscription,
     open_store,
 )
+from veil.store import sqlite as sqlite_module
 from veil.store.queues import distinct, matches_of, pack, sorted_pairs, uniques, unpack
 
 
@@ -896,3 +902,64 @@ def test_a_set_aside_subscription_gets_nothing_from_partitions_that_still_held_i
     assert store.record_round(Round([bad], [third], third, stateful=initials, start=second))
     assert store.subscription_number("poison") == bad and again > second
     assert [pub for pub, *_ in backlog(store, bad, 0, 10)[0]] == [first, third]
+
+
+def test_sqlite_writers_take_turns_and_a_turn_held_too_long_is_the_stores_condition(tmp_path, monkeypatch):
+    """Every writer of the file, in any process, takes its turn on the lock file beside it; one
+    waiting gets it as soon as it is released, and one that never gets it fails as a store that
+    cannot write (503), with nothing written."""
+    monkeypatch.setattr(sqlite_module, "BUSY_TIMEOUT", 0.3)
+    store = open_store(f"sqlite:///{tmp_path}/veil.db")
+    head = store.head_offset()
+    holder = os.open(f"{tmp_path}/veil.db.writer", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another writer's turn
+    with pytest.raises(StoreUnavailable, match="write lock"):
+        store.append_publications(published(b'{"a":1}'))
+    assert store.head_offset() == head
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(store.append_publications, published(b'{"a":2}'))
+        time.sleep(0.1)
+        assert not waiting.done()
+        released = time.monotonic()
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        assert waiting.result(timeout=5) == [head + 1]
+        assert time.monotonic() - released < 0.1
+    os.close(holder)
+
+
+def test_a_forked_process_waits_for_its_parents_turn_instead_of_sharing_it(tmp_path):
+    """An flock belongs to the open file: a child that kept its parent's descriptor would take the
+    turn the parent holds."""
+    store = open_store(f"sqlite:///{tmp_path}/veil.db")
+    with store._tx():  # the descriptor is opened before the fork, and the turn held across it
+        child = multiprocessing.get_context("fork").Process(target=_take_turn, args=(store,))
+        child.start()
+        time.sleep(0.5)
+        assert child.is_alive()  # still waiting
+    child.join(5)
+    assert child.exitcode == 0
+
+
+def _take_turn(store) -> None:
+    with store._write_turn():
+        pass
+
+
+def test_the_pipelines_commits_are_not_flushed_each_and_the_gateways_are(request, store):
+    """The rounds' writes derive from the log: the next synced commit carries them to disk (`open_store`)."""
+    url = request.getfixturevalue("postgres_url") if "postgresql" in request.node.name else f"sqlite:///{store.path}"
+    pipeline = open_store(url, create=False, synced=False)
+    try:
+        if "postgresql" in request.node.name:
+            setting = "SHOW synchronous_commit"
+            flushed, unflushed = "on", "off"
+        else:
+            setting = "PRAGMA synchronous"
+            flushed, unflushed = 2, 1  # FULL, NORMAL
+        for opened, expected in ((store, flushed), (pipeline, unflushed)):
+            with opened._tx() as db:
+                assert db.execute(setting).fetchone()[0] == expected
+        pipeline.append_tick()
+        assert store.head_offset() == pipeline.head_offset() > 0  # seen at once, flushed or not
+    finally:
+        pipeline.close()
