@@ -3,11 +3,10 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 from tests.unit.helpers import published, stream_reader
 from veil.matching.stored import encode_subscription
-from veil.pipeline import job, partition_task, spare_cores, worker_state
+from veil.pipeline import job, partition_task, worker_state
 from veil.pipeline.matcher import Matcher
 from veil.pipeline.partition_task import BEAT, SILENT_MS, PartitionTask, round_end
 from veil.pipeline.rounds import EpochReader, EventLogSource
-from veil.pipeline.spare_cores import SpareCores
 from veil.pipeline.store_handle import store_for
 from veil.store import open_store
 
@@ -213,7 +212,6 @@ def test_a_round_is_paced_only_while_publications_come_fast(tmp_path, monkeypatc
     store = open_store(url)
     store.put_subscription("plain", "bob", encode_subscription([["a", "ge", 0]]))
     task = PartitionTask(Matcher(url, 1, False, with_authorization=False), 0, 1, 1000, 100000, round_gap=2.0)
-    task._spare = _Cores(0.0)  # no room: the whole gap
     handle = store_for(url)
     handle.own_partition(0, 7)
 
@@ -232,48 +230,3 @@ def test_a_round_is_paced_only_while_publications_come_fast(tmp_path, monkeypatc
     assert round_after(1) > 1.0  # fast: paced
     time.sleep(0.6)  # the fast rounds leave the window
     assert round_after(1) < 1.0
-
-
-class _Cores(SpareCores):
-    def __init__(self, idle: float | None) -> None:
-        super().__init__()
-        self.share = idle
-
-    def idle(self) -> float | None:
-        return self.share
-
-
-def test_rounds_come_closer_while_they_reach_few_subscriptions_and_the_cores_have_room(monkeypatch):
-    task = PartitionTask(Matcher("sqlite:///unused", 1, False), 0, 1, 1000, 100000, round_gap=1.0)
-    monkeypatch.setattr(task, "_rate", lambda part: float(partition_task.PACED_RATE))
-    task._spare = _Cores(0.9)
-    task._reached[0] = 1
-    assert task._gap(0) == partition_task.LEAST_GAP
-    task._reached[0] = partition_task.SMALL_ROUND // 2
-    assert task._gap(0) == 0.5  # in proportion to the subscriptions reached
-    task._reached[0] = 10 * partition_task.SMALL_ROUND
-    assert task._gap(0) == 1.0  # never past the gap, below PACED_SUBSCRIPTIONS
-    task._reached[0] = 1
-    task._spare = _Cores(partition_task.SPARE_IDLE / 4)
-    assert task._gap(0) == 0.75  # less room, a wider gap
-    task._spare = _Cores(None)
-    assert task._gap(0) == 1.0  # room unknown: none
-    task._reached[0] = 3 * partition_task.PACED_SUBSCRIPTIONS
-    assert task._gap(0) == 3.0  # many reached: wider, whatever the rate
-    monkeypatch.setattr(task, "_rate", lambda part: 0.0)
-    assert task._gap(0) == 3.0
-    task._reached[0] = 1
-    assert task._gap(0) is None  # slow and few: at once
-
-
-def test_the_cores_idle_share_is_read_from_the_kernels_counters(tmp_path, monkeypatch):
-    monkeypatch.setattr(spare_cores, "SAMPLE_EVERY", 0.0)
-    stat = tmp_path / "stat"
-    stat.write_text("cpu  100 0 100 700 100 0 0 0 0 0\ncpu0 50 0 50 350 50 0 0 0 0 0\n")
-    cores = SpareCores(str(stat))
-    assert cores.idle() is None  # one sample: no span yet
-    stat.write_text("cpu  150 0 150 800 200 0 0 0 0 0\n")
-    assert cores.idle() == 200 / 300  # idle and waiting for I/O count as room
-    assert SpareCores(str(tmp_path / "missing")).idle() is None
-    stat.write_text("intr 1 2 3\n")
-    assert cores.idle() is None

@@ -945,21 +945,9 @@ def _take_turn(store) -> None:
         pass
 
 
-def test_the_pipelines_commits_are_not_flushed_each_and_the_gateways_are(request, store):
-    """The rounds' writes derive from the log: the next synced commit carries them to disk (`open_store`)."""
-    url = request.getfixturevalue("postgres_url") if "postgresql" in request.node.name else f"sqlite:///{store.path}"
-    pipeline = open_store(url, create=False, synced=False)
-    try:
-        if "postgresql" in request.node.name:
-            setting = "SHOW synchronous_commit"
-            flushed, unflushed = "on", "off"
-        else:
-            setting = "PRAGMA synchronous"
-            flushed, unflushed = 2, 1  # FULL, NORMAL
-        for opened, expected in ((store, flushed), (pipeline, unflushed)):
-            with opened._tx() as db:
-                assert db.execute(setting).fetchone()[0] == expected
-        pipeline.append_tick()
-        assert store.head_offset() == pipeline.head_offset() > 0  # seen at once, flushed or not
-    finally:
-        pipeline.close()
+
+def test_a_sqlite_lock_file_that_cannot_be_opened_makes_the_store_unavailable(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path}/veil.db")
+    (tmp_path / "veil.db.writer").mkdir()  # (what a read-only directory or a full table of files would do)
+    with pytest.raises(StoreUnavailable, match="lock file"):
+        store.append_publications(published(b'{"a":1}'))

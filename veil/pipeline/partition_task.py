@@ -25,10 +25,8 @@ holding it (it was paused and came back), so two tasks never both decide a parti
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
 import secrets
 import threading
 import time
@@ -40,7 +38,6 @@ import numpy as np
 from veil.monitoring import trace
 from veil.pipeline import worker_state
 from veil.pipeline.matcher import Matcher
-from veil.pipeline.spare_cores import SpareCores
 from veil.pipeline.store_handle import store_for
 from veil.store import PipelineStore, Round, StoreUnavailable
 from veil.store.queues import distinct
@@ -70,13 +67,6 @@ ARRIVAL_WAIT = 1.0  # seconds a task waits for the epoch's others to claim what 
 # 1,000 offered).
 PACED_SUBSCRIPTIONS = 1_000
 GAP_GROWTH = 10
-# Below, a round reaching fewer than SMALL_ROUND subscriptions costs downstream little, and while the
-# cores have room (this machine's CPU was idle SPARE_IDLE of the time or more, `SpareCores`) rounds
-# come as close as LEAST_GAP of the gap; the gap widens back as either grows. At 3,000 publications/s
-# and one subscription, a publication waited half of a 100 ms gap on average for its round.
-SMALL_ROUND = 64
-SPARE_IDLE = 0.25
-LEAST_GAP = 0.1
 # Rounds are paced once a partition's log moves at PACED_RATE entries a second or more (over the
 # last RATE_WINDOW seconds). Below, a round per commit costs the gateway little, and pacing made a
 # commit that landed while a round ran wait the whole gap: at 200 publications/s with 512
@@ -85,11 +75,6 @@ LEAST_GAP = 0.1
 # connection it matches, and throughput end to end fell 13 % (512 subscriptions).
 PACED_RATE = 500
 RATE_WINDOW = 1.0
-# A task's rounds yield the cores to what runs beside them (the nice value of its thread, and of the
-# beats' thread it starts): a publisher waits for the gateway's answer, a round can wait a
-# millisecond. At 3,000 publications/s with one subscription on two cores, rounds 10 ms apart at the
-# default priority held 2,565 publications/s of the 3,000 offered to 16 connections, and 2,945 niced.
-ROUND_NICE = 10
 
 
 class Silence:
@@ -130,8 +115,8 @@ class PartitionTask:
         self.round_gap = round_gap
         self._began: dict[int, float] = {}  # when each held partition's last round began (monotonic)
         self._recent: dict[int, deque[tuple[float, int]]] = {}  # its rounds in the last RATE_WINDOW: (when, entries)
-        self._reached: dict[int, int] = {}  # the subscriptions its last round delivered to
-        self._spare = SpareCores()
+        # the gap before its next round, and whether it applies even when caught up
+        self._gap: dict[int, tuple[float, bool]] = {}
         # matches per log entry in its last round that had any, which sizes the next round: read from
         # the store once (another task's rounds), then known from this task's own (a read a round less)
         self._per_entry: dict[int, int] = {}
@@ -162,7 +147,6 @@ class PartitionTask:
         of a partition it adopted or that has been silent for SILENT_MS: its task was on a lost
         executor, and its retry needs the cores the waiting tasks hold to run and end it. Returns
         (the least offset its partitions processed, rounds recorded)."""
-        _yield_cores()
         store = store_for(self.matcher.url)
         token = secrets.randbits(62)
         epoch = int(deadline * 1000)
@@ -305,28 +289,15 @@ class PartitionTask:
         return idle
 
     def _paced(self, part: int) -> float:
-        """Wait until the gap (`_gap`) has passed since `part`'s last round began: at a high rate a
-        round per commit would make a feed entry, and a write to every subscriber it matches, every
-        few milliseconds. Returns when this round begins."""
-        gap = self._gap(part)
-        if gap is not None:
+        """Wait, while publications come fast (PACED_RATE), until the gap has passed since `part`'s
+        last round began: at a high rate a round per commit would make a feed entry, and a write to
+        every subscriber it matches, every few milliseconds. Below that rate a round starts at once,
+        unless the last one reached many subscriptions. Returns when this round begins."""
+        gap, wide = self._gap.get(part, (self.round_gap, False))
+        if wide or self._rate(part) >= PACED_RATE:
             time.sleep(max(0.0, self._began.get(part, 0.0) + gap - time.monotonic()))
         self._began[part] = began = time.monotonic()
         return began
-
-    def _gap(self, part: int) -> float | None:
-        """Seconds between the starts of `part`'s rounds, or None for a round at once: after a round
-        that reached many subscriptions, longer than `round_gap` (PACED_SUBSCRIPTIONS); otherwise none
-        while publications come slowly (PACED_RATE), and while they come fast, shorter than
-        `round_gap` as far as the last round's reach and the cores' room allow (SMALL_ROUND)."""
-        reached = self._reached.get(part, 0)
-        if reached >= PACED_SUBSCRIPTIONS:
-            return self.round_gap * min(GAP_GROWTH, reached / PACED_SUBSCRIPTIONS)
-        if self._rate(part) < PACED_RATE:
-            return None
-        idle = self._spare.idle()
-        busy = 1.0 if idle is None else 1.0 - idle / SPARE_IDLE
-        return self.round_gap * min(1.0, max(LEAST_GAP, reached / SMALL_ROUND, busy))
 
     def _own_round(self, store: PipelineStore, part: int, token: int) -> int | None:
         """Subscription partitioning: the partition's next range, from its own progress to the head.
@@ -404,21 +375,15 @@ class PartitionTask:
             self._due[part] = None if done.stateful is None else done.stateful.due
             if len(done.sub_nos) and entries > 0:
                 self._per_entry[part] = -(-len(done.sub_nos) // entries)
-        self._reached[part] = distinct(np.asarray(done.sub_nos, np.int64))
+        reached = distinct(np.asarray(done.sub_nos, np.int64))
+        growth = min(GAP_GROWTH, max(1.0, reached / PACED_SUBSCRIPTIONS))
+        self._gap[part] = (self.round_gap * growth, reached >= PACED_SUBSCRIPTIONS)
         trace.mark("recorded", done.start or 0, done.end)
 
     def _until_due(self) -> float:
         """Seconds until the held partitions' stateful subscriptions are next due (at least 0)."""
         due = min((self._due.get(part) or math.inf for part in self.held), default=math.inf)
         return max(0.0, due / 1000 - time.time())
-
-
-def _yield_cores() -> None:
-    """Lower the calling thread's priority to ROUND_NICE (Linux gives each thread its own; a worker
-    that ran a task before has it already). Where priorities cannot be set, rounds run as they are."""
-    with contextlib.suppress(OSError, AttributeError):
-        if os.getpriority(os.PRIO_PROCESS, 0) < ROUND_NICE:
-            os.setpriority(os.PRIO_PROCESS, 0, ROUND_NICE)
 
 
 def _offset_or(store: PipelineStore, part: int, fallback: int) -> int:

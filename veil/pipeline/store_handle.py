@@ -9,6 +9,5 @@ from veil.store import PipelineStore, open_store
 
 @cache
 def store_for(url: str) -> PipelineStore:
-    """Never creates a store: a pipeline or executor that cannot see the gateway's fails loudly. Its
-    commits are not each flushed to disk (`open_store`'s `synced`): what it writes derives from the log."""
-    return open_store(url, create=False, synced=False)
+    """Never creates a store: a pipeline or executor that cannot see the gateway's fails loudly."""
+    return open_store(url, create=False)

@@ -320,11 +320,6 @@ class _Connection:
                 cursor.executemany(_placeholders(sql), params)
 
 
-def _unsynced(conn: psycopg.Connection) -> None:
-    """A connection whose commits return before their WAL is flushed (`open_store`'s `synced`)."""
-    conn.execute("SET synchronous_commit = off")
-
-
 class _Listener:
     """A connection listening on a channel, and the value of `query` (a counter that only grows)
     as it last read it: read once listening has started, then again after signals came (those that
@@ -378,11 +373,11 @@ class PostgresStore(RelationalStore):
     WRITE = (f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})",)
     SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",)
 
-    def __init__(self, url: str, create: bool = True, synced: bool = True) -> None:
+    def __init__(self, url: str, create: bool = True) -> None:
         self.url = url
         self._pool = ConnectionPool(
             url, min_size=1, max_size=POOL_SIZE, kwargs={"autocommit": True, **CONNECTION}, open=False,
-            name="veil-store", configure=None if synced else _unsynced,
+            name="veil-store",
         )  # fmt: skip
         self._feed: _Listener | None = None  # the hub's, for feed rows
         self._log_listeners = threading.local()  # each thread's, for appends
