@@ -1,11 +1,7 @@
-import fcntl
-import multiprocessing
-import os
 import sqlite3
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -25,7 +21,6 @@ from veil.store import (
     Quarantined,
     Round,
     StatefulBatch,
-    StoreUnavailable,
     Totals,
     UnknownPublication,
     UnknownSubscription,
@@ -901,48 +896,3 @@ def test_a_set_aside_subscription_gets_nothing_from_partitions_that_still_held_i
     assert store.record_round(Round([bad], [third], third, stateful=initials, start=second))
     assert store.subscription_number("poison") == bad and again > second
     assert [pub for pub, *_ in backlog(store, bad, 0, 10)[0]] == [first, third]
-
-
-def test_sqlite_writers_take_turns_and_one_waiting_writes_as_soon_as_the_turn_is_released(tmp_path):
-    """Every writer of the file, in any process, takes its turn on the lock file beside it, single
-    statements too (a beat)."""
-    store = open_store(f"sqlite:///{tmp_path}/veil.db")
-    head = store.head_offset()
-    holder = os.open(f"{tmp_path}/veil.db.writer", os.O_CREAT | os.O_RDWR)
-    fcntl.flock(holder, fcntl.LOCK_EX)  # another writer's turn
-    with ThreadPoolExecutor(2) as pool:
-        waiting = pool.submit(store.append_publications, published(b'{"a":2}'))
-        beat = pool.submit(store.partition_beat, [0])
-        time.sleep(0.2)
-        assert not waiting.done() and not beat.done() and store.head_offset() == head
-        released = time.monotonic()
-        fcntl.flock(holder, fcntl.LOCK_UN)
-        assert waiting.result(timeout=5) == [head + 1] and beat.result(timeout=5) is None
-        assert time.monotonic() - released < 0.1
-    os.close(holder)
-
-
-def test_a_forked_process_waits_for_its_parents_turn_instead_of_sharing_it(tmp_path):
-    """An flock belongs to the open file: a child that kept its parent's descriptor would take the
-    turn the parent holds."""
-    store = open_store(f"sqlite:///{tmp_path}/veil.db")
-    with store._tx():  # the descriptor is opened before the fork, and the turn held across it
-        child = multiprocessing.get_context("fork").Process(target=_take_turn, args=(store,))
-        child.start()
-        time.sleep(0.5)
-        assert child.is_alive()  # still waiting
-    child.join(5)
-    assert child.exitcode == 0
-
-
-def _take_turn(store) -> None:
-    with store._write_turn():
-        pass
-
-
-
-def test_a_sqlite_lock_file_that_cannot_be_opened_makes_the_store_unavailable(tmp_path):
-    store = open_store(f"sqlite:///{tmp_path}/veil.db")
-    (tmp_path / "veil.db.writer").mkdir()  # (what a read-only directory or a full table of files would do)
-    with pytest.raises(StoreUnavailable, match="lock file"):
-        store.append_publications(published(b'{"a":1}'))

@@ -3,16 +3,6 @@ before the gateway acknowledges it. Each thread gets its own connection (SQLite 
 shareable across threads); the gateway funnels its writes through a single thread so that one
 commit covers many concurrent publishes. A write transaction takes SQLite's one write lock at once
 (BEGIN IMMEDIATE), so that it cannot fail half-way on a lock upgrade.
-
-Writers take turns on a file lock beside the store before they begin (`_write_turn`), woken by the
-kernel as soon as it is released: SQLite's own busy handler sleeps 1, 2, 5, 10 ... ms between tries,
-so a gateway's group commit that met a matcher round's write waited milliseconds for a lock held
-less. A writer committing every 3 ms beside a process holding the lock 2 ms every 10 ms took p90
-0.67-0.69 ms / p99 0.80-0.86 ms per commit with turns, 1.26-1.27 / 1.42-1.45 ms without (turns
-polled every half millisecond instead, in Python, cost the gateway's event loop the interpreter at
-every try: 12-16 % fewer publications/s end to end at 1 and 128 subscriptions in `bench.selis`).
-A writer stopped while it holds the turn makes the others wait until it runs or dies, as SQLite's
-lock held inside its transaction would.
 """
 
 from __future__ import annotations
@@ -23,8 +13,7 @@ import os
 import socket
 import sqlite3
 import threading
-import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import orjson
@@ -33,7 +22,6 @@ from veil.store.base import KIND_PUBLICATION, KIND_SUBSCRIBE, Publication, Store
 from veil.store.relational import STATUS_WITHOUT_TOPK, Db, RelationalStore, Transaction
 
 FAILURES = (sqlite3.OperationalError,)  # full disks, I/O errors, locks held too long
-BUSY_TIMEOUT = 60.0  # seconds a write outside the writers' turns waits for the lock before it fails
 ADDED_COLUMNS = (  # (table, column, declaration) added since the first release
     ("gateways", "incarnation", "TEXT NOT NULL DEFAULT ''"),
     ("log", "client", "TEXT"),
@@ -248,11 +236,8 @@ class SqliteStore(RelationalStore):
             )
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
-        self._turns: list[int] = []  # each thread's descriptor of the writers' lock file
         self._lock = threading.Lock()
         self._pipeline_lock: int | None = None  # a file lock beside the store: the one pipeline holds it
-        this = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _forget_turns(this()))
         db = self._db()
         db.executescript(SCHEMA)
         _migrate(db)
@@ -260,49 +245,17 @@ class SqliteStore(RelationalStore):
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT)
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=60)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA busy_timeout=60000")
             self._local.db = db
             with self._lock:
                 self._connections.append(db)
         return db
 
-    @contextlib.contextmanager
-    def _tx(self, write: bool = True) -> Iterator[Db]:
-        if not write:
-            with Transaction(self._db(), ("BEGIN",), FAILURES) as db:
-                yield db
-            return
-        with self._write_turn(), Transaction(self._db(), ("BEGIN IMMEDIATE",), FAILURES) as db:
-            yield db
-
-    @contextlib.contextmanager
-    def _alone(self) -> Iterator[Db]:
-        with self._write_turn(), super()._alone() as db:
-            yield db
-
-    @contextlib.contextmanager
-    def _write_turn(self) -> Iterator[None]:
-        """This thread's turn among all writers of the file, in every process (an flock is held by
-        one open file at a time, so each thread opens its own; a forked child closes those it
-        inherited, `_forget_turns`). The lock file takes the store file's permissions, as SQLite's
-        own files beside it do."""
-        fd = getattr(self._local, "turn", None)
-        if fd is None:
-            try:
-                mode = os.stat(self.path).st_mode & 0o666
-                fd = os.open(self.path + ".writer", os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, mode)
-            except OSError as exc:
-                raise StoreUnavailable(f"cannot open the store's lock file {self.path}.writer: {exc}") from exc
-            self._local.turn = fd
-            with self._lock:
-                self._turns.append(fd)
-        fcntl.flock(fd, fcntl.LOCK_EX)  # (the interpreter is free meanwhile)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+    def _tx(self, write: bool = True) -> Transaction:
+        return Transaction(self._db(), ("BEGIN IMMEDIATE",) if write else ("BEGIN",), FAILURES)
 
     def _read(self) -> contextlib.nullcontext[Db]:
         return contextlib.nullcontext(self._db())
@@ -350,21 +303,7 @@ class SqliteStore(RelationalStore):
             for db in self._connections:
                 db.close()
             self._connections.clear()
-            for fd in self._turns:
-                os.close(fd)
-            self._turns.clear()
         self._local = threading.local()
-
-
-def _forget_turns(store: SqliteStore | None) -> None:
-    """In a forked child: the lock file's descriptors it inherited share the parent's turn (an flock
-    belongs to the open file), and would keep it held after the parent is gone."""
-    if store is not None:
-        for fd in store._turns:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        store._turns.clear()
-        store._local.__dict__.pop("turn", None)
 
 
 def _migrate(db: sqlite3.Connection) -> None:
