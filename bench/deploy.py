@@ -8,10 +8,11 @@
                   as many matcher partitions)
 
 For each: publications/s end to end, publish → delivery p50/p99 at a constant rate, and the CPU each
-component spent per publication (all processes of the component, from /proc, over the whole case).
-PostgreSQL is a throwaway server of the benchmark's own, so that its CPU is the store's alone; on it,
-the statements the broker sent and the time the store's write lock was held and waited for, per
-publication (`bench.store_load`). Each deployment runs with each of `--partitions` matcher partitions
+component spent per publication (all processes of the component, from /proc, over the saturation
+phase: from its first publication to its last delivery). PostgreSQL is a throwaway server of the
+benchmark's own, so that its CPU is the store's alone; on it, over the same phase, the statements the
+broker sent and the time the store's write lock was held and waited for, per publication
+(`bench.store_load`). Each deployment runs with each of `--partitions` matcher partitions
 and `--modes` (subscription or publication partitioning; the clusters have one partition per worker).
 On two cores the point is the overhead of each part, not a speed-up. As in `bench.selis`, a phase whose
 deliveries are not exactly the ones its acknowledged publications should make prints how many
@@ -119,25 +120,43 @@ async def measure(
     with deployment(kind, postgres, partitions, mode) as deployed:
         await run_case(deployed.publish, 8, 3, rate, 1, deployed.deliver)  # warm-up
         for n in counts:
-            before = {name: read() for name, read in deployed.components.items()}
-            with contextlib.ExitStack() as stack:
-                sampler = StoreSampler(postgres.url, deployed.database) if deployed.database else None
-                if sampler:
-                    stack.enter_context(sampler)
-                row = await run_case(deployed.publish, n, seconds, rate, 1, deployed.deliver)
-            spent = {name: read() - before[name] for name, read in deployed.components.items()}
-            if sampler:  # (what the sampler's own server process spent is the benchmark's, not the store's)
-                spent["postgres"] -= sampler.load.sampler_cpu
+            window = FlatOut(deployed, postgres)
+            row = await run_case(
+                deployed.publish, n, seconds, rate, 1, deployed.deliver, flat_out_window=window.measured
+            )
+            published = max(1, row["flat out published"])
             row.update(
                 kind=kind, partitions=partitions, mode=mode,
-                cpu={name: value / max(1, row["published"]) for name, value in spent.items()},
-                store=sampler.load.per_publication(row["published"]) if sampler else {},
+                cpu={name: value / published for name, value in window.spent.items()},
+                store=window.sampler.load.per_publication(published) if window.sampler else {},
             )  # fmt: skip
             rows.append(row)
             figures = {k: v for k, v in row["store"].items() if k != "top"}
             print(kind, partitions, mode, {k: v for k, v in row.items() if k not in ("cpu", "store")}, row["cpu"],
                   figures, flush=True)  # fmt: skip
     return rows
+
+
+class FlatOut:
+    """What each component spent, and what the store did, over a case's saturation phase alone: over
+    the whole case, the subscriptions' setting up and removing (512 of them, each a few store writes)
+    and the constant-rate phase were counted against the saturation phase's publications, and the
+    write lock's time per publication, and the store ceiling from it, came out at half the rate the
+    store had just held."""
+
+    def __init__(self, deployed: Deployed, postgres: PostgresServer) -> None:
+        self.deployed = deployed
+        self.sampler = StoreSampler(postgres.url, deployed.database) if deployed.database else None
+        self.spent: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def measured(self) -> Iterator[None]:
+        before = {name: read() for name, read in self.deployed.components.items()}
+        with self.sampler or contextlib.nullcontext():
+            yield
+        self.spent = {name: read() - before[name] for name, read in self.deployed.components.items()}
+        if self.sampler:  # (what the sampler's own server process spent is the benchmark's, not the store's)
+            self.spent["postgres"] -= self.sampler.load.sampler_cpu
 
 
 # the columns that say which case a row is, in both tables

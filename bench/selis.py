@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -96,12 +98,20 @@ def percentile(values: list[float], q: int) -> float:
 
 
 async def run_case(
-    broker: BrokerProcess, n: int, seconds: float, rate: float, batch: int, deliver_from: BrokerProcess | None = None,
+    broker: BrokerProcess,
+    n: int,
+    seconds: float,
+    rate: float,
+    batch: int,
+    deliver_from: BrokerProcess | None = None,
     keys: bool = False,
+    flat_out_window: Callable[[], contextlib.AbstractContextManager[object]] | None = None,
 ) -> dict:
     """Publishers and subscriptions through `broker`, deliveries through `deliver_from` (another
     gateway on the same store) if given; `keys`: the saturation phase again, each request with an
-    Idempotency-Key of its own."""  # fmt: skip
+    Idempotency-Key of its own. `flat_out_window` is entered around the saturation phase alone (from
+    its first publication to its last delivery), so that what it measures leaves out the setting up
+    and removing of the subscriptions and the constant-rate phase."""  # fmt: skip
     tcp_port = (deliver_from or broker).tcp_port
     rng = random.Random(n)
     run = f"selis-{n}-{time.time_ns()}"
@@ -116,9 +126,10 @@ async def run_case(
     steady, listened = sorted(processes.results(), key=lambda r: hasattr(r, "lines"))
     latencies = sorted(listened.latencies)
 
-    flat_out, drained, elapsed = await saturated(
-        broker, tcp_port, handshakes, run, seconds, batch=batch, seed=n + 1, keep=True
-    )
+    with flat_out_window() if flat_out_window else contextlib.nullcontext():
+        flat_out, drained, elapsed = await saturated(
+            broker, tcp_port, handshakes, run, seconds, batch=batch, seed=n + 1, keep=True
+        )
     keyed: dict = {}
     if keys:
         with_keys, keyed_drained, keyed_elapsed = await saturated(
@@ -143,6 +154,7 @@ async def run_case(
         "sustained": flat_out.acked / elapsed,
         "matches": drained.lines / elapsed,
         "published": steady.acked + flat_out.acked,
+        "flat out published": flat_out.acked,
         "steady arrived": (listened.lines, expected_deliveries(boxes, steady.kept)),
         "flat out arrived": (drained.lines, expected_deliveries(boxes, flat_out.kept)),
         **keyed,
