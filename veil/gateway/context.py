@@ -12,6 +12,7 @@ from aiohttp import web
 
 from veil.config import Config
 from veil.gateway.channel import EdgeChannels
+from veil.gateway.claims import Claims
 from veil.gateway.credential_watch import CredentialWatch
 from veil.gateway.delivery import DeliveryHub
 from veil.gateway.health import Health
@@ -40,6 +41,7 @@ class Gateway:
     health: Health
     metrics: Metrics
     metrics_hash: str | None  # the SELIS monitoring client's authHash (None: monitoring off)
+    claims: Claims = field(default_factory=Claims)  # subscriptions claimed, gathered (`membership`)
     # claims whose release failed (the store unreachable), retried with the renewals (`membership`)
     unreleased: list[tuple[list[str], float]] = field(default_factory=list)
     # this process among those that ever held the gateway's name (`membership`)

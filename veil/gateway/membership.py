@@ -87,6 +87,8 @@ async def _release_again(gateway: Gateway) -> None:
     """A few of the releases that failed (or waited for their cursors to be saved: they are saved
     first), so that the next renewal is never late however many wait."""
     threads, unreleased = gateway.threads, gateway.unreleased
+    unreleased += gateway.claims.unreleased  # (made for connections that went before they had them)
+    gateway.claims.unreleased.clear()
     if unreleased and not await gateway.hub.flush_cursors(bundles=False):
         return
     for _ in range(min(len(unreleased), RELEASES_PER_RENEWAL)):
@@ -123,9 +125,7 @@ class Held(Exception):
 async def claim(gateway: Gateway, sub_ids: Sequence[str], numbers: Sequence[int]) -> float:
     """Take the deliveries of these subscriptions (each id's of that number) for this gateway, all or
     none (Held: none); returns the claim's time, which releases them."""
-    threads, at = gateway.threads, time.time()
-    store, name = threads.store, gateway.config.gateway_name
-    held = await threads.write(store.claim_subscriptions, sub_ids, numbers, name, at, at - STALE)
+    at, held = await gateway.claims.claim(gateway.threads, sub_ids, numbers, gateway.config.gateway_name, STALE)
     if held is not None:
         raise Held(*held)
     return at
