@@ -53,6 +53,7 @@ async def test_a_subscription_held_elsewhere_refuses_only_the_connections_that_n
     (s0, n0), (s1, n1), (s2, n2) = _subscriptions(store, 3)
     now = time.time()
     assert store.claim_subscriptions([s1], [n1], "B", now, now - STALE) is None
+    writes = _counted(store)
     threads, claims = StoreThreads(store), Claims()
     try:
         first = asyncio.ensure_future(claims.claim(threads, [s0], [n0], "A", STALE))
@@ -66,6 +67,8 @@ async def test_a_subscription_held_elsewhere_refuses_only_the_connections_that_n
     finally:
         threads._writer.shutdown(wait=True)
     assert [held for _, held in answers] == [(s1, "B"), (s2 + "x", None), None]
+    # s0; s1 s2 s2x (s2x removed: refused); s1 s2 (s1 held: refused); s2 again, asked for twice
+    assert writes == [1, 3, 2, 1]
     now = time.time()
     assert store.claim_subscriptions([s2], [n2], "B", now, now - STALE) == (s2, "A")
     assert store.claim_subscriptions([s1], [n1], "C", now, now - STALE) == (s1, "B")  # B's, untouched
@@ -98,3 +101,24 @@ async def test_an_id_asked_for_twice_is_claimed_twice_and_a_gone_connections_cla
     assert writes == [1, 2, 1]  # s1; s0 and s1 again; s0 again
     assert tasks["gone"].cancelled()
     assert [sub_ids for sub_ids, _ in claims.unreleased] == [[s1]]  # released with the next renewal
+
+
+async def test_a_claim_made_for_a_connection_that_went_before_it_took_it_is_released_later(store):
+    store.take_over_gateway("A", "a1", 0)
+    ((s0, n0),) = _subscriptions(store, 1)
+    threads, claims = StoreThreads(store), Claims()
+    answer = claims._answer
+
+    def answered_then_gone(asked, at, held):
+        answer(asked, at, held)
+        task.cancel()  # the connection closes between the answer and its reading it
+
+    claims._answer = answered_then_gone
+    try:
+        task = asyncio.ensure_future(claims.claim(threads, [s0], [n0], "A", STALE))
+        while not task.done():
+            await asyncio.sleep(0.01)
+    finally:
+        threads._writer.shutdown(wait=True)
+    assert task.cancelled()
+    assert [sub_ids for sub_ids, _ in claims.unreleased] == [[s0]]

@@ -5,8 +5,8 @@ connecting at once (each a connection of one subscription) queued hundreds of cl
 other, ahead of every publication (512 claims held publishing up for ~1.4 s on PostgreSQL).
 
 A claim is all or none for the connection that asked for it, never for the others it was gathered
-with: when the write of several finds one of them held (or removed), none of them was taken, and
-each is claimed again on its own, so that only the connections naming that subscription are refused.
+with: when the write of several finds one of them held (or removed), none of them was taken; the
+connections naming that subscription are refused, and the others claimed again together.
 """
 
 from __future__ import annotations
@@ -44,7 +44,14 @@ class Claims:
         self._asked.append(Asked(list(sub_ids), list(numbers), done))
         if self._claiming is None or self._claiming.done():
             self._claiming = asyncio.ensure_future(self._claim_asked(threads, gateway, stale))
-        return await done  # (cancelled, as its connection went: the claim is released once made)
+        try:
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:  # its connection went: a claim made for it is released later
+            if not done.done():
+                done.cancel()  # (seen when the claim is made)
+            elif not done.cancelled() and done.exception() is None and done.result()[1] is None:
+                self.unreleased.append((list(sub_ids), done.result()[0]))
+            raise
 
     async def _claim_asked(self, threads: StoreThreads, gateway: str, stale: float) -> None:
         while self._asked:
@@ -70,28 +77,19 @@ class Claims:
                         asked.done.set_exception(error)
 
     async def _claim_together(self, threads: StoreThreads, gathered: list[Asked], gateway: str, stale: float) -> None:
-        store = threads.store
-        at = time.time()
-        sub_ids = [sub_id for asked in gathered for sub_id in asked.sub_ids]
-        numbers = [number for asked in gathered for number in asked.numbers]
-        held = await threads.write(store.claim_subscriptions, sub_ids, numbers, gateway, at, at - stale)
-        if held is None or len(gathered) == 1:
-            for asked in gathered:
-                self._answer(asked, at, held)
-            return
-        for asked in gathered:  # none was taken: each on its own, refused alone if one of its own is held
-            if asked.done.done():
-                continue
+        store, pending = threads.store, gathered
+        while pending := [asked for asked in pending if not asked.done.done()]:
             at = time.time()
-            try:
-                mine = await threads.write(
-                    store.claim_subscriptions, asked.sub_ids, asked.numbers, gateway, at, at - stale
-                )
-            except Exception as error:
-                if not asked.done.done():
-                    asked.done.set_exception(error)
-                continue
-            self._answer(asked, at, mine)
+            sub_ids = [sub_id for asked in pending for sub_id in asked.sub_ids]
+            numbers = [number for asked in pending for number in asked.numbers]
+            held = await threads.write(store.claim_subscriptions, sub_ids, numbers, gateway, at, at - stale)
+            # none was taken: the store names the least id removed, else the least held, of all of
+            # them, which is what each connection naming it would have been told on its own; those
+            # are refused, and the others claimed again together (a write more for each such id)
+            refused = pending if held is None else [asked for asked in pending if held[0] in asked.sub_ids]
+            for asked in refused or pending:
+                self._answer(asked, at, held)
+            pending = [asked for asked in pending if asked not in refused] if refused else []
 
     def _answer(self, asked: Asked, at: float, held: Holder | None) -> None:
         """Hand the claim to its connection; one that went meanwhile has it released, as it would have."""
