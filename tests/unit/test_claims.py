@@ -3,10 +3,20 @@
 import asyncio
 import time
 
+import pytest
+
 from veil.gateway.claims import Claims
 from veil.gateway.store_threads import StoreThreads
 
 STALE = 10.0
+
+
+@pytest.fixture
+def threads(store):
+    """The store's writing thread, as the gateway has it (the store itself is the fixture's to close)."""
+    threads = StoreThreads(store)
+    yield threads
+    threads._writer.shutdown(wait=True)
 
 
 def _subscriptions(store, count: int) -> list[tuple[str, int]]:
@@ -28,16 +38,13 @@ def _counted(store) -> list[int]:
     return writes
 
 
-async def test_claims_asked_for_while_one_is_made_go_to_the_store_together(store):
+async def test_claims_asked_for_while_one_is_made_go_to_the_store_together(store, threads):
     store.take_over_gateway("A", "a1", 0)
     store.take_over_gateway("B", "b1", 0)
     subs = _subscriptions(store, 60)
     writes = _counted(store)
-    threads, claims = StoreThreads(store), Claims()
-    try:
-        answers = await asyncio.gather(*(claims.claim(threads, [s], [n], "A", STALE) for s, n in subs))
-    finally:
-        threads._writer.shutdown(wait=True)
+    claims = Claims()
+    answers = await asyncio.gather(*(claims.claim(threads, [s], [n], "A", STALE) for s, n in subs))
     assert all(held is None for _, held in answers)
     assert sum(writes) == 60 and len(writes) < 60  # gathered, never more than asked
     now = time.time()  # all are A's: B is refused each of them
@@ -45,7 +52,7 @@ async def test_claims_asked_for_while_one_is_made_go_to_the_store_together(store
         assert store.claim_subscriptions([sub_id], [number], "B", now, now - STALE) == (sub_id, "A")
 
 
-async def test_a_subscription_held_elsewhere_refuses_only_the_connections_that_name_it(store):
+async def test_a_subscription_held_elsewhere_refuses_only_the_connections_that_name_it(store, threads):
     """A hostile or stale client naming a subscription another gateway delivers to makes its own
     connection refused, never the connections gathered with it."""
     store.take_over_gateway("A", "a1", 0)
@@ -54,18 +61,15 @@ async def test_a_subscription_held_elsewhere_refuses_only_the_connections_that_n
     now = time.time()
     assert store.claim_subscriptions([s1], [n1], "B", now, now - STALE) is None
     writes = _counted(store)
-    threads, claims = StoreThreads(store), Claims()
-    try:
-        first = asyncio.ensure_future(claims.claim(threads, [s0], [n0], "A", STALE))
-        await asyncio.sleep(0)  # under way: the next two are gathered into one write, which finds s1 held
-        answers = await asyncio.gather(
-            claims.claim(threads, [s1, s2], [n1, n2], "A", STALE),
-            claims.claim(threads, [s2 + "x"], [0], "A", STALE),  # nobody's id
-            claims.claim(threads, [s2], [n2], "A", STALE),
-        )
-        assert (await first)[1] is None
-    finally:
-        threads._writer.shutdown(wait=True)
+    claims = Claims()
+    first = asyncio.ensure_future(claims.claim(threads, [s0], [n0], "A", STALE))
+    await asyncio.sleep(0)  # under way: the others are gathered into one write, which finds s2x removed
+    answers = await asyncio.gather(
+        claims.claim(threads, [s1, s2], [n1, n2], "A", STALE),
+        claims.claim(threads, [s2 + "x"], [0], "A", STALE),  # nobody's id
+        claims.claim(threads, [s2], [n2], "A", STALE),
+    )
+    assert (await first)[1] is None
     assert [held for _, held in answers] == [(s1, "B"), (s2 + "x", None), None]
     # s0; s1 s2 s2x (s2x removed: refused); s1 s2 (s1 held: refused); s2 again, asked for twice
     assert writes == [1, 3, 2, 1]
@@ -74,7 +78,7 @@ async def test_a_subscription_held_elsewhere_refuses_only_the_connections_that_n
     assert store.claim_subscriptions([s1], [n1], "C", now, now - STALE) == (s1, "B")  # B's, untouched
 
 
-async def test_an_id_asked_for_twice_is_claimed_twice_and_a_gone_connections_claim_is_released_later(store):
+async def test_an_id_asked_for_twice_is_claimed_twice_and_a_gone_connections_claim_is_released_later(store, threads):
     store.take_over_gateway("A", "a1", 0)
     (s0, n0), (s1, n1) = _subscriptions(store, 2)
     writes = _counted(store)
@@ -87,26 +91,23 @@ async def test_an_id_asked_for_twice_is_claimed_twice_and_a_gone_connections_cla
         return counting(sub_ids, *args)
 
     store.claim_subscriptions = closing_meanwhile
-    threads, claims = StoreThreads(store), Claims()
-    try:
-        first = asyncio.ensure_future(claims.claim(threads, [s1], [n1], "A", STALE))
-        await asyncio.sleep(0)  # under way: the rest wait, and are gathered
-        old = asyncio.ensure_future(claims.claim(threads, [s0], [n0], "A", STALE))
-        tasks["gone"] = asyncio.ensure_future(claims.claim(threads, [s1], [n1], "A", STALE))
-        new = asyncio.ensure_future(claims.claim(threads, [s0], [n0], "A", STALE))
-        (at_old, held_old), (at_new, held_new), _ = await asyncio.gather(old, new, first)
-    finally:
-        threads._writer.shutdown(wait=True)
+    claims = Claims()
+    first = asyncio.ensure_future(claims.claim(threads, [s1], [n1], "A", STALE))
+    await asyncio.sleep(0)  # under way: the rest wait, and are gathered
+    old = asyncio.ensure_future(claims.claim(threads, [s0], [n0], "A", STALE))
+    tasks["gone"] = asyncio.ensure_future(claims.claim(threads, [s1], [n1], "A", STALE))
+    new = asyncio.ensure_future(claims.claim(threads, [s0], [n0], "A", STALE))
+    (at_old, held_old), (at_new, held_new), _ = await asyncio.gather(old, new, first)
     assert held_old is None and held_new is None and at_old != at_new  # each release ends its own claim
     assert writes == [1, 2, 1]  # s1; s0 and s1 again; s0 again
     assert tasks["gone"].cancelled()
     assert [sub_ids for sub_ids, _ in claims.unreleased] == [[s1]]  # released with the next renewal
 
 
-async def test_a_claim_made_for_a_connection_that_went_before_it_took_it_is_released_later(store):
+async def test_a_claim_made_for_a_connection_that_went_before_it_took_it_is_released_later(store, threads):
     store.take_over_gateway("A", "a1", 0)
     ((s0, n0),) = _subscriptions(store, 1)
-    threads, claims = StoreThreads(store), Claims()
+    claims = Claims()
     answer = claims._answer
 
     def answered_then_gone(asked, at, held):
@@ -114,11 +115,8 @@ async def test_a_claim_made_for_a_connection_that_went_before_it_took_it_is_rele
         task.cancel()  # the connection closes between the answer and its reading it
 
     claims._answer = answered_then_gone
-    try:
-        task = asyncio.ensure_future(claims.claim(threads, [s0], [n0], "A", STALE))
-        while not task.done():
-            await asyncio.sleep(0.01)
-    finally:
-        threads._writer.shutdown(wait=True)
+    task = asyncio.ensure_future(claims.claim(threads, [s0], [n0], "A", STALE))
+    while not task.done():
+        await asyncio.sleep(0.01)
     assert task.cancelled()
     assert [sub_ids for sub_ids, _ in claims.unreleased] == [[s0]]

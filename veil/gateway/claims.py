@@ -2,7 +2,8 @@
 is under way go to the store as one write. Each claim is a write transaction on the gateway's one
 writing thread, where publications' group commits wait their turn: hundreds of subscribers
 connecting at once (each a connection of one subscription) queued hundreds of claims, one after the
-other, ahead of every publication (512 claims held publishing up for ~1.4 s on PostgreSQL).
+other, ahead of the publications' next group commit (512 connections of one subscription each were
+admitted in 0.89 s on PostgreSQL and 0.52 s on SQLite, one write each; 0.50 and 0.20 s gathered).
 
 A claim is all or none for the connection that asked for it, never for the others it was gathered
 with: when the write of several finds one of them held (or removed), none of them was taken; the
@@ -83,13 +84,12 @@ class Claims:
             sub_ids = [sub_id for asked in pending for sub_id in asked.sub_ids]
             numbers = [number for asked in pending for number in asked.numbers]
             held = await threads.write(store.claim_subscriptions, sub_ids, numbers, gateway, at, at - stale)
-            # none was taken: the store names the least id removed, else the least held, of all of
+            # held: none was taken, and the store names the least id removed, else the least held, of all of
             # them, which is what each connection naming it would have been told on its own; those
             # are refused, and the others claimed again together (a write more for each such id)
-            refused = pending if held is None else [asked for asked in pending if held[0] in asked.sub_ids]
-            for asked in refused or pending:
-                self._answer(asked, at, held)
-            pending = [asked for asked in pending if asked not in refused] if refused else []
+            named = [asked for asked in pending if held is None or held[0] in asked.sub_ids] or pending
+            for asked in named:
+                self._answer(asked, at, held)  # (answered: no longer pending)
 
     def _answer(self, asked: Asked, at: float, held: Holder | None) -> None:
         """Hand the claim to its connection; one that went meanwhile has it released, as it would have."""
