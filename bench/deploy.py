@@ -11,7 +11,7 @@ For each: publications/s end to end, publish → delivery p50/p99 at a constant 
 component spent per publication (all processes of the component, from /proc, over the saturation
 phase: from its first publication to its last delivery). PostgreSQL is a throwaway server of the
 benchmark's own, so that its CPU is the store's alone; on it, over the same phase, the statements the
-broker sent and the time the store's write lock was held and waited for, per publication
+broker sent and the time each of the store's write locks was held and the time waited for one, per publication
 (`bench.store_load`). Each deployment runs with each of `--partitions` matcher partitions
 and `--modes` (subscription or publication partitioning; the clusters have one partition per worker).
 On two cores the point is the overhead of each part, not a speed-up. As in `bench.selis`, a phase whose
@@ -20,7 +20,7 @@ arrived instead of its figures.
 
 Last, the scale model: from each row's CPU per publication, the cores each component would need at
 10k, 100k and 1M publications/s (linear in the rate: gateways and matcher partitions are added side
-by side), and one store's ceiling, the rate at which its write lock would be held all the time.
+by side), and one store's ceiling, the rate at which its busier write lock would be held all the time.
 
     python -m bench.deploy [--subscriptions 1,128,512] [--seconds 5] [--only sqlite,postgres,...]
                            [--partitions 1,2,4] [--modes subscriptions,publications]
@@ -177,8 +177,8 @@ def print_rows(rows: list[dict]) -> None:
 
     print_table(
         f"SELIS lat/lon workload by deployment, one publication per POST; {os.cpu_count()} cores; "
-        "CPU in µs per publication; store: statements sent, and µs the write lock was held / waited for, "
-        "per publication",
+        "CPU in µs per publication; store: statements sent, µs the log's and the feed's write locks were "
+        "held, and µs waited for a lock, per publication",
         [
             *CASE,
             ("e2e pub/s", 10, lambda r: checked(r, "flat out", f"{r['sustained']:.0f}")),
@@ -192,6 +192,7 @@ def print_rows(rows: list[dict]) -> None:
             ("total", 7, lambda r: f"{sum(r['cpu'].values()) * 1e6:.0f}"),
             ("stmts", 6, store("statements", 1)),
             ("held", 6, store("held us", 0)),
+            ("feed held", 9, store("feed held us", 0)),
             ("waited", 7, store("waited us", 0)),
             ("arrived at pub/s", 17, lambda r: arrived(r, "steady")),
             ("arrived flat out", 17, lambda r: arrived(r, "flat out")),
@@ -202,7 +203,8 @@ def print_rows(rows: list[dict]) -> None:
 
 def print_scale_model(rows: list[dict]) -> None:
     """Cores per component at each rate of SCALE, from the CPU per publication above; the store's
-    ceiling is the rate at which its write lock, held `held` µs per publication, is never free."""
+    ceiling is the rate at which the busier of its write locks (held `held` and `feed held` µs per
+    publication) is never free."""
 
     def cores(rate: int) -> Callable[[dict], object]:
         def shown(row: dict) -> str:
@@ -212,12 +214,12 @@ def print_scale_model(rows: list[dict]) -> None:
         return shown
 
     def ceiling(row: dict) -> str | None:
-        held = row["store"].get("held us")
+        held = max(row["store"].get("held us", 0), row["store"].get("feed held us", 0))
         return f"{1e6 / held:,.0f}" if held else None
 
     print_table(
         "Scale model (inputs: the table above): cores needed by component, gateway/pipeline[/executors]"
-        "[/postgres], at each rate; one store's ceiling = 1 s / write lock held per publication",
+        "[/postgres], at each rate; one store's ceiling = 1 s / the busier write lock's held per publication",
         [
             *CASE,
             *((f"{rate:,} pub/s", 18, cores(rate)) for rate in SCALE),

@@ -10,8 +10,8 @@ import psycopg
 import pytest
 
 from tests.unit.helpers import published
-from veil.store import NotOwner, Round, StoreMissing, open_store, postgres
-from veil.store.postgres import MIGRATIONS
+from veil.store import NotOwner, Publication, Round, StoreMissing, open_store, postgres
+from veil.store.postgres import FEED_LOCK, LOG_LOCK, MIGRATIONS
 
 
 @pytest.fixture
@@ -120,6 +120,82 @@ def test_a_cursor_saved_while_its_subscription_goes_never_outlives_it(stores):
         saver.save_cursors({again: 77})
         replacing.join()
         assert remover.cursor(sub_id) == 77
+
+
+def test_concurrent_rounds_become_visible_in_feed_order(stores):
+    """Two partitions' rounds, with publications logged between them, and a hub reading the feed: a
+    hub that has read seq N never gets a row below it later (it reads from its last seq on)."""
+    partitions, hub = stores[:2], stores[2]
+    done = threading.Event()
+    seen: list[int] = []
+
+    def record(store, part: int) -> None:
+        for _ in range(60):
+            pub = store.append_publications(published(b"{}"))[0]
+            store.record_round(Round(np.array([part + 1]), np.array([pub]), pub, part=part))
+
+    def read() -> None:
+        last = 0
+        while not done.is_set():
+            for entry in hub.feed_since(last, 100):
+                seen.append(entry.seq)
+                last = entry.seq
+
+    threads = [threading.Thread(target=record, args=(store, part)) for part, store in enumerate(partitions)]
+    reader = threading.Thread(target=read)
+    reader.start()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done.set()
+    reader.join()
+    every = [entry.seq for entry in hub.feed_since(0, 1000)]
+    assert len(every) == 120
+    assert seen == every[: len(seen)] and len(seen) > 10
+
+
+def _waits_for(lock: int, postgres_url: str, write) -> bool:
+    """Whether `write` waits while another session holds `lock` (and completes once it is free)."""
+    with psycopg.connect(postgres_url) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+        finished = threading.Event()
+        writer = threading.Thread(target=lambda: (write(), finished.set()))
+        writer.start()
+        waited = not finished.wait(1.0)
+        holder.rollback()
+    writer.join(10)
+    assert finished.is_set()
+    return waited
+
+
+def test_publications_and_rounds_take_locks_of_their_own(stores, postgres_url):
+    """A group commit of publications takes the log's lock alone and a matcher round the feed's
+    alone, so neither waits for the other; every other write takes both."""
+    store = stores[0]
+    rounds = iter(store.append_publications(published(*[b"{}"] * 3)))
+
+    def round_() -> None:
+        end = next(rounds)
+        store.record_round(Round(np.array([1]), np.array([end]), end, part=3))
+
+    def publish() -> None:
+        store.append_publications(published(b"{}"))
+
+    def publish_keyed() -> None:
+        store.append_publications([Publication(b"{}", key=f"k{time.monotonic()}")])
+
+    def subscribe() -> None:
+        store.put_subscription(f"s{time.monotonic()}", "owner", b"[]")
+
+    assert not _waits_for(LOG_LOCK, postgres_url, round_)
+    assert not _waits_for(FEED_LOCK, postgres_url, publish)
+    assert not _waits_for(FEED_LOCK, postgres_url, publish_keyed)
+    assert _waits_for(FEED_LOCK, postgres_url, round_)
+    assert _waits_for(LOG_LOCK, postgres_url, publish)
+    assert _waits_for(LOG_LOCK, postgres_url, publish_keyed)
+    assert _waits_for(LOG_LOCK, postgres_url, subscribe)
+    assert _waits_for(FEED_LOCK, postgres_url, subscribe)
 
 
 def test_a_feed_row_wakes_a_waiting_gateway(stores):

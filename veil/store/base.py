@@ -638,7 +638,7 @@ class PipelineStore(LogReader):
     @abstractmethod
     def partition_beat(self, parts: Sequence[int]) -> None:
         """These matcher partitions are alive and waiting for the log (recording a round says so too).
-        One statement, without the write lock that transactions take on PostgreSQL (a task beats
+        One statement, without the write locks that transactions take on PostgreSQL (a task beats
         twice a second); `adopt_partition`, which acts on a beat it read, waits for one being written
         there."""
 

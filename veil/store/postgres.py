@@ -1,9 +1,13 @@
 """The store on PostgreSQL, for deployments beyond one machine: gateways and the pipeline's driver
 and executors on any host share it over the network (psycopg 3, one connection pool per process).
 
-Write transactions take one transaction-level advisory lock first, so that they are serialized as
-SQLite's are: offsets and feed sequence numbers become visible in the order they were given, and an
-ownership check still holds when its insert commits. A read of several statements runs in one
+Write transactions take transaction-level advisory locks first, so that they are serialized as
+SQLite's are where they need to be: the log's lock for whatever gives log offsets, the feed's for
+whatever gives feed sequence numbers, so that each becomes visible in the order it was given, and both
+(the log's first) for every other write, so that an ownership check still holds when its insert
+commits. A group commit of publications takes the log's alone and a matcher round the feed's alone
+(unless it logs copies), so that neither waits for the other: each partition's rounds and the
+gateways' publications go to the store side by side. A read of several statements runs in one
 REPEATABLE READ snapshot. The pipeline signals each feed row with NOTIFY, which the gateways' hubs
 wait for instead of polling.
 
@@ -19,7 +23,7 @@ import functools
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import psycopg
@@ -30,12 +34,13 @@ from veil.store.credentials import redacted
 from veil.store.relational import LAST_FEED_SEQ, STATUS_WITHOUT_TOPK, Cursor, Db, RelationalStore, Transaction
 from veil.store.relational.log import HEAD
 
-WRITE_LOCK = 0x7665696C  # the advisory lock every write transaction takes ("veil")
-PIPELINE_LOCK = WRITE_LOCK + 1  # held by the one pipeline of the store
+LOG_LOCK = 0x7665696C  # the advisory lock of whatever appends to the log ("veil")
+PIPELINE_LOCK = LOG_LOCK + 1  # held by the one pipeline of the store
+FEED_LOCK = LOG_LOCK + 2  # the advisory lock of whatever inserts feed rows
 FEED_CHANNEL = "veil_feed"
 LOG_CHANNEL = "veil_log"
 REREAD = 10.0  # seconds a listener keeps a counter no signal has changed
-# A host that vanishes (power, network) with a transaction open would hold the store's write lock
+# A host that vanishes (power, network) with a transaction open would hold the store's write locks
 # until TCP gives up (15 minutes and more): keepalives and a user timeout end its session in ~30 s
 CONNECTION: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
               "tcp_user_timeout": 30_000}  # fmt: skip
@@ -260,7 +265,7 @@ CREATE TABLE acked (
     _signalled("log", LOG_CHANNEL),
     # and so is a round's feed row, for the hubs (where a NOTIFY of its own cost a round trip)
     _signalled("feed", FEED_CHANNEL),
-    # a group commit of publications without idempotency keys, in one statement: the write lock is
+    # a group commit of publications without idempotency keys, in one statement: the log's lock is
     # held inside the server for the statement's transaction only, never across a client's round
     # trips (a busy gateway's thread answered each late, and every other writer waited for it);
     # returns the last offset given, or minus the newest registry version if `base` is older
@@ -272,7 +277,7 @@ DECLARE
     count INTEGER := cardinality(bodies);
     last BIGINT;
 BEGIN
-    PERFORM pg_advisory_xact_lock({WRITE_LOCK});
+    PERFORM pg_advisory_xact_lock({LOG_LOCK});
     IF base IS NOT NULL THEN
         SELECT COALESCE(MAX(r."offset"), 0) INTO newest FROM registry r;
         IF newest > base THEN
@@ -369,8 +374,14 @@ class PostgresStore(RelationalStore):
     LEAST = "LEAST"
     ROW_LOCK = " FOR UPDATE"
     NEW_NUMBER = "nextval(pg_get_serial_sequence('subscription_numbers', 'no'))"
-    # one round trip (a statement without parameters goes as a simple query, which may hold two)
-    WRITE = (f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})",)
+    # by the orders a write holds (log, feed): one round trip each (a statement without parameters goes
+    # as a simple query, which may hold several); always the log's lock first, so no two writers wait
+    # for each other
+    WRITE: ClassVar[dict[tuple[bool, bool], tuple[str, ...]]] = {
+        (True, True): (f"BEGIN; SELECT pg_advisory_xact_lock({LOG_LOCK}); SELECT pg_advisory_xact_lock({FEED_LOCK})",),
+        (True, False): (f"BEGIN; SELECT pg_advisory_xact_lock({LOG_LOCK})",),
+        (False, True): (f"BEGIN; SELECT pg_advisory_xact_lock({FEED_LOCK})",),
+    }
     SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",)
 
     def __init__(self, url: str, create: bool = True) -> None:
@@ -403,8 +414,8 @@ class PostgresStore(RelationalStore):
             raise StoreUnavailable(str(exc)) from exc
 
     @contextlib.contextmanager
-    def _tx(self, write: bool = True) -> Iterator[Db]:
-        with self._connection() as db, Transaction(db, self.WRITE if write else self.SNAPSHOT, FAILURES):
+    def _tx(self, write: bool = True, log: bool = True, feed: bool = True) -> Iterator[Db]:
+        with self._connection() as db, Transaction(db, self.WRITE[log, feed] if write else self.SNAPSHOT, FAILURES):
             yield db
 
     def _read(self) -> contextlib.AbstractContextManager[Db]:
@@ -438,7 +449,7 @@ class PostgresStore(RelationalStore):
         return list(range(last - len(publications) + 1, last + 1))
 
     def _insert_publications(self, db: Db, now: int, publications: list[Publication]) -> list[int]:
-        # the write lock is held: no other transaction takes offsets between these two statements
+        # the log's lock is held: no other transaction takes offsets between these two statements
         last = db.execute(
             "SELECT setval('log_offsets', nextval('log_offsets') + ? - 1)", (len(publications),)
         ).fetchone()[0]
@@ -514,7 +525,7 @@ class PostgresStore(RelationalStore):
     def _migrate(self, create: bool) -> None:
         with self._pool.connection() as conn:
             db = _Connection(conn)
-            with Transaction(db, self.WRITE, FAILURES):
+            with Transaction(db, self.WRITE[True, True], FAILURES):
                 found = db.execute(
                     "SELECT to_regclass('schema_version') IS NOT NULL, to_regclass('log') IS NOT NULL"
                 ).fetchone()

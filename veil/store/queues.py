@@ -12,7 +12,7 @@ queue of its own. Publications are monotonic across feed rows (a replayed batch 
 twice), so a backlog is the spilled rows followed by the unspilled feed.
 
 Compaction runs every `COMPACT_INTERVAL` seconds (up to `COMPACT_IDLE_INTERVAL` while idle) in
-steps of about `COMPACT_CHUNK` rows, one transaction each, so it never holds the write lock for
+steps of about `COMPACT_CHUNK` rows, one transaction each, so it never holds the write locks for
 long. A publication can go once it is below the horizon: the pipeline has passed it, no queue or
 feed row still holds it, no stateful subscription may still select it, and it is no longer valid
 for subscriptions to come.

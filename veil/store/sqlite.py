@@ -254,7 +254,7 @@ class SqliteStore(RelationalStore):
                 self._connections.append(db)
         return db
 
-    def _tx(self, write: bool = True) -> Transaction:
+    def _tx(self, write: bool = True, log: bool = True, feed: bool = True) -> Transaction:
         return Transaction(self._db(), ("BEGIN IMMEDIATE",) if write else ("BEGIN",), FAILURES)
 
     def _read(self) -> contextlib.nullcontext[Db]:

@@ -135,11 +135,11 @@ class CompactionSql(Dialect):
 
     def _spill(self, db: Db, upto: int, before: float, limit: int, changes: int) -> int:
         """Move the matches of feed rows up to seq `upto` and to the newest created before `before`
-        (rows are made in seq order under the write lock, so in `created` order while the clock does
+        (rows are made in seq order under the feed's lock, so in `created` order while the clock does
         not step back; a younger row before it goes early, which costs queue rows and loses nothing)
         that live subscriptions have not consumed into per-subscription rows, about `limit` matches
         per call (a large entry is spilled over several calls, whole subscriptions at a time, so that
-        no transaction holds the write lock for long); returns the matches looked at."""
+        no transaction holds the write locks for long); returns the matches looked at."""
         spilled, position = db.execute(f"SELECT {SPILLED}, {SPILL_POSITION}").fetchone()
         # the newest row old enough, found by its index: SQLite keeps a column after a long blob in the
         # blob's overflow pages, so reading `created` from the rows walked each row's pairs

@@ -254,7 +254,8 @@ class DeliverySql(Dialect):
         processed, stateful, part = done.end, done.stateful, done.part
         matcher = part if done.owner is None else done.owner[0]
         now = time.time()
-        with self._tx() as db:
+        # (the feed's order alone, unless the round logs copies: the log's order is the publications')
+        with self._tx(log=stateful is not None) as db:
             # matches of publications at or below the partition's processed offset were recorded by
             # an earlier run of this round: a replay adds only what is new (its own row, or where the
             # whole pipeline was when it had none: a store recorded before partitions kept their own)

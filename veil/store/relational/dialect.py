@@ -61,8 +61,11 @@ class Dialect(EventStore):
     NEW_NUMBER: str  # a subscription number never given before (the caller holds the write lock)
 
     @abstractmethod
-    def _tx(self, write: bool = True) -> contextlib.AbstractContextManager[Db]:
-        """A transaction: a write one is serialized against all others; a read one sees one snapshot."""
+    def _tx(self, write: bool = True, log: bool = True, feed: bool = True) -> contextlib.AbstractContextManager[Db]:
+        """A transaction: a write one is serialized against every other holding an order it holds
+        (`log`: it gives log offsets, `feed`: feed sequence numbers; a write holding both, the default,
+        is serialized against all others); a read one sees one snapshot. SQLite's file has one
+        writer, so there every write is serialized against all others."""
 
     @abstractmethod
     def _read(self) -> contextlib.AbstractContextManager[Db]:
@@ -72,7 +75,7 @@ class Dialect(EventStore):
 
     @contextlib.contextmanager
     def _alone(self) -> Iterator[Db]:
-        """A write of one statement, its own transaction, without the write lock `_tx` takes on
+        """A write of one statement, its own transaction, without the locks `_tx` takes on
         PostgreSQL (SQLite's file still has one writer at a time); a failure is the store's
         (StoreUnavailable), as in a `Transaction`."""
         try:
@@ -112,7 +115,7 @@ class Dialect(EventStore):
 
     @abstractmethod
     def _insert_publications(self, db: Db, now: int, publications: list[Publication]) -> list[int]:
-        """Log the publications with consecutive offsets (the caller holds the write lock)."""
+        """Log the publications with consecutive offsets (the caller holds the log's lock)."""
 
 
 def now_ms() -> int:

@@ -74,7 +74,7 @@ class LogSql(Dialect):
         now = now_ms()
         if all(p.key is None for p in publications):  # (the common case)
             return self._append_unkeyed(now, publications, registry)
-        with self._tx() as db:
+        with self._tx(feed=False) as db:
             _check_registry(db, registry)
             names = [_key_name(p) for p in publications]
             known = dict(
