@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from tests.unit.helpers import published
-from veil.store import NotOwner, Publication, Round, StoreMissing, open_store, postgres
+from veil.store import NotOwner, Publication, Round, StatefulBatch, StoreMissing, open_store, postgres
 from veil.store.postgres import FEED_LOCK, LOG_LOCK, MIGRATIONS
 
 
@@ -122,16 +122,18 @@ def test_a_cursor_saved_while_its_subscription_goes_never_outlives_it(stores):
         assert remover.cursor(sub_id) == 77
 
 
-def test_concurrent_rounds_become_visible_in_feed_order(stores):
-    """Two partitions' rounds, with publications logged between them, and a hub reading the feed: a
-    hub that has read seq N never gets a row below it later (it reads from its last seq on)."""
+def test_concurrent_rounds_become_visible_in_feed_order(stores, postgres_url):
+    """Two partitions' rounds, recorded while a group commit holds the log's lock, and a hub reading
+    the feed: a hub that has read seq N never gets a row below it later (it reads from its last seq
+    on)."""
     partitions, hub = stores[:2], stores[2]
+    hub.set_partitions(2)
+    pubs = hub.append_publications(published(*[b"{}"] * 60))
     done = threading.Event()
     seen: list[int] = []
 
     def record(store, part: int) -> None:
-        for _ in range(60):
-            pub = store.append_publications(published(b"{}"))[0]
+        for pub in pubs:
             store.record_round(Round(np.array([part + 1]), np.array([pub]), pub, part=part))
 
     def read() -> None:
@@ -143,11 +145,14 @@ def test_concurrent_rounds_become_visible_in_feed_order(stores):
 
     threads = [threading.Thread(target=record, args=(store, part)) for part, store in enumerate(partitions)]
     reader = threading.Thread(target=read)
-    reader.start()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with psycopg.connect(postgres_url) as appending:
+        appending.execute("SELECT pg_advisory_xact_lock(%s)", (LOG_LOCK,))
+        reader.start()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        appending.rollback()
     done.set()
     reader.join()
     every = [entry.seq for entry in hub.feed_since(0, 1000)]
@@ -155,47 +160,52 @@ def test_concurrent_rounds_become_visible_in_feed_order(stores):
     assert seen == every[: len(seen)] and len(seen) > 10
 
 
-def _waits_for(lock: int, postgres_url: str, write) -> bool:
-    """Whether `write` waits while another session holds `lock` (and completes once it is free)."""
+def _held(lock: int, postgres_url: str, write, wait: float) -> bool:
+    """Whether `write` finishes within `wait` seconds while another session holds `lock` (it must
+    finish once the lock is free)."""
     with psycopg.connect(postgres_url) as holder:
         holder.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
         finished = threading.Event()
         writer = threading.Thread(target=lambda: (write(), finished.set()))
         writer.start()
-        waited = not finished.wait(1.0)
+        beside = finished.wait(wait)
         holder.rollback()
-    writer.join(10)
+    writer.join(30)
     assert finished.is_set()
-    return waited
+    return beside
 
 
 def test_publications_and_rounds_take_locks_of_their_own(stores, postgres_url):
-    """A group commit of publications takes the log's lock alone and a matcher round the feed's
-    alone, so neither waits for the other; every other write takes both."""
+    """A group commit of publications takes the log's lock alone; a round, a claim of a log range,
+    a save of cursors and a gateway's renewal the feed's alone; a round logging copies for stateful
+    subscriptions, and every other write, both."""
     store = stores[0]
-    rounds = iter(store.append_publications(published(*[b"{}"] * 3)))
+    store.take_over_gateway("g", "i", 0)
+    store.put_subscription("s", "owner", b"[]")
+    rounds = iter(store.append_publications(published(*[b"{}"] * 4)))
 
-    def round_() -> None:
+    def round_(stateful: StatefulBatch | None = None) -> None:
         end = next(rounds)
-        store.record_round(Round(np.array([1]), np.array([end]), end, part=3))
+        store.record_round(Round(np.array([1]), np.array([end]), end, part=3, stateful=stateful))
 
-    def publish() -> None:
-        store.append_publications(published(b"{}"))
-
-    def publish_keyed() -> None:
-        store.append_publications([Publication(b"{}", key=f"k{time.monotonic()}")])
-
-    def subscribe() -> None:
-        store.put_subscription(f"s{time.monotonic()}", "owner", b"[]")
-
-    assert not _waits_for(LOG_LOCK, postgres_url, round_)
-    assert not _waits_for(FEED_LOCK, postgres_url, publish)
-    assert not _waits_for(FEED_LOCK, postgres_url, publish_keyed)
-    assert _waits_for(FEED_LOCK, postgres_url, round_)
-    assert _waits_for(LOG_LOCK, postgres_url, publish)
-    assert _waits_for(LOG_LOCK, postgres_url, publish_keyed)
-    assert _waits_for(LOG_LOCK, postgres_url, subscribe)
-    assert _waits_for(FEED_LOCK, postgres_url, subscribe)
+    writes = {
+        "publish": lambda: store.append_publications(published(b"{}")),
+        "publish with a key": lambda: store.append_publications([Publication(b"{}", key=f"k{time.monotonic()}")]),
+        "round": round_,
+        "claim a range": lambda: store.claim_range(10, 1),
+        "save cursors": lambda: store.save_cursors({1: 1}),
+        "renew": lambda: store.renew_gateway("g", "i", 1),
+        "stateful round": lambda: round_(StatefulBatch([], [], [], None, None)),
+        "subscribe": lambda: store.put_subscription(f"s{time.monotonic()}", "owner", b"[]"),
+        "unsubscribe": lambda: store.remove_subscription("s", "owner"),
+    }
+    log_only, feed_only = {"publish", "publish with a key"}, {"round", "claim a range", "save cursors", "renew"}
+    for name, write in writes.items():
+        # (a write that runs beside a lock has 20 s to finish; one that waits is given 1 s)
+        assert _held(LOG_LOCK, postgres_url, write, 20 if name in feed_only else 1) == (name in feed_only), name
+    for name, write in writes.items():
+        if name != "unsubscribe":
+            assert _held(FEED_LOCK, postgres_url, write, 20 if name in log_only else 1) == (name in log_only), name
 
 
 def test_a_feed_row_wakes_a_waiting_gateway(stores):

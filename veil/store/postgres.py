@@ -4,10 +4,12 @@ and executors on any host share it over the network (psycopg 3, one connection p
 Write transactions take transaction-level advisory locks first, so that they are serialized as
 SQLite's are where they need to be: the log's lock for whatever gives log offsets, the feed's for
 whatever gives feed sequence numbers, so that each becomes visible in the order it was given, and both
-(the log's first) for every other write, so that an ownership check still holds when its insert
-commits. A group commit of publications takes the log's alone and a matcher round the feed's alone
-(unless it logs copies), so that neither waits for the other: each partition's rounds and the
-gateways' publications go to the store side by side. A read of several statements runs in one
+(the feed's first) for the other writes, so that an ownership check still holds when its insert
+commits. A group commit of publications takes the log's alone; a matcher round (unless it logs
+copies), a claim of a range of the log, a save of cursors and a gateway's renewal the feed's alone,
+since they give no log offsets and read nothing a group commit writes. So publications never wait
+for rounds, nor for a write queued behind one: the matcher partitions and the gateways write the
+store side by side. A read of several statements runs in one
 REPEATABLE READ snapshot. The pipeline signals each feed row with NOTIFY, which the gateways' hubs
 wait for instead of polling.
 
@@ -299,6 +301,11 @@ END $$;
     """
 CREATE INDEX feed_created ON feed(created);
 """,
+    # feed rows take their seqs under a lock of their own: a release whose writes all took the log's
+    # lock, and whose rounds would then not be serialized with this one's, refuses the store
+    f"""
+COMMENT ON TABLE feed IS 'seqs given under the advisory lock {FEED_LOCK}, log offsets under {LOG_LOCK}';
+""",
 )
 
 
@@ -375,10 +382,11 @@ class PostgresStore(RelationalStore):
     ROW_LOCK = " FOR UPDATE"
     NEW_NUMBER = "nextval(pg_get_serial_sequence('subscription_numbers', 'no'))"
     # by the orders a write holds (log, feed): one round trip each (a statement without parameters goes
-    # as a simple query, which may hold several); always the log's lock first, so no two writers wait
-    # for each other
+    # as a simple query, which may hold several). Always the feed's lock first, so no two writers
+    # wait for each other; and a write of both that waits for a round (which may take a while) does
+    # not hold the log's lock meanwhile, which every group commit of publications would wait for
     WRITE: ClassVar[dict[tuple[bool, bool], tuple[str, ...]]] = {
-        (True, True): (f"BEGIN; SELECT pg_advisory_xact_lock({LOG_LOCK}); SELECT pg_advisory_xact_lock({FEED_LOCK})",),
+        (True, True): (f"BEGIN; SELECT pg_advisory_xact_lock({FEED_LOCK}); SELECT pg_advisory_xact_lock({LOG_LOCK})",),
         (True, False): (f"BEGIN; SELECT pg_advisory_xact_lock({LOG_LOCK})",),
         (False, True): (f"BEGIN; SELECT pg_advisory_xact_lock({FEED_LOCK})",),
     }

@@ -202,11 +202,13 @@ class DeliverySql(Dialect):
     def save_cursors(
         self, cursors: dict[int, int], forwarded: int = 0, acked: dict[int, list[int]] | None = None
     ) -> None:
-        # One statement per table, whatever the number of subscriptions. Serialized with the other
-        # writes: a save beside an unsubscription could write the cursor it deletes (left behind for a
+        # One statement per table, whatever the number of subscriptions. Serialized with subscription
+        # changes: a save beside an unsubscription could write the cursor it deletes (left behind for a
         # later subscription of the id), and one beside a replacement would find no live version.
+        # (The feed's order alone, which they hold too: it gives no log offsets, so it never waits
+        # for the publications' group commits, nor makes them wait behind a round.)
         live = f"EXISTS ({LIVE_NUMBER})"
-        with self._tx() as db, self._pipelined(db):
+        with self._tx(log=False) as db, self._pipelined(db):
             if forwarded:
                 add_status(db, "forwarded", forwarded)
             if cursors:
