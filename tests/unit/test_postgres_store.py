@@ -151,8 +151,9 @@ def test_concurrent_rounds_become_visible_in_feed_order(stores, postgres_url):
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            thread.join(60)
         appending.rollback()
+    assert not any(thread.is_alive() for thread in threads)
     done.set()
     reader.join()
     every = [entry.seq for entry in hub.feed_since(0, 1000)]
@@ -182,7 +183,8 @@ def test_publications_and_rounds_take_locks_of_their_own(stores, postgres_url):
     store = stores[0]
     store.take_over_gateway("g", "i", 0)
     store.put_subscription("s", "owner", b"[]")
-    rounds = iter(store.append_publications(published(*[b"{}"] * 4)))
+    rounds = iter(store.append_publications(published(*[b"{}"] * 8)))
+    original = store.append_publications(published(b"{}"))[0]
 
     def round_(stateful: StatefulBatch | None = None) -> None:
         end = next(rounds)
@@ -196,16 +198,39 @@ def test_publications_and_rounds_take_locks_of_their_own(stores, postgres_url):
         "save cursors": lambda: store.save_cursors({1: 1}),
         "renew": lambda: store.renew_gateway("g", "i", 1),
         "stateful round": lambda: round_(StatefulBatch([], [], [], None, None)),
+        "stateful round logging a copy": lambda: round_(StatefulBatch([(1, original, None)], [], [], None, None)),
         "subscribe": lambda: store.put_subscription(f"s{time.monotonic()}", "owner", b"[]"),
         "unsubscribe": lambda: store.remove_subscription("s", "owner"),
     }
-    log_only, feed_only = {"publish", "publish with a key"}, {"round", "claim a range", "save cursors", "renew"}
+    log_only = {"publish", "publish with a key"}
+    feed_only = {"round", "claim a range", "save cursors", "renew", "stateful round"}
     for name, write in writes.items():
         # (a write that runs beside a lock has 20 s to finish; one that waits is given 1 s)
         assert _held(LOG_LOCK, postgres_url, write, 20 if name in feed_only else 1) == (name in feed_only), name
     for name, write in writes.items():
         if name != "unsubscribe":
             assert _held(FEED_LOCK, postgres_url, write, 20 if name in log_only else 1) == (name in log_only), name
+
+
+def test_a_write_of_both_waiting_for_a_round_holds_no_publication_up(stores, postgres_url):
+    """A write of both locks takes the feed's first: while a round holds it, the write waits without
+    the log's lock, and group commits of publications go on."""
+    store, publisher = stores[0], stores[1]
+    with psycopg.connect(postgres_url) as round_:
+        round_.execute("SELECT pg_advisory_xact_lock(%s)", (FEED_LOCK,))
+        subscribing = threading.Thread(target=lambda: store.put_subscription("s", "owner", b"[]"))
+        subscribing.start()
+        time.sleep(0.5)  # (the subscription waits for the feed's lock)
+        published_while = threading.Event()
+        publishing = threading.Thread(
+            target=lambda: (publisher.append_publications(published(b"{}")), published_while.set())
+        )
+        publishing.start()
+        assert published_while.wait(20)
+        assert subscribing.is_alive()
+        round_.rollback()
+    subscribing.join(20)
+    assert not subscribing.is_alive()
 
 
 def test_a_feed_row_wakes_a_waiting_gateway(stores):

@@ -5,11 +5,11 @@ Write transactions take transaction-level advisory locks first, so that they are
 SQLite's are where they need to be: the log's lock for whatever gives log offsets, the feed's for
 whatever gives feed sequence numbers, so that each becomes visible in the order it was given, and both
 (the feed's first) for the other writes, so that an ownership check still holds when its insert
-commits. A group commit of publications takes the log's alone; a matcher round (unless it logs
-copies), a claim of a range of the log, a save of cursors and a gateway's renewal the feed's alone,
-since they give no log offsets and read nothing a group commit writes. So publications never wait
-for rounds, nor for a write queued behind one: the matcher partitions and the gateways write the
-store side by side. A read of several statements runs in one
+commits. A group commit of publications takes the log's alone; a matcher round (and the log's too
+once it logs copies), a claim of a range of the log, a save of cursors and a gateway's renewal the
+feed's alone, since they give no log offsets and read nothing a group commit writes. So in the store
+publications never wait for rounds, nor for a write of both waiting for one (a gateway's cursor
+saves and renewals still share its writing thread with its group commits). A read of several statements runs in one
 REPEATABLE READ snapshot. The pipeline signals each feed row with NOTIFY, which the gateways' hubs
 wait for instead of polling.
 
@@ -301,10 +301,11 @@ END $$;
     """
 CREATE INDEX feed_created ON feed(created);
 """,
-    # feed rows take their seqs under a lock of their own: a release whose writes all took the log's
-    # lock, and whose rounds would then not be serialized with this one's, refuses the store
-    f"""
-COMMENT ON TABLE feed IS 'seqs given under the advisory lock {FEED_LOCK}, log offsets under {LOG_LOCK}';
+    # nothing but the version: feed rows take their seqs under a lock of their own (FEED_LOCK), and a
+    # release whose writes all took the log's lock, whose writes would then not be serialized with
+    # this one's, refuses the store (a statement taking no lock, so the upgrade waits for nothing)
+    """
+SELECT 1;
 """,
 )
 
@@ -428,6 +429,9 @@ class PostgresStore(RelationalStore):
 
     def _read(self) -> contextlib.AbstractContextManager[Db]:
         return self._connection()
+
+    def _hold_log(self, db: Db) -> None:
+        db.execute(f"SELECT pg_advisory_xact_lock({LOG_LOCK})")  # (after the feed's: the order of WRITE)
 
     def _pipelined(self, db: Db) -> contextlib.AbstractContextManager[object]:
         assert isinstance(db, _Connection)

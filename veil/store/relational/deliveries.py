@@ -256,8 +256,10 @@ class DeliverySql(Dialect):
         processed, stateful, part = done.end, done.stateful, done.part
         matcher = part if done.owner is None else done.owner[0]
         now = time.time()
-        # (the feed's order alone, unless the round logs copies: the log's order is the publications')
-        with self._tx(log=stateful is not None) as db:
+        # (the feed's order; the log's, the publications', only if it logs copies for stateful
+        # subscriptions, taken once that is known, so that a partition holding some does not make
+        # every group commit of publications wait for each of its rounds)
+        with self._tx(log=False) as db:
             # matches of publications at or below the partition's processed offset were recorded by
             # an earlier run of this round: a replay adds only what is new (its own row, or where the
             # whole pipeline was when it had none: a store recorded before partitions kept their own)
@@ -285,6 +287,8 @@ class DeliverySql(Dialect):
                     kept = set(zip(sub_nos.tolist(), pubs.tolist(), strict=True))
                     copies = [copy for copy in copies if (copy[0], copy[1]) in kept]
             if stateful is not None and processed > recorded:
+                if stateful.deliveries:
+                    self._hold_log(db)
                 logged = self._record_stateful(db, stateful, part) + [(n, p) for n, p, _ in stateful.initials]
                 sub_nos = np.concatenate([sub_nos, np.array([n for n, _ in logged], np.int64)])
                 pubs = np.concatenate([pubs, np.array([p for _, p in logged], np.int64)])

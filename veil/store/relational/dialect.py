@@ -86,6 +86,10 @@ class Dialect(EventStore):
         except self.failures as exc:
             raise StoreUnavailable(str(exc)) from exc
 
+    def _hold_log(self, db: Db) -> None:
+        """In a write transaction holding the feed's order alone (`_tx(log=False)`), take the log's
+        too, once it turns out to give log offsets (SQLite's one writer holds everything already)."""
+
     def _pipelined(self, db: Db) -> contextlib.AbstractContextManager[object]:
         """Statements whose results nobody reads, sent together where the store is across a network:
         one round trip for all of them instead of one each, where a transaction holding the write
