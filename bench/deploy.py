@@ -11,8 +11,8 @@ For each: publications/s end to end, publish → delivery p50/p99 at a constant 
 component spent per publication (all processes of the component, from /proc, over the saturation
 phase: from its first publication to its last delivery). PostgreSQL is a throwaway server of the
 benchmark's own, so that its CPU is the store's alone; on it, over the same phase, the statements the
-broker sent and the time each of the store's write locks was held and the time waited for one, per publication
-(`bench.store_load`). Each deployment runs with each of `--partitions` matcher partitions
+broker sent, the time each of the store's write locks was held and the time waited for one, per
+publication (`bench.store_load`). Each deployment runs with each of `--partitions` matcher partitions
 and `--modes` (subscription or publication partitioning; the clusters have one partition per worker).
 On two cores the point is the overhead of each part, not a speed-up. As in `bench.selis`, a phase whose
 deliveries are not exactly the ones its acknowledged publications should make prints how many

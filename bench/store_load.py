@@ -30,13 +30,11 @@ SETTINGS = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statement
 
 _SAMPLE = """
 SELECT
-    (SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
-        WHERE d.datname = %(db)s AND l.locktype = 'advisory' AND l.granted
-        AND l.classid = 0 AND l.objid = %(log)s::bigint::oid),
-    (SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
-        WHERE d.datname = %(db)s AND l.locktype = 'advisory' AND l.granted
-        AND l.classid = 0 AND l.objid = %(feed)s::bigint::oid),
+    count(*) FILTER (WHERE l.objid = %(log)s::bigint::oid),
+    count(*) FILTER (WHERE l.objid = %(feed)s::bigint::oid),
     (SELECT count(*) FROM pg_stat_activity WHERE datname = %(db)s AND wait_event_type = 'Lock')
+FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+WHERE d.datname = %(db)s AND l.locktype = 'advisory' AND l.granted AND l.classid = 0
 """
 _STATEMENTS = """
 SELECT s.calls, s.total_exec_time, s.query FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid

@@ -9,9 +9,9 @@ commits. A group commit of publications takes the log's alone; a matcher round (
 once it logs copies), a claim of a range of the log, a save of cursors and a gateway's renewal the
 feed's alone, since they give no log offsets and read nothing a group commit writes. So in the store
 publications never wait for rounds, nor for a write of both waiting for one (a gateway's cursor
-saves and renewals still share its writing thread with its group commits). A read of several statements runs in one
-REPEATABLE READ snapshot. The pipeline signals each feed row with NOTIFY, which the gateways' hubs
-wait for instead of polling.
+saves and renewals still share its writing thread with its group commits). A read of several
+statements runs in one REPEATABLE READ snapshot. The pipeline signals each feed row with NOTIFY,
+which the gateways' hubs wait for instead of polling.
 
 The schema is versioned: `MIGRATIONS[i]` brings version i to i + 1, applied at start by a process
 that may create the store (a gateway), under the same lock, so that two starting at once apply each
@@ -301,9 +301,9 @@ END $$;
     """
 CREATE INDEX feed_created ON feed(created);
 """,
-    # nothing but the version: feed rows take their seqs under a lock of their own (FEED_LOCK), and a
-    # release whose writes all took the log's lock, whose writes would then not be serialized with
-    # this one's, refuses the store (a statement taking no lock, so the upgrade waits for nothing)
+    # nothing but the version: feed rows take their seqs under a lock of their own (FEED_LOCK), so an
+    # older release, whose writes all took the log's lock and would not be serialized with this
+    # one's rounds, refuses the store (a statement taking no lock: the upgrade waits for nothing)
     """
 SELECT 1;
 """,

@@ -205,8 +205,8 @@ class DeliverySql(Dialect):
         # One statement per table, whatever the number of subscriptions. Serialized with subscription
         # changes: a save beside an unsubscription could write the cursor it deletes (left behind for a
         # later subscription of the id), and one beside a replacement would find no live version.
-        # (The feed's order alone, which they hold too: it gives no log offsets, so it never waits
-        # for the publications' group commits, nor makes them wait behind a round.)
+        # (The feed's order alone, which they hold too: it gives no log offsets, so in the store it
+        # neither waits for the publications' group commits nor holds them up while it waits for a round.)
         live = f"EXISTS ({LIVE_NUMBER})"
         with self._tx(log=False) as db, self._pipelined(db):
             if forwarded:

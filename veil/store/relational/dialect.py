@@ -58,7 +58,7 @@ class Dialect(EventStore):
     GREATEST: str  # the scalar max and min of two values
     LEAST: str
     ROW_LOCK: str  # after a SELECT in a write transaction: a writer without the write lock waits for it
-    NEW_NUMBER: str  # a subscription number never given before (the caller holds the write lock)
+    NEW_NUMBER: str  # a subscription number never given before (the caller holds both write locks)
 
     @abstractmethod
     def _tx(self, write: bool = True, log: bool = True, feed: bool = True) -> contextlib.AbstractContextManager[Db]:
@@ -92,7 +92,7 @@ class Dialect(EventStore):
 
     def _pipelined(self, db: Db) -> contextlib.AbstractContextManager[object]:
         """Statements whose results nobody reads, sent together where the store is across a network:
-        one round trip for all of them instead of one each, where a transaction holding the write
+        one round trip for all of them instead of one each, where a transaction holding a write
         lock waits for every one (an error surfaces when the block ends)."""
         return contextlib.nullcontext()
 
