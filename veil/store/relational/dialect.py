@@ -58,7 +58,7 @@ class Dialect(EventStore):
     GREATEST: str  # the scalar max and min of two values
     LEAST: str
     ROW_LOCK: str  # after a SELECT in a write transaction: a writer without the write lock waits for it
-    NEW_NUMBER: str  # a subscription number never given before (the caller holds both write locks)
+    NEW_NUMBER: str  # a subscription number never given before (the caller holds the write locks: both, on PostgreSQL)
 
     @abstractmethod
     def _tx(self, write: bool = True, log: bool = True, feed: bool = True) -> contextlib.AbstractContextManager[Db]:
