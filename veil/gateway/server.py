@@ -33,6 +33,7 @@ from veil.gateway.store_threads import StoreThreads
 from veil.gateway.tcp import start_tcp
 from veil.gateway.unproven import Unproven
 from veil.gateway.websocket import create_ws_app
+from veil.monitoring import trace
 from veil.monitoring.metrics import Metrics
 from veil.security.identity import Authenticator, TokenVerifier
 from veil.security.revocation import RevocationList
@@ -187,6 +188,7 @@ def announce_profile(config: Config) -> None:
 async def serve(config: Config) -> None:
     announce_profile(config)
     memory.map_large_allocations()
+    trace.buffer_until_exit()
     broker = Broker(config, run_pipeline=config.role == "all")
     gateway = broker.gateway
     loop = asyncio.get_running_loop()
