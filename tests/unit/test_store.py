@@ -21,13 +21,11 @@ from veil.store import (
     Quarantined,
     Round,
     StatefulBatch,
-    StoreUnavailable,
     Totals,
     UnknownPublication,
     UnknownSubscription,
     open_store,
 )
-from veil.store import sqlite as sqlite_store
 from veil.store.queues import distinct, matches_of, pack, sorted_pairs, uniques, unpack
 
 
@@ -751,42 +749,6 @@ def test_a_store_that_kept_envelope_fragments_is_migrated(tmp_path):
         store.put_subscription("s", "alice", b"[]")
         assert store.subscription_number("s") == 8
     finally:
-        store.close()
-
-
-def test_a_writer_blocked_by_another_takes_the_lock_soon_after_it_is_free(tmp_path, monkeypatch):
-    """SQLite's busy handler would sleep a blocked writer up to 100 ms between attempts (328 ms in
-    all by its twelfth): the store tries again every LOCK_RETRY instead, and gives up, as failing,
-    only after LOCK_WAIT."""
-    path = tmp_path / "veil.db"
-    store = open_store(f"sqlite:///{path}")
-    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        holder.execute("BEGIN IMMEDIATE")  # another process's transaction
-        released: list[float] = []
-
-        def release() -> None:  # (between SQLite's own attempts at 328 and 428 ms)
-            time.sleep(0.35)
-            released.append(time.monotonic())
-            holder.execute("COMMIT")
-
-        releaser = threading.Thread(target=release)
-        releaser.start()
-        (pub,) = store.append_publications(published(b"{}"))
-        took = time.monotonic()
-        releaser.join()
-        assert released and 0 <= took - released[0] < 0.05
-        assert store.head_offset() == pub  # reads wait as they did: the connection's own timeout is back
-        monkeypatch.setattr(sqlite_store, "LOCK_WAIT", 0.3)
-        holder.execute("BEGIN IMMEDIATE")
-        began = time.monotonic()
-        with pytest.raises(StoreUnavailable, match="locked"):
-            store.append_publications(published(b"{}"))
-        assert 0.3 <= time.monotonic() - began < 2
-        holder.execute("COMMIT")
-        assert store.append_publications(published(b"{}")) == [pub + 1]  # nothing half-written
-    finally:
-        holder.close()
         store.close()
 
 

@@ -2,8 +2,7 @@
 before the gateway acknowledges it. Each thread gets its own connection (SQLite connections are not
 shareable across threads); the gateway funnels its writes through a single thread so that one
 commit covers many concurrent publishes. A write transaction takes SQLite's one write lock at once
-(BEGIN IMMEDIATE), so that it cannot fail half-way on a lock upgrade; while another connection holds
-it, the attempt is made again every LOCK_RETRY (`Immediate`).
+(BEGIN IMMEDIATE), so that it cannot fail half-way on a lock upgrade.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import os
 import socket
 import sqlite3
 import threading
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,8 +22,6 @@ from veil.store.base import KIND_PUBLICATION, KIND_SUBSCRIBE, Publication, Store
 from veil.store.relational import STATUS_WITHOUT_TOPK, Db, RelationalStore, Transaction
 
 FAILURES = (sqlite3.OperationalError,)  # full disks, I/O errors, locks held too long
-LOCK_WAIT = 60.0  # seconds a connection waits for a lock another holds, before the store counts as failing
-LOCK_RETRY = 0.0005  # seconds between attempts at the write lock while another connection holds it
 ADDED_COLUMNS = (  # (table, column, declaration) added since the first release
     ("gateways", "incarnation", "TEXT NOT NULL DEFAULT ''"),
     ("log", "client", "TEXT"),
@@ -252,14 +248,14 @@ class SqliteStore(RelationalStore):
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=60)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
-            db.execute(f"PRAGMA busy_timeout={int(LOCK_WAIT * 1000)}")
+            db.execute("PRAGMA busy_timeout=60000")
             self._local.db = db
             with self._lock:
                 self._connections.append(db)
         return db
 
     def _tx(self, write: bool = True, log: bool = True, feed: bool = True) -> Transaction:
-        return Immediate(self._db()) if write else Transaction(self._db(), ("BEGIN",), FAILURES)
+        return Transaction(self._db(), ("BEGIN IMMEDIATE",) if write else ("BEGIN",), FAILURES)
 
     def _read(self) -> contextlib.nullcontext[Db]:
         return contextlib.nullcontext(self._db())
@@ -310,39 +306,12 @@ class SqliteStore(RelationalStore):
         self._local = threading.local()
 
 
-class Immediate(Transaction):
-    """A write transaction, its lock taken at once, the attempt made again every LOCK_RETRY while
-    another connection writes. SQLite's own busy handler sleeps a blocked writer 1, 2, 5, 10 ... up
-    to 100 ms between attempts instead of waking it when the lock is free; with the gateway's group
-    commits and two matcher partitions taking turns every few milliseconds, a writer that had backed
-    off kept missing the lock: a round waited 328 ms (its first twelve sleeps) at 3,000
-    publications/s, its deliveries with it."""
-
-    def __init__(self, db: Db) -> None:
-        super().__init__(db, ("BEGIN IMMEDIATE",), FAILURES)
-
-    def __enter__(self) -> Db:
-        waited = time.monotonic() + LOCK_WAIT
-        self.db.execute("PRAGMA busy_timeout=0")  # (only the lock's attempts: a read waits as before)
-        try:
-            while True:
-                try:
-                    self.db.execute("BEGIN IMMEDIATE")
-                    return self.db
-                except sqlite3.OperationalError as exc:
-                    if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > waited:
-                        raise StoreUnavailable(str(exc)) from exc
-                time.sleep(LOCK_RETRY)
-        finally:
-            self.db.execute(f"PRAGMA busy_timeout={int(LOCK_WAIT * 1000)}")
-
-
 def _migrate(db: sqlite3.Connection) -> None:
     """Bring a store written by an earlier release up to this schema."""
     for table, column, declaration in ADDED_COLUMNS:
         if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
             db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
-    with Immediate(db):
+    with Transaction(db, ("BEGIN IMMEDIATE",), FAILURES):
         if "meta" in {row[1] for row in db.execute("PRAGMA table_info(log)")}:
             db.execute(FROM_META)
             db.execute(NUMBERED, (KIND_SUBSCRIBE,))
