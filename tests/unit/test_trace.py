@@ -9,13 +9,13 @@ def test_each_process_marks_a_file_of_its_own_line_by_line_unless_it_buffers_unt
     monkeypatch.setattr(trace, "DIRECTORY", str(tmp_path))
     monkeypatch.setattr(trace, "_out", None)
     monkeypatch.setattr(trace, "_buffering", 1)
+    trace.buffer_until_exit()
     child = os.fork()
-    if child == 0:  # marks, then dies without any cleanup
+    if child == 0:  # forked from a buffering process, marks, then dies without any cleanup
         trace.mark("seen", 0, 5, 123)
         os._exit(0)
     os.waitpid(child, 0)
     assert (tmp_path / f"{child}.trace").read_text() == "seen 0 5 123\n"
-    trace.buffer_until_exit()
     trace.mark("written", 5, 9, 456)
     mine = tmp_path / f"{os.getpid()}.trace"
     assert mine.read_text() == ""  # held until exit
