@@ -135,13 +135,8 @@ async def _subscribe(
     async def read(reader: asyncio.StreamReader) -> None:
         nonlocal cpu_last
         carried = b""  # the start of a line the last read ended in
-        while (remaining := deadline - time.monotonic()) > 0:
-            if result.lines and time.time() - result.last > idle:
-                return
-            try:
-                chunk = await asyncio.wait_for(reader.read(1 << 20), min(remaining, idle / 4))
-            except TimeoutError:
-                continue
+        while True:
+            chunk = await reader.read(1 << 20)
             if not chunk:
                 return
             now = time.time()
@@ -174,7 +169,21 @@ async def _subscribe(
                 with contextlib.suppress(orjson.JSONDecodeError, KeyError, TypeError):
                     result.latencies.append(now - orjson.loads(chunk[begin:end])["t"])
 
-    await asyncio.gather(*(read(r) for r, _ in connections))
+    async def watch(reading: list[asyncio.Task[None]]) -> None:
+        """End the reads at the deadline or once deliveries stop (a timer per read would cost the
+        subscriber more than a read of a few lines does, at a hundred reads a second per connection)."""
+        while (remaining := deadline - time.monotonic()) > 0 and not all(task.done() for task in reading):
+            if result.lines and time.time() - result.last > idle:
+                break
+            await asyncio.sleep(min(remaining, idle / 4))
+        for task in reading:
+            task.cancel()
+
+    reading = [asyncio.create_task(read(r)) for r, _ in connections]
+    await watch(reading)
+    for outcome in await asyncio.gather(*reading, return_exceptions=True):
+        if not isinstance(outcome, asyncio.CancelledError | None):
+            raise outcome
     for _, writer in connections:
         writer.close()
     result.cpu = cpu_last - cpu_connected
