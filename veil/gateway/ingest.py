@@ -1,7 +1,10 @@
 """Group commit of publications with bounded memory.
 
 Concurrent publish requests wait together for one store commit (one fsync), so throughput grows with
-concurrency instead of being capped by disk latency. When too many publications wait for a commit,
+concurrency instead of being capped by disk latency. The writing thread takes the next group itself
+as soon as a commit is done (up to CONSECUTIVE_COMMITS in a row, then the gateway's other writes get
+their turn): a commit's answer and the next group's start do not each wait for the event loop, whose
+turn can take milliseconds when it is busy delivering. When too many publications wait for a commit,
 the pipeline lags too far behind the log, or delivery to most connected clients lags behind the
 pipeline, new publishes are refused with Overloaded (→ 503 and Retry-After) instead of piling
 up in RAM or on disk.
@@ -10,15 +13,19 @@ up in RAM or on disk.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 
 from veil.gateway.delivery import Clients
 from veil.gateway.store_threads import StoreThreads
 from veil.monitoring import trace
-from veil.store import KEYS_KEPT, Publication
+from veil.store import KEYS_KEPT, Publication, StoreUnavailable
 
 MIN_CLIENTS = 8  # fewer connected clients never count as delivery overload
+CONSECUTIVE_COMMITS = 4  # group commits in a row on the writing thread before its other writes' turn
+# publications, their future, received ns, the registry version they were admitted with
+Waiting = tuple[list[Publication], asyncio.Future[list[int]], int, int | None]
 
 
 class Overloaded(Exception):
@@ -40,8 +47,9 @@ class Ingest:
         self._keys_kept = keys_kept  # ms a publisher's idempotency key is remembered
         self._max_pending = max_pending
         self._max_lag = max_lag
-        # (publications, their future, received ns, the registry version they were admitted with)
-        self._waiting: list[tuple[list[Publication], asyncio.Future[list[int]], int, int | None]] = []
+        self._waiting: list[Waiting] = []  # taken by the writing thread, under _lock
+        self._lock = threading.Lock()
+        self._committing = False  # a run of commits is under way, or queued, on the writing thread
         self._pending = 0
         self._flusher: asyncio.Task[None] | None = None
         self.head = 0
@@ -70,37 +78,64 @@ class Ingest:
         if connected >= MIN_CLIENTS and 2 * behind > connected:
             raise Overloaded(f"delivery is behind for {behind} of {connected} connected clients")
         future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        self._waiting.append((bodies, future, time.time_ns(), registry))
         self._pending += len(bodies)
-        if self._flusher is None or self._flusher.done():
+        with self._lock:
+            self._waiting.append((bodies, future, time.time_ns(), registry))
+            start, self._committing = not self._committing, True
+        if start:
             self._flusher = asyncio.create_task(self._flush())
         return await asyncio.shield(future)
 
     async def _flush(self) -> None:
-        while self._waiting:
-            group, self._waiting = self._waiting, []
+        loop = asyncio.get_running_loop()
+        try:
+            while not await self._threads.write(self._commit_run, loop):
+                pass  # (queued again behind the writes that came meanwhile)
+        except BaseException as exc:  # the writing thread is gone (the gateway stopping)
+            with self._lock:
+                group, self._waiting, self._committing = self._waiting, [], False
+            self._failed(group, exc if isinstance(exc, Exception) else StoreUnavailable("the gateway is stopping"))
+            raise
+
+    def _commit_run(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """On the writing thread: commit what waits, group after group, each answered as it commits;
+        True once nothing is left (the run has ended), False to give the thread's other writes a turn."""
+        for _ in range(CONSECUTIVE_COMMITS):
+            with self._lock:
+                group, self._waiting = self._waiting, []
+                if not group:
+                    self._committing = False
+                    return True
             everything = [body for bodies, _, _, _ in group for body in bodies]
             versions = [version for _, _, _, version in group if version is not None]
-            oldest = min(versions) if versions else None
             try:
-                offsets = await self._threads.write(
-                    self._threads.store.append_publications, everything, oldest, self._keys_kept
+                offsets = self._threads.store.append_publications(
+                    everything, min(versions) if versions else None, self._keys_kept
                 )
             except Exception as exc:  # the store failed, or the registry changed: none is acknowledged
-                for _, future, _, _ in group:
-                    if not future.done():
-                        future.set_exception(exc)
+                loop.call_soon_threadsafe(self._failed, group, exc)
             else:
-                self.head = max(self.head, *offsets)  # (a repeat is answered with an older offset)
-                if trace.DIRECTORY:
-                    _trace_commit(group, offsets)
-                position = 0
-                for bodies, future, _, _ in group:
-                    if not future.done():
-                        future.set_result(offsets[position : position + len(bodies)])
-                    position += len(bodies)
-            finally:
-                self._pending -= len(everything)
+                loop.call_soon_threadsafe(self._committed, group, offsets)
+        return False
+
+    def _committed(self, group: list[Waiting], offsets: list[int]) -> None:
+        self.head = max(self.head, *offsets)  # (a repeat is answered with an older offset)
+        if trace.DIRECTORY:
+            _trace_commit(group, offsets)
+        position = 0
+        for bodies, future, _, _ in group:
+            if not future.done():
+                future.set_result(offsets[position : position + len(bodies)])
+            position += len(bodies)
+            self._pending -= len(bodies)
+
+    def _failed(self, group: list[Waiting], exc: Exception) -> None:
+        if isinstance(exc, StoreUnavailable):
+            self._threads.failure = (time.monotonic(), str(exc))  # (for /health, as its writes do)
+        for bodies, future, _, _ in group:
+            if not future.done():
+                future.set_exception(exc)
+            self._pending -= len(bodies)
 
     async def drain(self) -> None:
         """Wait for every accepted publication to be committed (graceful shutdown)."""
@@ -108,9 +143,7 @@ class Ingest:
             await asyncio.shield(self._flusher)
 
 
-def _trace_commit(
-    group: list[tuple[list[Publication], asyncio.Future[list[int]], int, int | None]], offsets: list[int]
-) -> None:
+def _trace_commit(group: list[Waiting], offsets: list[int]) -> None:
     position = 0
     for bodies, _, received, _ in group:
         taken = offsets[position : position + len(bodies)]  # (a repeat's is its first publication's)
