@@ -2,9 +2,9 @@
 
 Concurrent publish requests wait together for one store commit (one fsync), so throughput grows with
 concurrency instead of being capped by disk latency. The writing thread takes the next group itself
-as soon as a commit is done (up to CONSECUTIVE_COMMITS in a row, then the gateway's other writes get
-their turn): a commit's answer and the next group's start do not each wait for the event loop, whose
-turn can take milliseconds when it is busy delivering. When too many publications wait for a commit,
+as soon as a commit is done (while no other write of the gateway waits for the thread, and at most
+CONSECUTIVE_COMMITS in a row): the next group's start does not wait for a turn of the event loop,
+which can take milliseconds when it is busy delivering. When too many publications wait for a commit,
 the pipeline lags too far behind the log, or delivery to most connected clients lags behind the
 pipeline, new publishes are refused with Overloaded (→ 503 and Retry-After) instead of piling
 up in RAM or on disk.
@@ -99,13 +99,16 @@ class Ingest:
 
     def _commit_run(self, loop: asyncio.AbstractEventLoop) -> bool:
         """On the writing thread: commit what waits, group after group, each answered as it commits;
-        True once nothing is left (the run has ended), False to give the thread's other writes a turn."""
-        for _ in range(CONSECUTIVE_COMMITS):
+        True once nothing is left (the run has ended), False to give the thread's other writes a turn
+        (claims, cursor saves and renewals wait behind at most one commit, as before)."""
+        for commits in range(CONSECUTIVE_COMMITS + 1):
             with self._lock:
-                group, self._waiting = self._waiting, []
-                if not group:
+                if not self._waiting:
                     self._committing = False
                     return True
+                if commits == CONSECUTIVE_COMMITS or (commits and self._threads.writes_queued > 1):
+                    return False
+                group, self._waiting = self._waiting, []
             everything = [body for bodies, _, _, _ in group for body in bodies]
             versions = [version for _, _, _, version in group if version is not None]
             try:
@@ -120,22 +123,22 @@ class Ingest:
 
     def _committed(self, group: list[Waiting], offsets: list[int]) -> None:
         self.head = max(self.head, *offsets)  # (a repeat is answered with an older offset)
-        if trace.DIRECTORY:
-            _trace_commit(group, offsets)
         position = 0
         for bodies, future, _, _ in group:
+            self._pending -= len(bodies)
             if not future.done():
                 future.set_result(offsets[position : position + len(bodies)])
             position += len(bodies)
-            self._pending -= len(bodies)
+        if trace.DIRECTORY:  # (last: a trace that cannot be written holds up no answer)
+            _trace_commit(group, offsets)
 
     def _failed(self, group: list[Waiting], exc: Exception) -> None:
         if isinstance(exc, StoreUnavailable):
             self._threads.failure = (time.monotonic(), str(exc))  # (for /health, as its writes do)
         for bodies, future, _, _ in group:
+            self._pending -= len(bodies)
             if not future.done():
                 future.set_exception(exc)
-            self._pending -= len(bodies)
 
     async def drain(self) -> None:
         """Wait for every accepted publication to be committed (graceful shutdown)."""

@@ -26,14 +26,18 @@ class StoreThreads:
         self._waiter = ThreadPoolExecutor(1, thread_name_prefix="store-wait")
         self._head = ThreadPoolExecutor(1, thread_name_prefix="store-head")
         self.failure: tuple[float, str] | None = None  # (monotonic time, error) of the last failed write
+        self.writes_queued = 0  # writes handed to the writing thread and not yet answered
 
     async def write(self, call: Callable[[Unpack[Args]], T], *args: *Args) -> T:
         """Run a write; a StoreUnavailable is remembered for /health as well as raised."""
+        self.writes_queued += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(self._writer, call, *args)
         except StoreUnavailable as exc:
             self.failure = (time.monotonic(), str(exc))
             raise
+        finally:
+            self.writes_queued -= 1
 
     async def read(self, call: Callable[[Unpack[Args]], T], *args: *Args) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._reader, call, *args)
