@@ -134,7 +134,7 @@ class Ingest:
 
     def _failed(self, group: list[Waiting], exc: Exception) -> None:
         if isinstance(exc, StoreUnavailable):
-            self._threads.failure = (time.monotonic(), str(exc))  # (for /health, as its writes do)
+            self._threads.failed(exc)  # (run on the writing thread, not through its `write`)
         for bodies, future, _, _ in group:
             self._pending -= len(bodies)
             if not future.done():

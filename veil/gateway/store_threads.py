@@ -34,10 +34,14 @@ class StoreThreads:
         try:
             return await asyncio.get_running_loop().run_in_executor(self._writer, call, *args)
         except StoreUnavailable as exc:
-            self.failure = (time.monotonic(), str(exc))
+            self.failed(exc)
             raise
         finally:
             self.writes_queued -= 1
+
+    def failed(self, exc: StoreUnavailable) -> None:
+        """A write failed on the store: /health says so for a while."""
+        self.failure = (time.monotonic(), str(exc))
 
     async def read(self, call: Callable[[Unpack[Args]], T], *args: *Args) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._reader, call, *args)
