@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -33,6 +34,7 @@ from psycopg_pool import ConnectionPool
 
 from veil.store.base import Publication, StaleRegistry, StoreMissing, StoreUnavailable
 from veil.store.credentials import redacted
+from veil.store.postgres_arrays import register
 from veil.store.relational import LAST_FEED_SEQ, STATUS_WITHOUT_TOPK, Cursor, Db, RelationalStore, Transaction
 from veil.store.relational.log import HEAD
 
@@ -310,10 +312,16 @@ SELECT 1;
 )
 
 
+_TYPED_ARRAY = re.compile(r"\?(::\w+\[\])")
+
+
 @functools.lru_cache(maxsize=1024)
 def _placeholders(sql: str) -> str:
-    """The statements' `?` as psycopg's `%s` (none of them holds a literal `?` or `%`)."""
-    return sql.replace("?", "%s")
+    """The statements' `?` as psycopg's placeholders (none of them holds a literal `?` or `%`): an
+    array's (`?::bytea[]`) in binary, `%b`, where psycopg's `%s` sends a list as text, each element
+    formatted and escaped in Python and parsed again by the server (12 bodies of 170 bytes: 0.24 ms
+    a statement as text, 0.15 binary); numpy arrays go binary either way (`postgres_arrays`)."""
+    return _TYPED_ARRAY.sub(r"%b\1", sql).replace("?", "%s")
 
 
 class _Connection:
@@ -397,7 +405,7 @@ class PostgresStore(RelationalStore):
         self.url = url
         self._pool = ConnectionPool(
             url, min_size=1, max_size=POOL_SIZE, kwargs={"autocommit": True, **CONNECTION}, open=False,
-            name="veil-store",
+            name="veil-store", configure=lambda conn: register(conn.adapters),
         )  # fmt: skip
         self._feed: _Listener | None = None  # the hub's, for feed rows
         self._log_listeners = threading.local()  # each thread's, for appends
@@ -437,18 +445,17 @@ class PostgresStore(RelationalStore):
         assert isinstance(db, _Connection)
         return db.conn.pipeline()
 
-    def _ids(self, values: Sequence[int] | np.ndarray) -> list[int]:
-        ids: list[int] = np.asarray(values, np.int64).tolist()
-        return ids
+    def _ids(self, values: Sequence[int] | np.ndarray) -> np.ndarray:
+        return np.asarray(values, np.int64)
 
     def _names(self, values: Sequence[str]) -> list[str]:
         return list(values)
 
-    def _pairs(self, sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[list[int], list[int]]:
-        return sub_nos.tolist(), pubs.tolist()
+    def _pairs(self, sub_nos: np.ndarray, pubs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return sub_nos, pubs
 
-    def _triples(self, sub_nos: np.ndarray, pubs: np.ndarray, sizes: np.ndarray) -> tuple[list[int], ...]:
-        return sub_nos.tolist(), pubs.tolist(), sizes.tolist()
+    def _triples(self, sub_nos: np.ndarray, pubs: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, ...]:
+        return sub_nos, pubs, sizes
 
     def _append_unkeyed(self, now: int, publications: list[Publication], registry: int | None) -> list[int]:
         with self._alone() as db:  # one statement, its own transaction (`veil_append`)
