@@ -333,7 +333,11 @@ class _Connection:
         self.conn = conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
-        return self.conn.execute(_placeholders(sql), params)
+        """Results of a statement with parameters come in binary: a bytea column as text is hex, twice
+        its bytes, written by the server and decoded here (a hub's read of 20 feed rows of 40 KB: 5.4
+        ms as text, 2.0 binary). One without parameters goes as a simple query, which may hold
+        several statements (`WRITE`) and has only text results."""
+        return self.conn.execute(_placeholders(sql), params, binary=bool(params))
 
     def executemany(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
         if params:
