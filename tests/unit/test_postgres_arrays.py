@@ -36,6 +36,28 @@ def test_arrays_of_other_shapes_and_types_arrive_as_their_values(connection):
         (strided, small, np.array([7]), np.array([8])),
     ).fetchone()
     assert got == ([0, 3, 6, 9], [1, -2, 3], 7, 8)
+    top = np.array([2**63 - 1], np.uint64)
+    assert connection.execute(_placeholders("SELECT ?::bigint[]"), (top,)).fetchone() == ([2**63 - 1],)
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.array([2**63 + 5], np.uint64),  # would wrap round
+        np.array([2.7, -2.7]),  # would be truncated
+        np.array([True, False]),
+        np.array([1, 2**70], object),
+        np.array([[1, 2], [3, 4]], np.int64),  # would be flattened
+        np.array(7, np.int64),  # a scalar, not an array
+        np.ma.masked_array([1, 2, 3], mask=[False, True, False]),  # the mask would be dropped
+    ],
+    ids=["uint64-beyond", "float", "bool", "object", "2-d", "0-d", "masked"],
+)
+def test_an_array_that_is_not_one_of_integers_in_range_is_refused(connection, array):
+    """Not sent as something else: a value that would change on the way is an error, as it is for
+    what psycopg cannot adapt."""
+    with pytest.raises(psycopg.DataError):
+        connection.execute(_placeholders("SELECT ?::bigint[]"), (array,))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

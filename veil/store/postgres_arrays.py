@@ -13,9 +13,10 @@ from __future__ import annotations
 import struct
 
 import numpy as np
-from psycopg import adapt, postgres, pq
+from psycopg import DataError, adapt, postgres, pq
 
 INT8_OID = postgres.types["int8"].oid
+INT8_MAX = 2**63 - 1
 # each element: its length in bytes, then its value, both big-endian
 _ELEMENT = np.dtype([("length", ">i4"), ("value", ">i8")])
 
@@ -27,7 +28,13 @@ class Int8ArrayDumper(adapt.Dumper):
     oid = postgres.types["int8"].array_oid
 
     def dump(self, obj: np.ndarray) -> bytes:
-        values = np.asarray(obj, np.int64).ravel()
+        # anything but a one-dimensional array of integers that fit is refused, as psycopg refuses
+        # what it cannot adapt: a cast would wrap, truncate or flatten values without a word
+        if obj.ndim != 1 or obj.dtype.kind not in "iu" or isinstance(obj, np.ma.MaskedArray):
+            raise DataError(f"not a one-dimensional array of integers: {obj.dtype} of shape {obj.shape}")
+        if obj.dtype.kind == "u" and len(obj) and obj.max() > INT8_MAX:
+            raise DataError("an array holds an integer beyond bigint's range")
+        values = obj.astype(np.int64, copy=False)
         if not len(values):  # no dimensions: the empty array
             return struct.pack(">iiI", 0, 0, INT8_OID)
         elements = np.empty(len(values), _ELEMENT)
