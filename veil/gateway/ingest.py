@@ -2,9 +2,9 @@
 
 Concurrent publish requests wait together for one store commit (one fsync), so throughput grows with
 concurrency instead of being capped by disk latency. The writing thread takes the next group itself
-as soon as a commit is done (while no other write of the gateway waits for the thread, and at most
-CONSECUTIVE_COMMITS in a row): the next group's start does not wait for a turn of the event loop,
-which can take milliseconds when it is busy delivering. When too many publications wait for a commit,
+as soon as a commit is done, until another write of the gateway waits for the thread: the next
+group's start does not wait for a turn of the event loop, which can take milliseconds when it is
+busy delivering. When too many publications wait for a commit,
 the pipeline lags too far behind the log, or delivery to most connected clients lags behind the
 pipeline, new publishes are refused with Overloaded (→ 503 and Retry-After) instead of piling
 up in RAM or on disk.
@@ -23,7 +23,6 @@ from veil.monitoring import trace
 from veil.store import KEYS_KEPT, Publication, StoreUnavailable
 
 MIN_CLIENTS = 8  # fewer connected clients never count as delivery overload
-CONSECUTIVE_COMMITS = 4  # group commits in a row on the writing thread before its other writes' turn
 # publications, their future, received ns, the registry version they were admitted with
 Waiting = tuple[list[Publication], asyncio.Future[list[int]], int, int | None]
 
@@ -99,16 +98,18 @@ class Ingest:
 
     def _commit_run(self, loop: asyncio.AbstractEventLoop) -> bool:
         """On the writing thread: commit what waits, group after group, each answered as it commits;
-        True once nothing is left (the run has ended), False to give the thread's other writes a turn
-        (claims, cursor saves and renewals wait behind at most one commit, as before)."""
-        for commits in range(CONSECUTIVE_COMMITS + 1):
+        True once nothing is left (the run has ended), False as soon as another write waits for the
+        thread (a claim, a cursor save or a renewal waits behind at most one commit, as before)."""
+        first = True
+        while True:
             with self._lock:
                 if not self._waiting:
                     self._committing = False
                     return True
-                if commits == CONSECUTIVE_COMMITS or (commits and self._threads.writes_queued > 1):
+                if not first and self._threads.writes_queued > 1:  # (this run is one of them)
                     return False
                 group, self._waiting = self._waiting, []
+            first = False
             everything = [body for bodies, _, _, _ in group for body in bodies]
             versions = [version for _, _, _, version in group if version is not None]
             try:
@@ -119,7 +120,6 @@ class Ingest:
                 loop.call_soon_threadsafe(self._failed, group, exc)
             else:
                 loop.call_soon_threadsafe(self._committed, group, offsets)
-        return False
 
     def _committed(self, group: list[Waiting], offsets: list[int]) -> None:
         self.head = max(self.head, *offsets)  # (a repeat is answered with an older offset)
