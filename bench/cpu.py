@@ -12,8 +12,13 @@ import collections
 import contextlib
 import glob
 import os
+import signal
+import threading
+from collections.abc import Callable
 
 TICK = os.sysconf("SC_CLK_TCK")
+LOOK_EVERY = 0.2  # seconds between a TreeCpu's looks at its tree
+SIGCHLD_IGNORED = 1 << (signal.SIGCHLD - 1)  # its bit in /proc/PID/status's SigIgn
 ROLES = (  # the first pattern found in a process's command line names its role
     ("pyspark.daemon", "Spark Python workers (matching)"),
     ("python_streaming_source_runner", "Spark driver (Python)"),
@@ -94,3 +99,72 @@ def snapshot(roots: list[int]) -> dict[str, float]:
 def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """CPU seconds by role between two snapshots (processes that ended meanwhile are not counted)."""
     return {role: max(0.0, after.get(role, 0.0) - before.get(role, 0.0)) for role in sorted(after)}
+
+
+class TreeCpu:
+    """CPU seconds of a process tree so far, processes that ended included, followed from a thread.
+
+    A process that ends is counted in its parent's figures (`cpu_seconds`) once the parent reaps it,
+    but not where the parent ignores SIGCHLD: the kernel then reaps it, and its CPU is counted
+    nowhere. PySpark's daemon does, so each Python worker that ended during a measurement (a data
+    source's planning, a worker Spark let go) took its CPU away from the pipeline's total, which
+    came out negative. So this looks at the tree every LOOK_EVERY seconds and keeps the last figures
+    of each process it saw end that no parent it follows counts; a process that left the tree
+    (its parent ended and it was adopted elsewhere) is still followed. What a process spent after
+    its last look, or in a life shorter than LOOK_EVERY, is not counted where its parent ignores
+    SIGCHLD."""
+
+    def __init__(self, root: Callable[[], int | None]) -> None:
+        self._root = root  # (looked up each time: a supervised process may be started again)
+        # (pid, start time) -> (parent pid, CPU ticks with its reaped children's, whether it ignores SIGCHLD)
+        self._seen: dict[tuple[int, int], tuple[int, int, bool]] = {}
+        self._ended = 0  # ticks of processes that ended and that no followed process counts
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="tree-cpu", daemon=True)
+        self._thread.start()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self._look() / TICK
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _follow(self) -> None:
+        while not self._stop.wait(LOOK_EVERY):
+            with self._lock:
+                self._look()
+
+    def _look(self) -> int:
+        living: dict[tuple[int, int], tuple[int, int, bool]] = {}
+        root = self._root()
+        todo: list[tuple[int, int | None]] = [*self._seen, *([(root, None)] if root is not None else [])]
+        while todo:  # (pid, its start time if it was seen before)
+            pid, started = todo.pop()
+            fields = _fields(pid)
+            if fields is None or started not in (None, int(fields[19])):  # gone, or its pid taken again
+                continue
+            key = (pid, int(fields[19]))
+            if key in living:
+                continue
+            living[key] = (int(fields[1]), sum(int(ticks) for ticks in fields[11:15]), _ignores_sigchld(pid))
+            for task in glob.glob(f"/proc/{pid}/task/*/children"):  # (a JVM starts processes from any thread)
+                with contextlib.suppress(OSError), open(task) as handle:
+                    todo += [(int(child), None) for child in handle.read().split()]
+        counting = {pid for (pid, _), (_, _, ignores) in living.items() if not ignores}
+        for key, (parent, ticks, _) in self._seen.items():
+            if key not in living and parent not in counting:
+                self._ended += ticks
+        self._seen = living
+        return self._ended + sum(ticks for _, ticks, _ in living.values())
+
+
+def _ignores_sigchld(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as file:
+            line = next(line for line in file if line.startswith("SigIgn:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(line.split()[1], 16) & SIGCHLD_IGNORED)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -39,7 +40,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from bench.brokers import subscription_counts
-from bench.cpu import cpu_seconds
+from bench.cpu import TreeCpu, cpu_seconds
 from bench.report import Column, print_table
 from bench.selis import arrived, checked, complete, run_case
 from bench.store_load import SETTINGS, StoreSampler
@@ -56,6 +57,10 @@ class Deployed:
     deliver: BrokerProcess  # where subscribers connect
     components: dict[str, Callable[[], float]] = field(default_factory=dict)  # name -> CPU seconds so far
     database: str = ""  # the PostgreSQL database's name, if the store is one
+
+
+def pid_of(process: BrokerProcess) -> int | None:
+    return process.process.pid if process.process else None
 
 
 def postmaster(server: PostgresServer) -> int:
@@ -77,7 +82,7 @@ def deployment(kind: str, postgres: PostgresServer, partitions: int = 2, mode: s
                 processes.append(broker)
                 deployed = Deployed(broker, broker)
                 deployed.components["gateway"] = lambda: cpu_seconds(broker.process.pid, descendants=False)
-                deployed.components["pipeline"] = lambda: cpu_seconds(broker.pipeline_pid())
+                deployed.components["pipeline"] = stack.enter_context(contextlib.closing(TreeCpu(broker.pipeline_pid)))
             else:
                 flags: tuple[str, ...] = matchers
                 if kind.startswith("cluster"):
@@ -95,10 +100,14 @@ def deployment(kind: str, postgres: PostgresServer, partitions: int = 2, mode: s
                     gateway.wait_ready()
                 deployed = Deployed(gateways[0], gateways[1])
                 deployed.components["gateway"] = lambda: sum(cpu_seconds(g.process.pid) for g in gateways)
-                deployed.components["pipeline"] = lambda: cpu_seconds(pipeline.process.pid)
+                pipeline_cpu = TreeCpu(functools.partial(pid_of, pipeline))
+                deployed.components["pipeline"] = stack.enter_context(contextlib.closing(pipeline_cpu))
                 if cluster is not None:
-                    spark = cluster
-                    deployed.components["executors"] = lambda: sum(cpu_seconds(w.pid) for w in spark.workers if w)
+                    workers = [
+                        stack.enter_context(contextlib.closing(TreeCpu(functools.partial(int, worker.pid))))
+                        for worker in cluster.workers if worker
+                    ]  # fmt: skip
+                    deployed.components["executors"] = lambda: sum(worker() for worker in workers)
             if store:
                 deployed.components["postgres"] = lambda: cpu_seconds(postmaster(postgres))
                 deployed.database = urllib.parse.urlsplit(store[1]).path.lstrip("/")
