@@ -143,22 +143,47 @@ class TreeCpu:
         todo: list[tuple[int, int | None]] = [*self._seen, *([(root, None)] if root is not None else [])]
         while todo:  # (pid, its start time if it was seen before)
             pid, started = todo.pop()
-            fields = _fields(pid)
-            if fields is None or started not in (None, int(fields[19])):  # gone, or its pid taken again
+            if (figures := _figures(pid, started)) is None or figures[0] in living:
                 continue
-            key = (pid, int(fields[19]))
-            if key in living:
-                continue
-            living[key] = (int(fields[1]), sum(int(ticks) for ticks in fields[11:15]), _ignores_sigchld(pid))
+            key, parent, ticks, ignores = figures
+            living[key] = (parent, ticks, ignores)
             for task in glob.glob(f"/proc/{pid}/task/*/children"):  # (a JVM starts processes from any thread)
                 with contextlib.suppress(OSError), open(task) as handle:
                     todo += [(int(child), None) for child in handle.read().split()]
-        counting = {pid for (pid, _), (_, _, ignores) in living.items() if not ignores}
-        for key, (parent, ticks, _) in self._seen.items():
-            if key not in living and parent not in counting:
-                self._ended += ticks
+        ended = {key: seen for key, seen in self._seen.items() if key not in living}
+        # a parent read before it reaped a child seen gone is read again: the kernel adds the child's
+        # CPU to its parent's before the child leaves /proc
+        living_pids = {key[0]: key for key in living}
+        for parent in {living_pids[parent] for parent, _, _ in ended.values() if parent in living_pids}:
+            if (figures := _figures(*parent)) is not None:
+                living[parent] = figures[1:]
+        living_by_pid = {key[0]: seen for key, seen in living.items()}
+        ended_by_pid = {key[0]: seen for key, seen in ended.items()}
+        answers: dict[int, bool] = {}
+
+        def counts_children(pid: int) -> bool:
+            """Whether what the children a process reaps spent is counted: it reaps them (does not
+            ignore SIGCHLD) and lives, or ended as well and was reaped by one that counts its own."""
+            if pid in living_by_pid:
+                return not living_by_pid[pid][2]
+            if pid not in answers:
+                answers[pid] = False  # (until known: a loop of parents counts nothing twice)
+                gone = ended_by_pid.get(pid)
+                answers[pid] = gone is not None and not gone[2] and counts_children(gone[0])
+            return answers[pid]
+
+        self._ended += sum(ticks for parent, ticks, _ in ended.values() if not counts_children(parent))
         self._seen = living
         return self._ended + sum(ticks for _, ticks, _ in living.values())
+
+
+def _figures(pid: int, started: int | None = None) -> tuple[tuple[int, int], int, int, bool] | None:
+    """((pid, start time), parent, CPU ticks with its reaped children's, whether it ignores SIGCHLD) of
+    a process, None if it is gone or its pid now names another process than the one `started` then."""
+    fields = _fields(pid)
+    if fields is None or started not in (None, int(fields[19])):
+        return None
+    return (pid, int(fields[19])), int(fields[1]), sum(int(ticks) for ticks in fields[11:15]), _ignores_sigchld(pid)
 
 
 def _ignores_sigchld(pid: int) -> bool:

@@ -34,6 +34,7 @@ import contextlib
 import functools
 import os
 import shutil
+import subprocess
 import tempfile
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -60,7 +61,12 @@ class Deployed:
 
 
 def pid_of(process: BrokerProcess) -> int | None:
-    return process.process.pid if process.process else None
+    return running_pid(process.process) if process.process else None
+
+
+def running_pid(process: subprocess.Popen) -> int | None:
+    """The process's pid while it runs (once it ended, the number may name another process)."""
+    return process.pid if process.poll() is None else None
 
 
 def postmaster(server: PostgresServer) -> int:
@@ -104,7 +110,7 @@ def deployment(kind: str, postgres: PostgresServer, partitions: int = 2, mode: s
                 deployed.components["pipeline"] = stack.enter_context(contextlib.closing(pipeline_cpu))
                 if cluster is not None:
                     workers = [
-                        stack.enter_context(contextlib.closing(TreeCpu(functools.partial(int, worker.pid))))
+                        stack.enter_context(contextlib.closing(TreeCpu(functools.partial(running_pid, worker))))
                         for worker in cluster.workers if worker
                     ]  # fmt: skip
                     deployed.components["executors"] = lambda: sum(worker() for worker in workers)

@@ -313,7 +313,8 @@ SELECT 1;
     # bytea) cost more than it saved, and a round inserts its rows holding the feed's lock. Alone on
     # this server: a row of 300 publications x 128 matches over 512 subscriptions (85 KB, stored in
     # 48) took 3.4 ms to insert and 0.42 to read back against 0.53 and 0.22; a million matches over
-    # 20,000 subscriptions (2.3 MB, a CUPUS round) 70 and 9.3 ms against 11 and 3.8
+    # 20,000 subscriptions (2.3 MB, a CUPUS round) 70 and 9.3 ms against 11 and 3.8. Rows already
+    # stored stay as they are; the change waits for the feed's readers of the moment (a brief lock)
     """
 ALTER TABLE feed ALTER COLUMN pairs SET STORAGE EXTERNAL;
 """,
