@@ -61,11 +61,16 @@ def cpu_seconds(pid: int | None, descendants: bool = True) -> float:
     if not descendants:
         return own / TICK
     total = own + int(fields[13]) + int(fields[14])
-    children = []
-    for task in glob.glob(f"/proc/{pid}/task/*/children"):  # a JVM starts processes from any of its threads
+    return total / TICK + sum(cpu_seconds(child) for child in _children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    """A process's living children, started from any of its threads (as a JVM starts them)."""
+    children: list[int] = []
+    for task in glob.glob(f"/proc/{pid}/task/*/children"):
         with contextlib.suppress(OSError), open(task) as handle:
             children += [int(child) for child in handle.read().split()]
-    return total / TICK + sum(cpu_seconds(child) for child in children)
+    return children
 
 
 def _role(pid: int) -> str:
@@ -147,17 +152,15 @@ class TreeCpu:
                 continue
             key, parent, ticks, ignores = figures
             living[key] = (parent, ticks, ignores)
-            for task in glob.glob(f"/proc/{pid}/task/*/children"):  # (a JVM starts processes from any thread)
-                with contextlib.suppress(OSError), open(task) as handle:
-                    todo += [(int(child), None) for child in handle.read().split()]
+            todo += [(child, None) for child in _children(pid)]
         ended = {key: seen for key, seen in self._seen.items() if key not in living}
         # a parent read before it reaped a child seen gone is read again: the kernel adds the child's
         # CPU to its parent's before the child leaves /proc
-        living_pids = {key[0]: key for key in living}
-        for parent in {living_pids[parent] for parent, _, _ in ended.values() if parent in living_pids}:
+        keys = {key[0]: key for key in living}
+        for parent in {keys[parent] for parent, _, _ in ended.values() if parent in keys}:
             if (figures := _figures(*parent)) is not None:
                 living[parent] = figures[1:]
-        living_by_pid = {key[0]: seen for key, seen in living.items()}
+        living_by_pid = {pid: living[key] for pid, key in keys.items()}
         ended_by_pid = {key[0]: seen for key, seen in ended.items()}
         answers: dict[int, bool] = {}
 
