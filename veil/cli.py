@@ -1,5 +1,5 @@
-"""The `veil` command line: serve, publish, unpublish, edge, subscribe, subscriptions, unsubscribe,
-scope rotate, keygen, token and certs."""
+"""The `veil` command line: serve, publish, unpublish, edge, bridge mqtt, subscribe, subscriptions,
+unsubscribe, scope rotate, keygen, token and certs."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ EXPRESSION_OPS = {">=": "ge", "<=": "le", "!=": "ne", "==": "eq", "=": "eq", ">"
 
 
 DEFAULT_URL = "http://127.0.0.1:20000"
+DEFAULT_MQTT = "mqtt://127.0.0.1:1883"
 
 
 def _client_arguments(parser: argparse.ArgumentParser) -> None:
@@ -205,6 +206,45 @@ async def _edge(args: argparse.Namespace) -> int:
             if line.strip():
                 sent = await edge.publish(orjson.loads(line))
                 print(sent if sent is not None else "withheld", flush=True)
+    return 0
+
+
+async def _bridge_mqtt(args: argparse.Namespace) -> int:
+    from veil.bridge.mqtt_bridge import MqttBridge
+    from veil.bridge.mqtt_link import broker_address
+    from veil.bridge.topics import TopicTemplate
+
+    topics, deliver = [], []
+    for text in args.topic:
+        try:
+            topics.append(TopicTemplate.parse(text))
+        except ValueError as exc:
+            raise ValueError(f"--topic: {exc}") from None
+    for pair in args.deliver:
+        subscription, sep, topic = pair.partition("=")
+        try:
+            if not sep or not subscription:
+                raise ValueError(f"{pair!r}: write SUBSCRIPTION_ID=TOPIC")
+            deliver.append((subscription, TopicTemplate.parse(topic).check_outbound()))
+        except ValueError as exc:
+            raise ValueError(f"--deliver: {exc}") from None
+    mqtt_url = _given(args, "mqtt", "VEIL_MQTT") or DEFAULT_MQTT
+    broker_address(mqtt_url)
+    if not topics and not deliver:
+        raise ValueError("give --topic (MQTT into Veil), --deliver (Veil out to MQTT), or both")
+    credential = _given(args, "auth_hash", "VEIL_AUTH_HASH") or _given(args, "token", "VEIL_TOKEN") or args.cert
+    if topics and credential is None:
+        raise ValueError(
+            "--topic needs a credential (--auth-hash, --token or --cert): Veil remembers a publisher's "
+            "idempotency keys per identity, and without them a message MQTT sends again is published twice"
+        )
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    async with _client(args) as client:
+        await MqttBridge(
+            client, mqtt_url, args.client_id,
+            args.journal or f"veil-bridge-{args.client_id}.journal", topics, deliver, args.value_attribute,
+            (args.mqtt_ca, args.mqtt_cert, args.mqtt_key),
+        ).run()  # fmt: skip
     return 0
 
 
@@ -599,6 +639,55 @@ def build_parser() -> argparse.ArgumentParser:
     edge.add_argument("constraint", nargs="*", help="what the local publishers produce, e.g. 'sensor=NO2' 'lat>45'")
     edge.add_argument("--id", help="announcement id; reusing yours replaces it (default: a new random id)")
     edge.set_defaults(run=_asynchronous(_edge))
+
+    bridge = commands.add_parser("bridge", help="carry messages between Veil and another messaging system")
+    bridges = bridge.add_subparsers(dest="bridge", required=True)
+    mqtt = bridges.add_parser(
+        "mqtt", help="MQTT topics published into Veil, and Veil subscriptions' deliveries published to MQTT topics"
+    )
+    _client_arguments(mqtt)
+    mqtt.add_argument(
+        "--mqtt", help=f"the MQTT broker: mqtt://[USER:PASSWORD@]HOST[:PORT] or mqtts://... (default: {DEFAULT_MQTT}; "
+        "environment VEIL_MQTT)",
+    )  # fmt: skip
+    mqtt.add_argument("--mqtt-ca", help="CA file to verify an mqtts:// broker's certificate (default: the system's)")
+    mqtt.add_argument("--mqtt-cert", help="client certificate for an mqtts:// broker (default: none)")
+    mqtt.add_argument("--mqtt-key", help="private key of --mqtt-cert (default: none)")
+    mqtt.add_argument(
+        "--client-id", default="veil-bridge",
+        help="MQTT client id: the broker keeps the bridge's session under it (what comes while the bridge is "
+        "down waits for it); one bridge per id (default: veil-bridge)",
+    )  # fmt: skip
+    mqtt.add_argument(
+        "--topic", action="append", default=[], metavar="TEMPLATE",
+        help="publish the messages of these MQTT topics into Veil, the levels named in braces as attributes beside "
+        "the JSON payload's members, e.g. 'sensors/{site}/{floor:int}/#' (+ and a last # match without naming; "
+        "repeatable; default: none)",
+    )  # fmt: skip
+    mqtt.add_argument(
+        "--value-attribute", default="value",
+        help="the attribute a payload that is no JSON object goes under (a number, or text) (default: value)",
+    )  # fmt: skip
+    mqtt.add_argument(
+        "--deliver", action="append", default=[], metavar="SUBSCRIPTION_ID=TOPIC",
+        help="publish the deliveries of this subscription of yours (made beforehand, e.g. `veil subscribe --id`) "
+        "to this MQTT topic, {name} levels filled from the publication's attributes, e.g. 'alerts/{site}' "
+        "(repeatable; default: none)",
+    )  # fmt: skip
+    mqtt.add_argument(
+        "--tcp-port", type=_port,
+        help="the broker's TCP delivery port, for --deliver (default: the REST port + 1)",
+    )  # fmt: skip
+    mqtt.add_argument(
+        "--journal",
+        help="file keeping the idempotency keys of the messages in flight, so that one MQTT sends again after the "
+        "bridge died is published once (default: veil-bridge-CLIENT_ID.journal in the working directory)",
+    )
+    mqtt.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), default="info",
+        help="log level (default: info)",
+    )  # fmt: skip
+    mqtt.set_defaults(run=_asynchronous(_bridge_mqtt))
 
     subscribe = commands.add_parser("subscribe", help="subscribe and print deliveries as they arrive")
     _client_arguments(subscribe)

@@ -42,3 +42,25 @@ def test_a_token_lives_at_most_a_year(tmp_path):
     for ttl in ("inf", "nan", "0", str(367 * 86400)):
         with pytest.raises(SystemExit, match="--ttl"):
             cli.main(["token", "--dir", str(tmp_path), "--subject", "bob", "--ttl", ttl])
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ([], "give --topic"),
+        (["--topic", "a/{x}"], "--topic needs a credential"),
+        (["--auth-hash", "b", "--topic", "a/{x:date}"], "--topic: topic template 'a/{x:date}'"),
+        (["--auth-hash", "b", "--topic", "a/b#"], "--topic: topic template 'a/b#'"),
+        (["--deliver", "s=alerts/#"], "--deliver: topic template 'alerts/#': a topic to publish to holds no"),
+        (["--deliver", "alerts"], "--deliver: 'alerts': write SUBSCRIPTION_ID=TOPIC"),
+        (["--auth-hash", "b", "--topic", "a", "--mqtt", "http://x"], "--mqtt 'http://x'"),
+        (["--auth-hash", "b", "--topic", "a", "--mqtt", "mqtt://x:99999"], "the port"),
+    ],
+)
+def test_bridge_arguments_that_cannot_work_are_refused_naming_the_option(argv, says, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for variable in ("VEIL_AUTH_HASH", "VEIL_TOKEN", "VEIL_MQTT"):
+        monkeypatch.delenv(variable, raising=False)
+    assert cli.main(["bridge", "mqtt", *argv]) == 2
+    assert says in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # refused before anything was made

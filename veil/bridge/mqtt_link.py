@@ -1,0 +1,167 @@
+"""One MQTT connection for a bridge, through paho-mqtt (Eclipse's client; asyncio wrappers such as
+aiomqtt hide the DUP flag and the manual acknowledgement the bridge needs), its network thread
+handing messages and acknowledgements to the event loop.
+
+The session is persistent (a fixed client id, clean session off): what arrives for the bridge while
+it is down waits at the MQTT broker, and a message it received but did not acknowledge comes again
+when it reconnects. Acknowledgements are manual: a QoS 1 message is acknowledged only when `ack` is
+called, after Veil answered 200. A message carries the connection it came on (`connection`): after a
+reconnect it will come again, so the old copy is neither acknowledged nor forwarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+
+log = logging.getLogger("veil.bridge")
+
+KEEPALIVE = 30  # seconds
+QOS0_WAITING = 10_000  # QoS 0 messages waiting beyond this are dropped (at most once, and a flood must not grow memory)
+
+
+@dataclass(frozen=True)
+class Received:
+    topic: str
+    payload: bytes
+    mid: int
+    qos: int
+    dup: bool
+    connection: int
+
+
+def broker_address(url: str) -> tuple[str, int, bool, str | None, str | None]:
+    """(host, port, tls, username, password) of `mqtt://[user:password@]host[:1883]` or `mqtts://...:8883`."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
+        raise ValueError(f"--mqtt {url!r}: write mqtt://HOST[:PORT] or mqtts://HOST[:PORT]")
+    tls = parts.scheme == "mqtts"
+    try:
+        port = parts.port or (8883 if tls else 1883)
+    except ValueError:
+        raise ValueError(f"--mqtt {url!r}: the port is not a number from 1 to 65535") from None
+    user = unquote(parts.username) if parts.username is not None else None
+    password = unquote(parts.password) if parts.password is not None else None
+    return parts.hostname, port, tls, user, password
+
+
+class MqttLink:
+    def __init__(
+        self,
+        url: str,
+        client_id: str,
+        filters: list[str],
+        *,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+    ) -> None:
+        self.host, self.port, tls, user, password = broker_address(url)
+        self.filters = filters
+        self.messages: asyncio.Queue[Received] = asyncio.Queue()
+        self.connected = asyncio.Event()
+        self.connection = 0  # counts connections made; the event loop's view
+        self.dropped_qos0 = 0
+        self._loop = asyncio.get_running_loop()
+        self._published: dict[int, asyncio.Future[None]] = {}
+        self._client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=False, manual_ack=True
+        )
+        if user is not None:
+            self._client.username_pw_set(user, password)
+        if tls:
+            self._client.tls_set(
+                ca_certs=ca_file, certfile=cert_file, keyfile=key_file, tls_version=ssl.PROTOCOL_TLS_CLIENT
+            )
+        self._client.reconnect_delay_set(1, 8)
+        self._client.on_connect = self._on_connect
+        self._client.on_disconnect = self._on_disconnect
+        self._client.on_message = self._on_message
+        self._client.on_publish = self._on_publish
+        self._client.on_subscribe = self._on_subscribe
+
+    async def __aenter__(self) -> MqttLink:
+        self._client.connect_async(self.host, self.port, KEEPALIVE)
+        self._client.loop_start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self._client.disconnect()
+        await asyncio.to_thread(self._client.loop_stop)
+
+    def ack(self, message: Received) -> None:
+        """Acknowledge a QoS 1 message, if the connection it came on is still the one open."""
+        if message.qos > 0 and message.connection == self.connection:
+            self._client.ack(message.mid, message.qos)
+
+    async def publish(self, topic: str, payload: bytes) -> None:
+        """Publish at QoS 1 and return once the MQTT broker acknowledged it (a publish cut off by a
+        reconnect is sent again by paho, under the persistent session)."""
+        await self.connected.wait()
+        info = self._client.publish(topic, payload, qos=1)
+        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+            raise ConnectionError(f"MQTT publish to {topic!r}: {mqtt.error_string(info.rc)}")
+        done = self._loop.create_future()
+        # registered before the next await: the acknowledgement's callback runs on this loop, after it
+        self._published[info.mid] = done
+        await done
+
+    # paho's network thread calls these; each hands over to the event loop
+
+    def _on_connect(self, client: mqtt.Client, _: Any, flags: Any, reason: Any, __: Any) -> None:
+        if reason.is_failure:
+            log.error("MQTT broker %s:%d refused the connection: %s", self.host, self.port, reason)
+            return
+        if self.filters:  # again on every connection: the session may be new (the MQTT broker lost it)
+            client.subscribe([(f, 1) for f in self.filters])
+        self._loop.call_soon_threadsafe(self._opened, bool(flags.session_present))
+
+    def _on_disconnect(self, _: mqtt.Client, __: Any, ___: Any, reason: Any, ____: Any) -> None:
+        self._loop.call_soon_threadsafe(self.connected.clear)
+        if reason.is_failure:
+            log.warning("MQTT connection to %s:%d lost (%s); reconnecting", self.host, self.port, reason)
+
+    def _on_message(self, _: mqtt.Client, __: Any, message: mqtt.MQTTMessage) -> None:
+        self._loop.call_soon_threadsafe(
+            self._arrived, message.topic, bytes(message.payload), message.mid, message.qos, message.dup
+        )
+
+    def _on_subscribe(self, _: mqtt.Client, __: Any, ___: int, reasons: list[Any], ____: Any) -> None:
+        refused = [f for f, reason in zip(self.filters, reasons, strict=False) if reason.is_failure]
+        if refused:
+            log.error("MQTT broker refused the subscriptions to %s", ", ".join(refused))
+        else:
+            log.info("MQTT subscribed to %s", ", ".join(self.filters))
+
+    def _on_publish(self, _: mqtt.Client, __: Any, mid: int, ___: Any, ____: Any) -> None:
+        self._loop.call_soon_threadsafe(self._acknowledged, mid)
+
+    # on the event loop
+
+    def _opened(self, session_present: bool) -> None:
+        self.connection += 1
+        self.connected.set()
+        log.info(
+            "MQTT connected to %s:%d (%s)",
+            self.host,
+            self.port,
+            "session resumed" if session_present else "new session",
+        )
+
+    def _arrived(self, topic: str, payload: bytes, mid: int, qos: int, dup: bool) -> None:
+        if qos == 0 and self.messages.qsize() >= QOS0_WAITING:
+            self.dropped_qos0 += 1
+            return
+        self.messages.put_nowait(Received(topic, payload, mid, qos, dup, self.connection))
+
+    def _acknowledged(self, mid: int) -> None:
+        done = self._published.pop(mid, None)
+        if done is not None and not done.done():
+            done.set_result(None)

@@ -1,0 +1,114 @@
+"""MQTT topic templates: `sensors/{site}/{floor:int}/#` names the attributes a topic's levels give a
+publication on the way in, and the topic a delivery is published under on the way out.
+
+A level is a literal, `+` (any one level, not kept), `{name}` (one level, kept as a string) or
+`{name:int}` / `{name:float}` (one level, kept as that number: a subscription `floor = 3` compares
+numbers), and the last level may be `#` (any rest). Topics are text a device chose: a level that
+does not parse as the number its template asks for makes the message unusable (`TopicMismatch`),
+never a guess.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+PLACEHOLDER = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_.-]*)(?::(str|int|float))?\}$")
+# what a value may not carry into a topic level of its own: the separator, the wildcards and NUL
+UNSAFE = re.compile(r"[%/+#\x00]")
+CONVERT: dict[str, type] = {"str": str, "int": int, "float": float}
+
+
+class TopicMismatch(ValueError):
+    """A topic whose levels do not give what its template asks for."""
+
+
+@dataclass(frozen=True)
+class TopicTemplate:
+    text: str
+    levels: tuple[tuple[str, str | None, str], ...]  # (literal or "", attribute or None, type)
+    rest: bool  # ends in `#`
+
+    @classmethod
+    def parse(cls, text: str) -> TopicTemplate:
+        """The template, or ValueError naming what is wrong with it."""
+        if not text or "\x00" in text:
+            raise ValueError(f"topic template {text!r}: empty, or holds NUL")
+        parts = text.split("/")
+        rest = parts[-1] == "#"
+        if rest:
+            parts = parts[:-1]
+        levels: list[tuple[str, str | None, str]] = []
+        names: set[str] = set()
+        for part in parts:
+            found = PLACEHOLDER.match(part)
+            if found:
+                name, kind = found.group(1), found.group(2) or "str"
+                if name in names:
+                    raise ValueError(f"topic template {text!r}: {{{name}}} twice")
+                names.add(name)
+                levels.append(("", name, kind))
+            elif part == "+":
+                levels.append(("+", None, "str"))
+            elif "#" in part or "+" in part or "{" in part or "}" in part:
+                raise ValueError(
+                    f"topic template {text!r}: level {part!r} is neither a literal, +, # (last), nor {{name}} / "
+                    "{name:int} / {name:float}"
+                )
+            else:
+                levels.append((part, None, "str"))
+        return cls(text, tuple(levels), rest)
+
+    @property
+    def filter(self) -> str:
+        """The MQTT topic filter that receives what this template reads."""
+        levels = ["+" if name is not None else literal for literal, name, _ in self.levels]
+        return "/".join([*levels, "#"] if self.rest else levels)
+
+    def attributes(self, topic: str) -> dict[str, Any]:
+        """The attributes `topic`'s levels give, or TopicMismatch."""
+        parts = topic.split("/")
+        if len(parts) < len(self.levels) or (len(parts) > len(self.levels) and not self.rest):
+            raise TopicMismatch(f"topic {topic!r} does not fit {self.text!r}")
+        found: dict[str, Any] = {}
+        for part, (literal, name, kind) in zip(parts, self.levels, strict=False):
+            if name is None:
+                if literal != "+" and part != literal:
+                    raise TopicMismatch(f"topic {topic!r} does not fit {self.text!r}")
+                continue
+            try:
+                value = CONVERT[kind](part)
+            except ValueError:
+                raise TopicMismatch(f"topic {topic!r}: level {part!r} is not the {kind} {{{name}}} asks for") from None
+            if isinstance(value, float) and not math.isfinite(value):
+                raise TopicMismatch(f"topic {topic!r}: level {part!r} is not a finite number")
+            found[name] = value
+        return found
+
+    def render(self, publication: dict[str, Any]) -> str:
+        """The topic a delivery of `publication` goes to: each {name} is its top-level attribute of that
+        name, percent-encoded where it holds `/`, `+`, `#`, `%` or NUL (so that a publisher cannot
+        steer it into another branch of the tree); a missing or non-scalar one is an empty level.
+        Templates for the way out end in no wildcard (`check_outbound`)."""
+        levels = []
+        for literal, name, _ in self.levels:
+            if name is None:
+                levels.append(literal)
+                continue
+            value = publication.get(name)
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, str | int | float):
+                text = str(value)
+            else:
+                text = ""
+            levels.append(UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", text))
+        return "/".join(levels)
+
+    def check_outbound(self) -> TopicTemplate:
+        """This template, if deliveries can be published under it (no `+` or `#`)."""
+        if self.rest or any(literal == "+" for literal, _, _ in self.levels):
+            raise ValueError(f"topic template {self.text!r}: a topic to publish to holds no + or #")
+        return self
