@@ -210,6 +210,8 @@ async def _edge(args: argparse.Namespace) -> int:
 
 
 async def _bridge_mqtt(args: argparse.Namespace) -> int:
+    from urllib.parse import quote
+
     from veil.bridge.mqtt_bridge import MqttBridge
     from veil.bridge.mqtt_link import broker_address
     from veil.bridge.topics import TopicTemplate
@@ -229,7 +231,8 @@ async def _bridge_mqtt(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise ValueError(f"--deliver: {exc}") from None
     mqtt_url = _given(args, "mqtt", "VEIL_MQTT") or DEFAULT_MQTT
-    broker_address(mqtt_url)
+    host, port, *_ = broker_address(mqtt_url)
+    journal = args.journal or f"veil-bridge-{quote(host, safe='')}-{port}-{quote(args.client_id, safe='')}.journal"
     if not topics and not deliver:
         raise ValueError("give --topic (MQTT into Veil), --deliver (Veil out to MQTT), or both")
     credential = _given(args, "auth_hash", "VEIL_AUTH_HASH") or _given(args, "token", "VEIL_TOKEN") or args.cert
@@ -242,7 +245,7 @@ async def _bridge_mqtt(args: argparse.Namespace) -> int:
     async with _client(args) as client:
         await MqttBridge(
             client, mqtt_url, args.client_id,
-            args.journal or f"veil-bridge-{args.client_id}.journal", topics, deliver, args.value_attribute,
+            journal, topics, deliver, args.value_attribute,
             (args.mqtt_ca, args.mqtt_cert, args.mqtt_key),
         ).run()  # fmt: skip
     return 0
@@ -681,7 +684,8 @@ def build_parser() -> argparse.ArgumentParser:
     mqtt.add_argument(
         "--journal",
         help="file keeping the idempotency keys of the messages in flight, so that one MQTT sends again after the "
-        "bridge died is published once (default: veil-bridge-CLIENT_ID.journal in the working directory)",
+        "bridge died is published once; one bridge at a time (default: veil-bridge-HOST-PORT-CLIENT_ID.journal in the "
+        "working directory)",
     )
     mqtt.add_argument(
         "--log-level", choices=("debug", "info", "warning", "error"), default="info",

@@ -83,8 +83,8 @@ class Publisher:
         self.client.connect("127.0.0.1", mosquitto.port)
         self.client.loop_start()
 
-    def publish(self, topic: str, number: int, payload: dict) -> None:
-        self.sent.append((number, self.client.publish(topic, orjson.dumps(payload), qos=1)))
+    def publish(self, topic: str, number: int, payload: dict, retain: bool = False) -> None:
+        self.sent.append((number, self.client.publish(topic, orjson.dumps(payload), qos=1, retain=retain)))
 
     @property
     def acknowledged(self) -> set[int]:
@@ -191,16 +191,42 @@ async def test_messages_veil_cannot_take_are_acknowledged_and_do_not_hold_back_t
                 publisher.client.publish("t/bytes", b"\xff\xfe", qos=1)  # neither JSON nor text
                 deep = b'{"run": "%s", "a": %s1%s}' % (rid.encode(), b"[" * 40, b"]" * 40)
                 publisher.client.publish("t/deep", deep, qos=1)  # deeper than Veil takes
+                scoped = orjson.dumps({"veil:scope": "ops", "value": rid})  # a device does not choose a scope
+                publisher.client.publish("t/scope", scoped, qos=1)
                 publisher.client.publish("t/text", b"21.5", qos=1)
                 publisher.client.publish("t/word", rid.encode(), qos=1)  # text: a string value
                 assert [d.publication for d in await take(stream, 1)] == [{"value": rid, "kind": "word"}]
         bridge.stop()
         log = bridge.log()
-        assert log.count("not published (acknowledged and dropped)") == 3, log
-        assert "stopped: 5 MQTT messages received, 2 published into Veil (0 again after a reconnect), 3 rejected" in log
+        assert log.count("not published (acknowledged and dropped)") == 4, log
+        assert "stopped: 6 MQTT messages received, 2 published into Veil (0 again after a reconnect), 4 rejected" in log
     finally:
         bridge.stop()
         publisher.close()
+
+
+async def test_a_retained_message_is_published_once_not_at_every_reconnect(broker, mosquitto, tmp_path):
+    rid = run_id()
+    publisher = Publisher(mosquitto)
+    publisher.publish(f"retained/{rid}", 0, {"value": rid}, retain=True)
+    await publisher.settled()
+    bridge = Bridge(broker, mosquitto, str(tmp_path), "--topic", "retained/{run}")
+    try:
+        async with client_for(broker, "sam") as sam:
+            sub = (await sam.subscribe([{"key": "value", "val": rid, "op": "eq"}]))["subscriptionId"]
+            async with sam.deliveries(sub) as stream:
+                await bridge.start().subscribed()
+                assert [d.publication for d in await take(stream, 1)] == [{"value": rid, "run": rid}]
+                for _ in range(2):  # restarted, and its subscriptions made again on the resumed session
+                    bridge.stop()
+                    bridge.start()
+                    await asyncio.sleep(2.0)
+                await nothing_more(stream)
+    finally:
+        bridge.stop()
+        publisher.client.publish(f"retained/{rid}", b"", qos=1, retain=True)  # the retained message cleared
+        publisher.close()
+    assert bridge.log().count("MQTT subscribed to") == 3
 
 
 async def test_a_subscriptions_deliveries_reach_an_mqtt_subscriber(broker, mosquitto, tmp_path):

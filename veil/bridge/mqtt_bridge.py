@@ -4,7 +4,6 @@ deliveries out to MQTT topics, as a client of Veil like any other (its identity 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -14,6 +13,7 @@ from veil.bridge.mqtt_link import MqttLink
 from veil.bridge.outbound import Outbound
 from veil.bridge.topics import TopicTemplate
 from veil.client import VeilClient
+from veil.client.errors import FATAL, VeilError
 
 log = logging.getLogger("veil.bridge")
 
@@ -30,28 +30,38 @@ class MqttBridge:
     tls_files: tuple[str | None, str | None, str | None] = (None, None, None)  # CA, certificate, key
 
     async def run(self) -> None:
-        """Until cancelled; the counts are logged on the way out."""
+        """Until cancelled, or until no part is left running: a subscription refused for good
+        (removed, not the bridge's) ends its part alone, logged, and is raised once nothing runs."""
         journal = Journal(self.journal_path)
         ca, cert, key = self.tls_files
         filters = [t.filter for t in self.topics]
         inbound: Inbound | None = None
+        failures: list[VeilError] = []
+
+        async def delivering(out: Outbound) -> None:
+            try:
+                await out.run()
+            except FATAL as exc:
+                log.error("subscription %s is not delivered to MQTT: %s", out.subscription_id, exc)
+                failures.append(exc)
+
         try:
             async with MqttLink(
                 self.mqtt_url, self.client_id, filters, ca_file=ca, cert_file=cert, key_file=key
             ) as link:
                 inbound = Inbound(link, self.client, self.topics, journal, self.value_attribute)
-                outbound = [Outbound(link, self.client, sub, topic) for sub, topic in self.deliver]
                 async with asyncio.TaskGroup() as tasks:
                     if self.topics:
                         tasks.create_task(inbound.run())
-                    for out in outbound:
-                        tasks.create_task(out.run())
+                    for subscription, topic in self.deliver:
+                        tasks.create_task(delivering(Outbound(link, self.client, subscription, topic)))
         finally:
-            with contextlib.suppress(Exception):
-                journal.close()
+            journal.close()
             if inbound is not None:
                 c = inbound.counts
                 log.info(
                     "stopped: %d MQTT messages received, %d published into Veil (%d again after a reconnect), "
                     "%d rejected", c.received, c.published, c.repeated, c.rejected,
                 )  # fmt: skip
+        if failures:
+            raise failures[0]

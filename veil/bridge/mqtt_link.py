@@ -1,12 +1,18 @@
-"""One MQTT connection for a bridge, through paho-mqtt (Eclipse's client; asyncio wrappers such as
+"""One MQTT 5 connection for a bridge, through paho-mqtt (Eclipse's client; asyncio wrappers such as
 aiomqtt hide the DUP flag and the manual acknowledgement the bridge needs), its network thread
 handing messages and acknowledgements to the event loop.
 
-The session is persistent (a fixed client id, clean session off): what arrives for the bridge while
-it is down waits at the MQTT broker, and a message it received but did not acknowledge comes again
-when it reconnects. Acknowledgements are manual: a QoS 1 message is acknowledged only when `ack` is
-called, after Veil answered 200. A message carries the connection it came on (`connection`): after a
-reconnect it will come again, so the old copy is neither acknowledged nor forwarded.
+The session is persistent (a fixed client id, clean start off, a session that never expires): what
+arrives for the bridge while it is down waits at the MQTT broker, and a message it received but did
+not acknowledge comes again, marked DUP, when it reconnects. The bridge subscribes with "retain
+handling 1": a retained message comes once, when its subscription is new, not again on every
+reconnect. Acknowledgements are manual: a QoS 1 message is acknowledged only when `ack` is called.
+
+Each message carries the number of the connection it came on (`connection`), counted on paho's
+thread, which bumps it as soon as a connection is lost, before it opens the next: an
+acknowledgement of an older connection's message is never sent on a newer one, where its packet id
+may name another message. After a reconnect that resumed the session, such a message comes again;
+after one that found no session (the MQTT broker lost it), it will not (`resumed`).
 """
 
 from __future__ import annotations
@@ -14,17 +20,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import threading
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 log = logging.getLogger("veil.bridge")
 
 KEEPALIVE = 30  # seconds
-QOS0_WAITING = 10_000  # QoS 0 messages waiting beyond this are dropped (at most once, and a flood must not grow memory)
+NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry interval: the session outlives any downtime
+RECEIVE_MAXIMUM = 256  # QoS 1 messages the MQTT broker sends before it waits for acknowledgements
+QOS0_BYTES = 64 << 20  # QoS 0 messages waiting beyond this many bytes are dropped (at most once anyway)
 
 
 @dataclass(frozen=True)
@@ -37,16 +49,24 @@ class Received:
     connection: int
 
 
+def redacted(url: str) -> str:
+    """The URL without its user and password, for messages and logs."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return parts._replace(netloc="…@" + parts.netloc.rpartition("@")[2]).geturl()
+
+
 def broker_address(url: str) -> tuple[str, int, bool, str | None, str | None]:
     """(host, port, tls, username, password) of `mqtt://[user:password@]host[:1883]` or `mqtts://...:8883`."""
     parts = urlsplit(url)
     if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
-        raise ValueError(f"--mqtt {url!r}: write mqtt://HOST[:PORT] or mqtts://HOST[:PORT]")
+        raise ValueError(f"--mqtt {redacted(url)!r}: write mqtt://HOST[:PORT] or mqtts://HOST[:PORT]")
     tls = parts.scheme == "mqtts"
     try:
         port = parts.port or (8883 if tls else 1883)
     except ValueError:
-        raise ValueError(f"--mqtt {url!r}: the port is not a number from 1 to 65535") from None
+        raise ValueError(f"--mqtt {redacted(url)!r}: the port is not a number from 1 to 65535") from None
     user = unquote(parts.username) if parts.username is not None else None
     password = unquote(parts.password) if parts.password is not None else None
     return parts.hostname, port, tls, user, password
@@ -67,12 +87,15 @@ class MqttLink:
         self.filters = filters
         self.messages: asyncio.Queue[Received] = asyncio.Queue()
         self.connected = asyncio.Event()
-        self.connection = 0  # counts connections made; the event loop's view
         self.dropped_qos0 = 0
+        self._qos0_bytes = 0
         self._loop = asyncio.get_running_loop()
         self._published: dict[int, asyncio.Future[None]] = {}
+        self._lock = threading.Lock()  # the connection count, read on the loop and changed on paho's thread
+        self._connection = 0
+        self._resumed: dict[int, bool] = {}  # connection -> whether it resumed the session
         self._client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=False, manual_ack=True
+            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5, manual_ack=True
         )
         if user is not None:
             self._client.username_pw_set(user, password)
@@ -88,7 +111,10 @@ class MqttLink:
         self._client.on_subscribe = self._on_subscribe
 
     async def __aenter__(self) -> MqttLink:
-        self._client.connect_async(self.host, self.port, KEEPALIVE)
+        properties = Properties(PacketTypes.CONNECT)
+        properties.SessionExpiryInterval = NEVER_EXPIRES
+        properties.ReceiveMaximum = RECEIVE_MAXIMUM
+        self._client.connect_async(self.host, self.port, KEEPALIVE, clean_start=False, properties=properties)
         self._client.loop_start()
         return self
 
@@ -96,10 +122,28 @@ class MqttLink:
         self._client.disconnect()
         await asyncio.to_thread(self._client.loop_stop)
 
+    @property
+    def connection(self) -> int:
+        with self._lock:
+            return self._connection
+
+    def resumed(self, connection: int) -> bool:
+        """Whether that connection found the session of the one before (so what came on that one and
+        was not acknowledged comes again)."""
+        with self._lock:
+            return self._resumed.get(connection, False)
+
+    def taken(self, messages: list[Received]) -> None:
+        """These were taken from `messages`: the QoS 0 ones no longer count against its bound."""
+        self._qos0_bytes -= sum(len(m.payload) for m in messages if m.qos == 0)
+
     def ack(self, message: Received) -> None:
         """Acknowledge a QoS 1 message, if the connection it came on is still the one open."""
-        if message.qos > 0 and message.connection == self.connection:
-            self._client.ack(message.mid, message.qos)
+        if message.qos == 0:
+            return
+        with self._lock:  # paho's thread changes the count only under it: no new connection meanwhile
+            if message.connection == self._connection:
+                self._client.ack(message.mid, message.qos)
 
     async def publish(self, topic: str, payload: bytes) -> None:
         """Publish at QoS 1 and return once the MQTT broker acknowledged it (a publish cut off by a
@@ -107,7 +151,7 @@ class MqttLink:
         await self.connected.wait()
         info = self._client.publish(topic, payload, qos=1)
         if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
-            raise ConnectionError(f"MQTT publish to {topic!r}: {mqtt.error_string(info.rc)}")
+            raise ConnectionError(f"MQTT publish to {topic[:200]!r}: {mqtt.error_string(info.rc)}")
         done = self._loop.create_future()
         # registered before the next await: the acknowledgement's callback runs on this loop, after it
         self._published[info.mid] = done
@@ -119,19 +163,25 @@ class MqttLink:
         if reason.is_failure:
             log.error("MQTT broker %s:%d refused the connection: %s", self.host, self.port, reason)
             return
-        if self.filters:  # again on every connection: the session may be new (the MQTT broker lost it)
-            client.subscribe([(f, 1) for f in self.filters])
+        with self._lock:
+            self._resumed[self._connection] = bool(flags.session_present)
+        if self.filters:  # again on every connection (the session may be new); retained ones only if new
+            options = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
+            client.subscribe([(f, options) for f in self.filters])
         self._loop.call_soon_threadsafe(self._opened, bool(flags.session_present))
 
     def _on_disconnect(self, _: mqtt.Client, __: Any, ___: Any, reason: Any, ____: Any) -> None:
+        with self._lock:
+            self._connection += 1
         self._loop.call_soon_threadsafe(self.connected.clear)
         if reason.is_failure:
             log.warning("MQTT connection to %s:%d lost (%s); reconnecting", self.host, self.port, reason)
 
     def _on_message(self, _: mqtt.Client, __: Any, message: mqtt.MQTTMessage) -> None:
-        self._loop.call_soon_threadsafe(
-            self._arrived, message.topic, bytes(message.payload), message.mid, message.qos, message.dup
-        )
+        with self._lock:
+            connection = self._connection
+        received = Received(message.topic, bytes(message.payload), message.mid, message.qos, message.dup, connection)
+        self._loop.call_soon_threadsafe(self._arrived, received)
 
     def _on_subscribe(self, _: mqtt.Client, __: Any, ___: int, reasons: list[Any], ____: Any) -> None:
         refused = [f for f, reason in zip(self.filters, reasons, strict=False) if reason.is_failure]
@@ -146,7 +196,6 @@ class MqttLink:
     # on the event loop
 
     def _opened(self, session_present: bool) -> None:
-        self.connection += 1
         self.connected.set()
         log.info(
             "MQTT connected to %s:%d (%s)",
@@ -155,11 +204,13 @@ class MqttLink:
             "session resumed" if session_present else "new session",
         )
 
-    def _arrived(self, topic: str, payload: bytes, mid: int, qos: int, dup: bool) -> None:
-        if qos == 0 and self.messages.qsize() >= QOS0_WAITING:
-            self.dropped_qos0 += 1
-            return
-        self.messages.put_nowait(Received(topic, payload, mid, qos, dup, self.connection))
+    def _arrived(self, message: Received) -> None:
+        if message.qos == 0:
+            if self._qos0_bytes + len(message.payload) > QOS0_BYTES:
+                self.dropped_qos0 += 1
+                return
+            self._qos0_bytes += len(message.payload)
+        self.messages.put_nowait(message)
 
     def _acknowledged(self, mid: int) -> None:
         done = self._published.pop(mid, None)

@@ -4,31 +4,53 @@ only once the MQTT broker acknowledged the one before it.
 The delivery stream acknowledges to Veil what the bridge has consumed, and a delivery counts as
 consumed when the next one is asked for, after its MQTT publish was acknowledged: a bridge that dies
 resumes at the first delivery the MQTT broker may not have, so nothing is lost; one that died between
-the two acknowledgements publishes that delivery again (MQTT's QoS 1 is at least once).
+the two acknowledgements publishes that delivery again (MQTT's QoS 1 is at least once). A delivery
+whose topic cannot be made (`TopicTemplate.render`) is logged and skipped: a publisher's attributes
+must not stop the subscription for everyone after it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import orjson
 
 from veil.bridge.mqtt_link import MqttLink
-from veil.bridge.topics import TopicTemplate
+from veil.bridge.topics import TopicMismatch, TopicTemplate
 from veil.client import VeilClient
 
 log = logging.getLogger("veil.bridge")
+
+RETRY_FIRST, RETRY_MOST = 0.5, 8.0  # seconds between attempts at an MQTT publish that failed
 
 
 class Outbound:
     def __init__(self, link: MqttLink, client: VeilClient, subscription_id: str, template: TopicTemplate) -> None:
         self.link, self.client, self.subscription_id = link, client, subscription_id
         self.template = template.check_outbound()
-        self.published = 0
+        self.published = self.skipped = 0
 
     async def run(self) -> None:
         async with self.client.deliveries(self.subscription_id) as stream:
             log.info("delivering subscription %s to MQTT topic %r", self.subscription_id, self.template.text)
             async for delivery in stream:
-                await self.link.publish(self.template.render(delivery.publication), orjson.dumps(delivery.publication))
+                try:
+                    topic = self.template.render(delivery.publication)
+                except TopicMismatch as exc:
+                    self.skipped += 1
+                    log.warning("delivery %s of subscription %s skipped: %s", delivery.seq, self.subscription_id, exc)
+                    continue
+                await self._publish(topic, orjson.dumps(delivery.publication))
                 self.published += 1
+
+    async def _publish(self, topic: str, payload: bytes) -> None:
+        wait = RETRY_FIRST
+        while True:
+            try:
+                await self.link.publish(topic, payload)
+                return
+            except (ConnectionError, ValueError) as exc:
+                log.warning("MQTT publish failed (%s); trying again in %.1f s", exc, wait)
+            await asyncio.sleep(wait)
+            wait = min(2 * wait, RETRY_MOST)

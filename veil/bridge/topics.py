@@ -16,9 +16,17 @@ from dataclasses import dataclass
 from typing import Any
 
 PLACEHOLDER = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_.-]*)(?::(str|int|float))?\}$")
-# what a value may not carry into a topic level of its own: the separator, the wildcards and NUL
-UNSAFE = re.compile(r"[%/+#\x00]")
+# what a value may not carry into a topic level of its own: the escape, the separator, the wildcards,
+# and what MQTT forbids or brokers refuse in a topic (NUL, control characters, non-characters, lone
+# surrogates): each is percent-encoded, as are a first level's leading `$` (the brokers' own topics)
+_NONCHARACTERS = "".join(chr(plane << 16 | 0xFFFE) + chr(plane << 16 | 0xFFFF) for plane in range(17))
+UNSAFE = re.compile(f"[%/+#\\x00-\\x1f\\x7f-\\x9f\\ud800-\\udfff\\ufdd0-\\ufdef{_NONCHARACTERS}]")
+NUMBER = {
+    "int": re.compile(r"-?[0-9]+"),
+    "float": re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"),
+}  # ASCII only: `٣`, `+3`, ` 3` and `3_0` are not numbers a topic level gives
 CONVERT: dict[str, type] = {"str": str, "int": int, "float": float}
+MAX_TOPIC = 65535  # bytes of UTF-8, MQTT's limit
 
 
 class TopicMismatch(ValueError):
@@ -71,27 +79,28 @@ class TopicTemplate:
         """The attributes `topic`'s levels give, or TopicMismatch."""
         parts = topic.split("/")
         if len(parts) < len(self.levels) or (len(parts) > len(self.levels) and not self.rest):
-            raise TopicMismatch(f"topic {topic!r} does not fit {self.text!r}")
+            raise TopicMismatch(f"topic {shown(topic)} does not fit {self.text!r}")
         found: dict[str, Any] = {}
         for part, (literal, name, kind) in zip(parts, self.levels, strict=False):
             if name is None:
                 if literal != "+" and part != literal:
-                    raise TopicMismatch(f"topic {topic!r} does not fit {self.text!r}")
+                    raise TopicMismatch(f"topic {shown(topic)} does not fit {self.text!r}")
                 continue
-            try:
-                value = CONVERT[kind](part)
-            except ValueError:
-                raise TopicMismatch(f"topic {topic!r}: level {part!r} is not the {kind} {{{name}}} asks for") from None
+            pattern = NUMBER.get(kind)
+            if pattern is not None and not pattern.fullmatch(part):
+                raise TopicMismatch(f"topic {shown(topic)}: level {shown(part)} is not the {kind} {{{name}}} asks for")
+            value = CONVERT[kind](part)
             if isinstance(value, float) and not math.isfinite(value):
-                raise TopicMismatch(f"topic {topic!r}: level {part!r} is not a finite number")
+                raise TopicMismatch(f"topic {shown(topic)}: level {shown(part)} is not a finite number")
             found[name] = value
         return found
 
     def render(self, publication: dict[str, Any]) -> str:
         """The topic a delivery of `publication` goes to: each {name} is its top-level attribute of that
-        name, percent-encoded where it holds `/`, `+`, `#`, `%` or NUL (so that a publisher cannot
-        steer it into another branch of the tree); a missing or non-scalar one is an empty level.
-        Templates for the way out end in no wildcard (`check_outbound`)."""
+        name, percent-encoded where it holds what would leave its level or that MQTT forbids (`UNSAFE`),
+        so that a publisher cannot steer it into another branch of the tree or break the connection;
+        a missing or non-scalar one is an empty level. TopicMismatch when the topic would be empty or
+        longer than MQTT allows. Templates for the way out end in no wildcard (`check_outbound`)."""
         levels = []
         for literal, name, _ in self.levels:
             if name is None:
@@ -104,11 +113,25 @@ class TopicTemplate:
                 text = str(value)
             else:
                 text = ""
-            levels.append(UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", text))
-        return "/".join(levels)
+            levels.append(UNSAFE.sub(_percent, text))
+        topic = "/".join(levels)
+        if topic.startswith("$") and self.levels[0][1] is not None:
+            topic = "%24" + topic[1:]
+        if not topic or len(topic.encode()) > MAX_TOPIC:
+            raise TopicMismatch(f"template {self.text!r}: the topic would be empty or longer than {MAX_TOPIC} bytes")
+        return topic
 
     def check_outbound(self) -> TopicTemplate:
         """This template, if deliveries can be published under it (no `+` or `#`)."""
         if self.rest or any(literal == "+" for literal, _, _ in self.levels):
             raise ValueError(f"topic template {self.text!r}: a topic to publish to holds no + or #")
         return self
+
+
+def _percent(found: re.Match[str]) -> str:
+    return "".join(f"%{byte:02X}" for byte in found.group().encode(errors="surrogatepass"))
+
+
+def shown(text: str) -> str:
+    """A device's text (a topic, a level) for a message or a log: up to 64 KB of it."""
+    return repr(text if len(text) <= 120 else text[:120] + "…")

@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from veil.protocol.errors import ProtocolError
 
+PREFIX = "veil:"  # every reserved member's, present and future
 SCOPE = "veil:scope"
 SEALED = "veil:sealed"
 ORIGIN = "veil:origin"
