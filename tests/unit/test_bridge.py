@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from veil.bridge.inbound import Inbound, document
 from veil.bridge.journal import Entry, Journal, digest
-from veil.bridge.mqtt_link import Received
+from veil.bridge.mqtt_link import Received, broker_address
 from veil.bridge.topics import TopicMismatch, TopicTemplate
 from veil.client.errors import Forbidden, VeilError
 from veil.protocol.publications import keyed, parse_publication, parse_publication_batch
@@ -74,7 +74,18 @@ def test_hostile_values_are_encoded_and_an_impossible_topic_is_refused():
 def test_a_numeric_level_is_plain_ascii_digits():
     template = TopicTemplate.parse("a/{n:int}/{f:float}")
     assert template.attributes("a/-3/2.5e3") == {"n": -3, "f": 2500.0}
-    for topic in ("a/\u0663/1", "a/+3/1", "a/ 3/1", "a/3_0/1", "a/3/1_0", "a/3/inf", "a/3/nan", "a/3/0x1"):
+    many = "9" * 5000  # more digits than int() takes: not this template's, the next may fit
+    for topic in (
+        "a/\u0663/1",
+        "a/+3/1",
+        "a/ 3/1",
+        "a/3_0/1",
+        "a/3/1_0",
+        "a/3/inf",
+        "a/3/nan",
+        "a/3/0x1",
+        f"a/{many}/1",
+    ):
         with pytest.raises(TopicMismatch):
             template.attributes(topic)
 
@@ -104,11 +115,12 @@ def test_the_topic_wins_over_the_payload_and_values_that_are_no_object_are_kept(
         (b'{"veil:scope": "ops", "a": 1}', "veil:scope"),  # a device does not choose a scope
         (b'{"veil:key": "k"}', "veil:key"),
         (b" " * ((1 << 20) + 1), "bytes"),
+        (b'{"publication": [{"key": "veil:scope", "val": "ops", "type": "string"}]}', "veil:"),  # a defined form
     ],
 )
 def test_a_payload_that_cannot_be_published_as_sent_is_refused(payload, says):
     with pytest.raises(ValueError, match=says):
-        document([TopicTemplate.parse("s/{site}")], "s/n", payload, "v")
+        document([TopicTemplate.parse("s/#")], "s/n", payload, "v")
 
 
 class Link:
@@ -120,9 +132,11 @@ class Link:
     def resumed(self, connection: int) -> bool:
         return self.session_resumed
 
-    def ack(self, message) -> None:
-        if message.connection == self.connection:
-            self.acked.append(message.mid)
+    def ack(self, message) -> bool:
+        if message.connection != self.connection:
+            return False
+        self.acked.append(message.mid)
+        return True
 
     def taken(self, messages) -> None:
         pass
@@ -191,6 +205,27 @@ async def test_a_message_held_unwritten_when_the_connection_was_replaced_is_new_
     assert inbound.counts.stale == 1
 
 
+async def test_a_published_message_whose_copies_went_stale_keeps_its_key(tmp_path):
+    link, veil = Link(), Veil()
+    inbound = Inbound(link, veil, [TopicTemplate.parse("s/{site:int}")], Journal(str(tmp_path / "j")))
+    veil_answers = veil.request
+
+    async def answered_then_cut(*args):  # logged; the answer is lost, and the connection replaced twice
+        await veil_answers(*args)
+        link.connection = 3
+        raise aiohttp.ClientConnectionError("cut")
+
+    veil.request = answered_then_cut
+    task = asyncio.create_task(inbound.forward([message(1)]))
+    while link.connection == 1:
+        await asyncio.sleep(0.01)
+    veil.request = veil_answers
+    await task
+    await inbound.forward([message(1, True, 2), message(1, True, 3)])  # a stale copy, then the live one
+    assert [doc["n"] for _, doc in veil.log] == [1]
+    assert link.acked == [101]
+
+
 async def test_what_a_lost_session_will_not_send_again_is_forwarded_now(tmp_path):
     link, veil = Link(), Veil()
     inbound = Inbound(link, veil, [TopicTemplate.parse("s/{site:int}")], Journal(str(tmp_path / "j")))
@@ -232,3 +267,10 @@ def test_a_redelivery_gets_the_key_it_had_and_anything_else_a_new_one(tmp_path):
     journal.forget([1])
     assert journal.keys([Entry(1, a, True)], ["k7"]) == [("k7", False)]  # held unwritten: the DUP is new
     journal.close()
+
+
+def test_a_password_is_never_printed_however_it_is_spelled():
+    for url in ("mqtt://u:s3cret@host:99999", "mqtt://u:s3/cr?et#x@host:99999", "tcp://u:s3cret@host"):
+        with pytest.raises(ValueError) as refused:
+            broker_address(url)
+        assert "s3" not in str(refused.value)

@@ -131,6 +131,20 @@ async def test_a_reconnect_resumes_after_what_was_consumed_and_the_rest_comes_ag
         await client.close()
 
 
+async def test_consumed_on_next_resumes_before_the_delivery_the_application_still_holds():
+    dropped = asyncio.Event()
+    first = after(dropped, line(1), line(2))
+    async with ScriptedBroker(first, lines(line(2), line(3)), forever()) as broker:
+        client = broker.client()
+        async with client.deliveries("s", consumed_on_next=True) as stream:
+            assert await take(stream, 2) == [(1, ()), (2, ())]  # 1 counts as consumed; 2 is still held
+            dropped.set()  # the connection breaks while the application works on 2
+            await broker.connections(2)
+            assert [seq for seq, _ in await take(stream, 2)] == [2, 3]  # 2 again: it was never consumed
+        assert broker.sent[1][0]["resumeAfter"] == 1
+        await client.close()
+
+
 async def test_a_broker_that_sends_again_what_was_consumed_is_caught():
     consumed = asyncio.Event()
     async with ScriptedBroker(after(consumed, line(1), line(2)), lines(line(2), line(1), line(3)), forever()) as broker:

@@ -28,11 +28,14 @@ from veil.bridge.mqtt_link import MqttLink, Received
 from veil.bridge.topics import TopicMismatch, TopicTemplate, shown
 from veil.client import VeilClient
 from veil.client.errors import Overloaded, VeilError
+from veil.protocol import ProtocolError
+from veil.protocol.publications import parse_publication
 from veil.protocol.reserved import PREFIX
 
 log = logging.getLogger("veil.bridge")
 
 GROUP = 256  # messages in one publish request at most
+GROUP_BYTES = 512 << 10  # and bytes of publications: well within Veil's --max-body (1 MiB by default)
 MAX_PAYLOAD = 1 << 20  # bytes: a larger payload is refused before it is parsed
 RETRY_FIRST, RETRY_MOST = 0.2, 5.0  # seconds between attempts while Veil cannot take a group
 # a refusal naming one of these is about the bridge's credential, which the operator can mend: waited out
@@ -80,9 +83,16 @@ def document(templates: list[TopicTemplate], topic: str, payload: bytes, value_a
     if reserved:
         raise ValueError(f"the payload sets {reserved[0]!r}: members named {PREFIX}* are Veil's, not a device's")
     try:
-        return orjson.dumps({**members, **attributes})
+        body = orjson.dumps({**members, **attributes})
     except TypeError as exc:
         raise ValueError(f"the payload holds what a publication cannot ({exc})") from None
+    try:  # what Veil will read of it: no reserved member in any form it takes (a defined form's keys)
+        routed = parse_publication(body)
+    except ProtocolError as exc:
+        raise ValueError(f"{exc.field}: {exc.problem}") from None
+    if routed.reserved is not None or routed.key is not None:
+        raise ValueError(f"the payload sets members named {PREFIX}*, which are Veil's, not a device's")
+    return body
 
 
 def permanent(error: VeilError) -> bool:
@@ -103,13 +113,18 @@ class Inbound:
         self.link, self.client, self.templates, self.journal = link, client, templates, journal
         self.value_attribute = value_attribute
         self.counts = Counts()
+        # packet ids this process wrote to the journal and has not acknowledged on the connection they
+        # came on: their entries are kept when copies of them go stale, since they may be in Veil
+        self._written: set[int] = set()
 
     async def run(self) -> None:
         queue = self.link.messages
         while True:
             group = [await queue.get()]
-            while len(group) < GROUP and not queue.empty():
+            size = len(group[0].payload)
+            while len(group) < GROUP and size < GROUP_BYTES and not queue.empty():
                 group.append(queue.get_nowait())
+                size += len(group[-1].payload)
             self.link.taken(group)
             await self.forward(group)
 
@@ -118,7 +133,7 @@ class Inbound:
         connection = self.link.connection
         if self.link.resumed(connection):  # the older connections' copies come again: those are taken then
             current = [m for m in group if m.connection == connection]
-            stale = [m.mid for m in group if m.connection != connection and m.qos > 0]
+            stale = [m.mid for m in group if m.connection != connection and m.qos > 0 and m.mid not in self._written]
             await asyncio.to_thread(self.journal.forget, stale)
             self.counts.stale += len(group) - len(current)
         else:  # the MQTT broker lost the session: nothing comes again, so the copies go now
@@ -136,6 +151,7 @@ class Inbound:
         # a group's line N is keyed batch#N by Veil, N counted from 1 (blank lines count)
         lines = [f"{batch}#{n}" for n in range(1, len(readable) + 1)]
         keys = await asyncio.to_thread(self.journal.keys, entries, lines)
+        self._written.update(m.mid for m, _ in readable if m.qos > 0)
         fresh: list[tuple[int, Received, bytes]] = []
         for n, ((message, body), (key, again)) in enumerate(zip(readable, keys, strict=True), start=1):
             if not again:
@@ -152,7 +168,8 @@ class Inbound:
         elif fresh:
             await self._group(batch, fresh)
         for message in current:
-            self.link.ack(message)
+            if self.link.ack(message):
+                self._written.discard(message.mid)
 
     async def _group(self, batch: str, lines: list[tuple[int, Received, bytes]]) -> None:
         """Publish as one request, line N keyed `batch#N` as the journal has it: the group's lines,

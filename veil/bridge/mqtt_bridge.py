@@ -13,9 +13,11 @@ from veil.bridge.mqtt_link import MqttLink
 from veil.bridge.outbound import Outbound
 from veil.bridge.topics import TopicTemplate
 from veil.client import VeilClient
-from veil.client.errors import FATAL, VeilError
+from veil.client.errors import FATAL, Quarantined, VeilError
 
 log = logging.getLogger("veil.bridge")
+
+RETRY_FIRST, RETRY_MOST = 1.0, 30.0  # seconds before a subscription's delivery is tried again
 
 
 @dataclass
@@ -39,11 +41,22 @@ class MqttBridge:
         failures: list[VeilError] = []
 
         async def delivering(out: Outbound) -> None:
-            try:
-                await out.run()
-            except FATAL as exc:
-                log.error("subscription %s is not delivered to MQTT: %s", out.subscription_id, exc)
-                failures.append(exc)
+            """A subscription refused for good (removed, not the bridge's, quarantined) stops here
+            alone; anything else (Veil unreachable long enough for the stream to give up) is tried
+            again, backing off."""
+            wait = RETRY_FIRST
+            while True:
+                try:
+                    await out.run()
+                except (*FATAL, Quarantined) as exc:
+                    log.error("subscription %s is not delivered to MQTT: %s", out.subscription_id, exc)
+                    failures.append(exc)
+                    return
+                except Exception as exc:  # whatever it was, the other parts go on
+                    log.warning("delivering subscription %s failed (%s); again in %.0f s", out.subscription_id,
+                                exc, wait)  # fmt: skip
+                await asyncio.sleep(wait)
+                wait = min(2 * wait, RETRY_MOST)
 
         try:
             async with MqttLink(

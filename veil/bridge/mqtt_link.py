@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import ssl
 import threading
 from dataclasses import dataclass
@@ -36,6 +37,9 @@ log = logging.getLogger("veil.bridge")
 KEEPALIVE = 30  # seconds
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry interval: the session outlives any downtime
 RECEIVE_MAXIMUM = 256  # QoS 1 messages the MQTT broker sends before it waits for acknowledgements
+MAXIMUM_PACKET = (1 << 20) + (1 << 16) + 256  # bytes: a payload of 1 MiB under a topic of 64 KiB; larger ones
+# the MQTT broker does not send (MQTT 5 Maximum Packet Size), so they never take the bridge's memory
+QUOTA_EXCEEDED = 0x97
 QOS0_BYTES = 64 << 20  # QoS 0 messages waiting beyond this many bytes are dropped (at most once anyway)
 
 
@@ -50,11 +54,17 @@ class Received:
 
 
 def redacted(url: str) -> str:
-    """The URL without its user and password, for messages and logs."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return parts._replace(netloc="…@" + parts.netloc.rpartition("@")[2]).geturl()
+    """The URL without its user and password (everything between `://` and the last `@`, however
+    the password is spelled), for messages and logs."""
+    return re.sub(r"://.*@", "://…@", url)
+
+
+class PublishRefused(Exception):
+    """The MQTT broker acknowledged a publish with a failure reason (not authorized, quota exceeded)."""
+
+    def __init__(self, reason: str, retry: bool) -> None:
+        super().__init__(reason)
+        self.retry = retry  # the reason is for now (quota exceeded), not for this message
 
 
 def broker_address(url: str) -> tuple[str, int, bool, str | None, str | None]:
@@ -114,6 +124,7 @@ class MqttLink:
         properties = Properties(PacketTypes.CONNECT)
         properties.SessionExpiryInterval = NEVER_EXPIRES
         properties.ReceiveMaximum = RECEIVE_MAXIMUM
+        properties.MaximumPacketSize = MAXIMUM_PACKET
         self._client.connect_async(self.host, self.port, KEEPALIVE, clean_start=False, properties=properties)
         self._client.loop_start()
         return self
@@ -137,17 +148,21 @@ class MqttLink:
         """These were taken from `messages`: the QoS 0 ones no longer count against its bound."""
         self._qos0_bytes -= sum(len(m.payload) for m in messages if m.qos == 0)
 
-    def ack(self, message: Received) -> None:
-        """Acknowledge a QoS 1 message, if the connection it came on is still the one open."""
+    def ack(self, message: Received) -> bool:
+        """Acknowledge a QoS 1 message, if the connection it came on is still the one open; whether
+        it was (a QoS 0 message needs none)."""
         if message.qos == 0:
-            return
+            return True
         with self._lock:  # paho's thread changes the count only under it: no new connection meanwhile
-            if message.connection == self._connection:
-                self._client.ack(message.mid, message.qos)
+            if message.connection != self._connection:
+                return False
+            self._client.ack(message.mid, message.qos)
+            return True
 
     async def publish(self, topic: str, payload: bytes) -> None:
         """Publish at QoS 1 and return once the MQTT broker acknowledged it (a publish cut off by a
-        reconnect is sent again by paho, under the persistent session)."""
+        reconnect is sent again by paho, under the persistent session); PublishRefused if the
+        acknowledgement gives a failure reason."""
         await self.connected.wait()
         info = self._client.publish(topic, payload, qos=1)
         if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
@@ -190,8 +205,9 @@ class MqttLink:
         else:
             log.info("MQTT subscribed to %s", ", ".join(self.filters))
 
-    def _on_publish(self, _: mqtt.Client, __: Any, mid: int, ___: Any, ____: Any) -> None:
-        self._loop.call_soon_threadsafe(self._acknowledged, mid)
+    def _on_publish(self, _: mqtt.Client, __: Any, mid: int, reason: Any, ____: Any) -> None:
+        refused = PublishRefused(str(reason), reason.value == QUOTA_EXCEEDED) if reason.is_failure else None
+        self._loop.call_soon_threadsafe(self._acknowledged, mid, refused)
 
     # on the event loop
 
@@ -208,11 +224,17 @@ class MqttLink:
         if message.qos == 0:
             if self._qos0_bytes + len(message.payload) > QOS0_BYTES:
                 self.dropped_qos0 += 1
+                if self.dropped_qos0 % 1000 == 1:
+                    log.warning("QoS 0 messages dropped: %d (more than %d bytes of them waiting)", self.dropped_qos0,
+                                QOS0_BYTES)  # fmt: skip
                 return
             self._qos0_bytes += len(message.payload)
         self.messages.put_nowait(message)
 
-    def _acknowledged(self, mid: int) -> None:
+    def _acknowledged(self, mid: int, refused: PublishRefused | None) -> None:
         done = self._published.pop(mid, None)
         if done is not None and not done.done():
-            done.set_result(None)
+            if refused is None:
+                done.set_result(None)
+            else:
+                done.set_exception(refused)

@@ -16,8 +16,8 @@ import logging
 
 import orjson
 
-from veil.bridge.mqtt_link import MqttLink
-from veil.bridge.topics import TopicMismatch, TopicTemplate
+from veil.bridge.mqtt_link import MqttLink, PublishRefused
+from veil.bridge.topics import TopicMismatch, TopicTemplate, shown
 from veil.client import VeilClient
 
 log = logging.getLogger("veil.bridge")
@@ -32,7 +32,7 @@ class Outbound:
         self.published = self.skipped = 0
 
     async def run(self) -> None:
-        async with self.client.deliveries(self.subscription_id) as stream:
+        async with self.client.deliveries(self.subscription_id, consumed_on_next=True) as stream:
             log.info("delivering subscription %s to MQTT topic %r", self.subscription_id, self.template.text)
             async for delivery in stream:
                 try:
@@ -42,14 +42,23 @@ class Outbound:
                     log.warning("delivery %s of subscription %s skipped: %s", delivery.seq, self.subscription_id, exc)
                     continue
                 await self._publish(topic, orjson.dumps(delivery.publication))
-                self.published += 1
 
     async def _publish(self, topic: str, payload: bytes) -> None:
+        """Publish until the MQTT broker takes it, or refuses this message for good (logged, skipped:
+        it would be refused again)."""
         wait = RETRY_FIRST
         while True:
             try:
                 await self.link.publish(topic, payload)
+                self.published += 1
                 return
+            except PublishRefused as exc:
+                if not exc.retry:
+                    self.skipped += 1
+                    log.error("MQTT broker refused a delivery of %s to %s: %s (skipped)", self.subscription_id,
+                              shown(topic), exc)  # fmt: skip
+                    return
+                log.warning("MQTT broker refused a delivery for now (%s); trying again in %.1f s", exc, wait)
             except (ConnectionError, ValueError) as exc:
                 log.warning("MQTT publish failed (%s); trying again in %.1f s", exc, wait)
             await asyncio.sleep(wait)

@@ -89,7 +89,10 @@ class TopicTemplate:
             pattern = NUMBER.get(kind)
             if pattern is not None and not pattern.fullmatch(part):
                 raise TopicMismatch(f"topic {shown(topic)}: level {shown(part)} is not the {kind} {{{name}}} asks for")
-            value = CONVERT[kind](part)
+            try:
+                value = CONVERT[kind](part)
+            except ValueError:  # digits beyond what int() takes
+                raise TopicMismatch(f"topic {shown(topic)}: level {shown(part)} is too long a number") from None
             if isinstance(value, float) and not math.isfinite(value):
                 raise TopicMismatch(f"topic {shown(topic)}: level {shown(part)} is not a finite number")
             found[name] = value

@@ -459,11 +459,22 @@ class VeilClient:
         return await TcpChannel.open(self.host, self.tcp_port, self.ssl)
 
     def deliveries(
-        self, subscription_id: str, *, transport: str = "tcp", envelope: bool = True, group: bool = False
+        self,
+        subscription_id: str,
+        *,
+        transport: str = "tcp",
+        envelope: bool = True,
+        group: bool = False,
+        consumed_on_next: bool = False,
     ) -> DeliveryStream:
         """The subscription's deliveries; with `group`, as one member of its group: each delivery
-        goes to one member, and what one leaves unacknowledged goes to another."""
-        return DeliveryStream(self, subscription_id, transport, envelope, group)
+        goes to one member, and what one leaves unacknowledged goes to another. With
+        `consumed_on_next`, a delivery counts as consumed (acknowledged, and resumed after) only when
+        the next one is asked for, not when it is handed over: for an application that hands each on
+        and must not lose one it was handling when its connection dropped (it may see it twice)."""
+        stream = DeliveryStream(self, subscription_id, transport, envelope, group)
+        stream.consumed_on_next = consumed_on_next
+        return stream
 
     def multiplexed(self, subscription_ids: Sequence[str], *, transport: str = "tcp") -> MultiplexedStream:
         """The deliveries of many subscriptions over one connection: each publication once, with the
@@ -532,6 +543,8 @@ class DeliveryStream:
         self._task: asyncio.Task[None] | None = None
         self._send: Callable[[bytes], Awaitable[None]] | None = None
         self.connected = asyncio.Event()
+        self.consumed_on_next = False
+        self._handed: tuple[int, tuple[str, ...]] | None = None  # handed over, to count as consumed at the next
 
     async def __aenter__(self) -> DeliveryStream:
         self._task = asyncio.create_task(self._run())
@@ -556,6 +569,9 @@ class DeliveryStream:
     async def __anext__(self) -> Delivery:
         if self._task is None:
             await self.__aenter__()
+        if self._handed is not None:
+            self._settle(*self._handed)
+            self._handed = None
         if self._lines.empty() or self._unacked >= ACK_EVERY or time.monotonic() - self._acked_at >= ACK_AFTER:
             await self._acknowledge()
         item = await self._lines.get()
@@ -563,9 +579,10 @@ class DeliveryStream:
             raise item
         delivery = self._parse(*item)
         if delivery.seq is not None:
-            self._consumed(delivery.seq, delivery.subscription_ids)
-            self._ackable = delivery.seq
-            self._unacked += 1
+            if self.consumed_on_next:
+                self._handed = (delivery.seq, delivery.subscription_ids)
+            else:
+                self._settle(delivery.seq, delivery.subscription_ids)
         if self.client.keyring is not None and isinstance(delivery.publication, dict):
             delivery = await self._opened(self.client.keyring, delivery)
         return delivery
@@ -596,6 +613,12 @@ class DeliveryStream:
             return delivery._replace(payload_error=problem)
         return delivery._replace(payload=payload)
 
+    def _settle(self, seq: int, subscription_ids: tuple[str, ...]) -> None:
+        """A delivery the application took: consumed, and acknowledged with the next acknowledgement."""
+        self._consumed(seq, subscription_ids)
+        self._ackable = seq
+        self._unacked += 1
+
     def _consumed(self, seq: int, subscription_ids: tuple[str, ...]) -> None:
         self.last_seq = seq
         if not self.group:
@@ -603,9 +626,11 @@ class DeliveryStream:
 
     def _restart(self) -> None:
         """Before a new connection: unconsumed lines are dropped (they come again, after the resume
-        point), and nothing is acknowledged until a line of the new connection is consumed."""
+        point, as does one handed over and not yet counted consumed), and nothing is acknowledged
+        until a line of the new connection is consumed."""
         while not self._lines.empty():
             self._lines.get_nowait()
+        self._handed = None  # not consumed: it comes again after the resume point
         self._received = self.last_seq
         self._ackable = self._acked = None
         self._unacked = 0
@@ -744,6 +769,12 @@ class MultiplexedStream(DeliveryStream):
         self.ended: dict[str, VeilError] = {}
         self._carried = frozenset(self.subscription_ids)
         self._each: dict[str, int] = {}  # per subscription, the last one queued
+
+    def _settle(self, seq: int, subscription_ids: tuple[str, ...]) -> None:
+        """A delivery the application took: consumed, and acknowledged with the next acknowledgement."""
+        self._consumed(seq, subscription_ids)
+        self._ackable = seq
+        self._unacked += 1
 
     def _consumed(self, seq: int, subscription_ids: tuple[str, ...]) -> None:
         for sub_id in subscription_ids:
