@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,7 @@ import orjson
 
 from bench.brokers import add_broker_arguments, benched_broker
 from bench.cpu import cpu_seconds
+from bench.latency import _percentiles
 from bench.loadgen import Processes, lat_lon
 from veil.client import VeilClient
 from veil.harness import MosquittoServer
@@ -58,7 +60,7 @@ def _mqtt_publish(queue, port: int, run: str, seconds: float, rate: float) -> No
     client.connect("127.0.0.1", port)
     client.loop_start()
     started = time.time()
-    begin, sent, rng = time.monotonic(), 0, __import__("random").Random(0)
+    begin, sent, rng = time.monotonic(), 0, random.Random(0)
     while time.monotonic() - begin < seconds:
         window.acquire()
         reading = lat_lon(rng, run)
@@ -110,12 +112,12 @@ def _mqtt_listen(queue, ready, port: int, run: str, seconds: float) -> None:
 def _figures(
     held: float, latencies: list[float], expected: int, started: float, last: float, cpu: float | None = None
 ) -> dict:
-    values = np.array(latencies) * 1000
+    p50, p99 = _percentiles(np.array(latencies) * 1000)
     return {
         "held": held,
         "through": len(latencies) / (last - started) if last > started else float("nan"),
-        "p50": float(np.percentile(values, 50)) if len(values) else float("nan"),
-        "p99": float(np.percentile(values, 99)) if len(values) else float("nan"),
+        "p50": p50,
+        "p99": p99,
         "delivered": len(latencies),
         "expected": expected,
         "cpu_us": cpu,

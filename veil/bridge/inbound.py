@@ -134,7 +134,8 @@ class Inbound:
         if self.link.resumed(connection):  # the older connections' copies come again: those are taken then
             current = [m for m in group if m.connection == connection]
             stale = [m.mid for m in group if m.connection != connection and m.qos > 0 and m.mid not in self._written]
-            await asyncio.to_thread(self.journal.forget, stale)
+            if stale:
+                await asyncio.to_thread(self.journal.forget, stale)
             self.counts.stale += len(group) - len(current)
         else:  # the MQTT broker lost the session: nothing comes again, so the copies go now
             current = group

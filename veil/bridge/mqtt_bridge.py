@@ -38,6 +38,7 @@ class MqttBridge:
         ca, cert, key = self.tls_files
         filters = [t.filter for t in self.topics]
         inbound: Inbound | None = None
+        outbound: list[Outbound] = []
         failures: list[VeilError] = []
 
         async def delivering(out: Outbound) -> None:
@@ -63,18 +64,23 @@ class MqttBridge:
                 self.mqtt_url, self.client_id, filters, ca_file=ca, cert_file=cert, key_file=key
             ) as link:
                 inbound = Inbound(link, self.client, self.topics, journal, self.value_attribute)
+                outbound = [Outbound(link, self.client, subscription, topic) for subscription, topic in self.deliver]
                 async with asyncio.TaskGroup() as tasks:
                     if self.topics:
                         tasks.create_task(inbound.run())
-                    for subscription, topic in self.deliver:
-                        tasks.create_task(delivering(Outbound(link, self.client, subscription, topic)))
+                    for out in outbound:
+                        tasks.create_task(delivering(out))
         finally:
             journal.close()
             if inbound is not None:
                 c = inbound.counts
                 log.info(
                     "stopped: %d MQTT messages received, %d published into Veil (%d again after a reconnect), "
-                    "%d rejected", c.received, c.published, c.repeated, c.rejected,
+                    "%d rejected, %d stale copies left to come again", c.received, c.published, c.repeated,
+                    c.rejected, c.stale,
                 )  # fmt: skip
+                for out in outbound:
+                    log.info("subscription %s: %d deliveries published to MQTT, %d skipped", out.subscription_id,
+                             out.published, out.skipped)  # fmt: skip
         if failures:
             raise failures[0]

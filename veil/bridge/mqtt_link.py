@@ -32,6 +32,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from veil.bridge.topics import shown
+
 log = logging.getLogger("veil.bridge")
 
 KEEPALIVE = 30  # seconds
@@ -166,7 +168,7 @@ class MqttLink:
         await self.connected.wait()
         info = self._client.publish(topic, payload, qos=1)
         if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
-            raise ConnectionError(f"MQTT publish to {topic[:200]!r}: {mqtt.error_string(info.rc)}")
+            raise ConnectionError(f"MQTT publish to {shown(topic)}: {mqtt.error_string(info.rc)}")
         done = self._loop.create_future()
         # registered before the next await: the acknowledgement's callback runs on this loop, after it
         self._published[info.mid] = done

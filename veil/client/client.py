@@ -472,9 +472,7 @@ class VeilClient:
         `consumed_on_next`, a delivery counts as consumed (acknowledged, and resumed after) only when
         the next one is asked for, not when it is handed over: for an application that hands each on
         and must not lose one it was handling when its connection dropped (it may see it twice)."""
-        stream = DeliveryStream(self, subscription_id, transport, envelope, group)
-        stream.consumed_on_next = consumed_on_next
-        return stream
+        return DeliveryStream(self, subscription_id, transport, envelope, group, consumed_on_next)
 
     def multiplexed(self, subscription_ids: Sequence[str], *, transport: str = "tcp") -> MultiplexedStream:
         """The deliveries of many subscriptions over one connection: each publication once, with the
@@ -519,7 +517,13 @@ class DeliveryStream:
     another member left come after newer ones), so it has no resume point of its own."""
 
     def __init__(
-        self, client: VeilClient, subscription_id: str, transport: str, envelope: bool, group: bool = False
+        self,
+        client: VeilClient,
+        subscription_id: str,
+        transport: str,
+        envelope: bool,
+        group: bool = False,
+        consumed_on_next: bool = False,
     ) -> None:
         if transport not in ("tcp", "ws"):
             raise ValueError("transport is 'tcp' or 'ws'")
@@ -543,7 +547,7 @@ class DeliveryStream:
         self._task: asyncio.Task[None] | None = None
         self._send: Callable[[bytes], Awaitable[None]] | None = None
         self.connected = asyncio.Event()
-        self.consumed_on_next = False
+        self.consumed_on_next = consumed_on_next
         self._handed: tuple[int, tuple[str, ...]] | None = None  # handed over, to count as consumed at the next
 
     async def __aenter__(self) -> DeliveryStream:
