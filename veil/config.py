@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from veil.protocol.limits import DAY_MS, Limits
+from veil.security.endpoints import Network, networks
 from veil.security.identity import METHODS as AUTH_METHODS
 
 log = logging.getLogger("veil.config")
@@ -80,8 +81,11 @@ class Config:
         ("VEIL_SPARK_MASTER", "SPARK_MASTER"), str, "local[N,4]",
     )  # fmt: skip
     workers: int | None = _opt(
-        None, "Spark task threads in local mode (at least one per matcher partition)", ("VEIL_WORKERS", "WORKERS"),
-        int, "cores",
+        None,
+        "Spark task threads in local mode (at least one per matcher partition)",
+        ("VEIL_WORKERS", "WORKERS"),
+        int,
+        "cores",
     )
     driver_memory: str = _opt(
         "4g", "Spark driver heap (in local mode also the executors', where matcher partitions hold their state)",
@@ -229,6 +233,26 @@ class Config:
         60.0, "seconds a member of a subscription's group may hold deliveries without acknowledging any: then it "
         "is closed, and they go to the other members", ("VEIL_ACK_WAIT",),
     )  # fmt: skip
+    webhook_allow: tuple[str, ...] = _opt(
+        (), "network (CIDR) webhook endpoints may be in besides public addresses, e.g. 10.0.0.0/8; repeat for "
+        "more (loopback, link-local and private addresses are refused otherwise)", ("VEIL_WEBHOOK_ALLOW",), tuple,
+    )  # fmt: skip
+    webhook_ca: str | None = _opt(
+        None, "PEM CA bundle trusted for webhook endpoints' certificates besides the system's", ("VEIL_WEBHOOK_CA",),
+        str,
+    )  # fmt: skip
+    webhook_timeout: float = _opt(
+        10.0, "seconds a webhook request may take, connecting included, before it counts as failed",
+        ("VEIL_WEBHOOK_TIMEOUT",),
+    )  # fmt: skip
+    webhook_attempts: int = _opt(
+        10, "attempts at delivering a webhook request before its deliveries go to the subscription's dead letters",
+        ("VEIL_WEBHOOK_ATTEMPTS",),
+    )  # fmt: skip
+    webhook_backoff: float = _opt(
+        1.0, "seconds before a failed webhook request's first retry; each next one waits twice as long, at most "
+        "300 s", ("VEIL_WEBHOOK_BACKOFF",),
+    )  # fmt: skip
     max_replay: int = _opt(
         1_000_000, "most log entries a subscription's replay (\"since\") may read: an earlier since is refused",
         ("VEIL_MAX_REPLAY",),
@@ -285,6 +309,10 @@ class Config:
     @property
     def gateway_name(self) -> str:
         return self.gateway_id or f"{socket.gethostname()}:{self.port}"
+
+    @property
+    def webhook_networks(self) -> tuple[Network, ...]:
+        return networks(self.webhook_allow, "--webhook-allow")
 
     @property
     def spark_settings(self) -> dict[str, str]:
@@ -392,6 +420,15 @@ class Config:
             raise ValueError("--max-queued-deliveries, --max-queued-bytes and --max-queued-age (s) must be positive")
         if not 1 <= self.ack_wait <= 86400:
             raise ValueError("--ack-wait: seconds, from 1 to 86400 (a day)")
+        networks(self.webhook_allow, "--webhook-allow")
+        if self.webhook_ca is not None and not os.path.isfile(self.webhook_ca):
+            raise ValueError(f"--webhook-ca: no such file {self.webhook_ca!r}")
+        if not 0 < self.webhook_timeout <= 300:
+            raise ValueError("--webhook-timeout: seconds, more than 0 and at most 300")
+        if not 1 <= self.webhook_attempts <= 100:
+            raise ValueError("--webhook-attempts: from 1 to 100")
+        if not 0 < self.webhook_backoff <= 300:
+            raise ValueError("--webhook-backoff: seconds, more than 0 and at most 300")
         if self.max_replay < 1:
             raise ValueError("--max-replay must be positive")
         if not 0 <= self.retention <= 366 * 86400:

@@ -760,7 +760,7 @@ def test_admissions_read_only_the_owners_live_subscriptions_with_refusal_and_cur
     (pub,) = store.append_publications(published(b'{"n":1}'))
     store.save_cursors({store.subscription_number("a"): pub})
     a, q, b, nobody = store.live_subscriptions(["a", "q", "b", "nobody"], "alice")
-    assert a == (store.subscription_number("a"), b'[["n","ge",1]]', None, pub)
+    assert a == (store.subscription_number("a"), b'[["n","ge",1]]', None, pub, False)
     assert q is not None and (q.refusal, q.cursor) == ("ValueError: x", 0)
     assert b is None and nobody is None  # someone else's, and nobody's, alike
     store.remove_subscription("a", "alice")

@@ -1,7 +1,7 @@
 """The gateway's loops besides serving requests, started and stopped as one: fanning out the
 pipeline's feed, saving cursors, following the pipeline's progress and health, compacting the
 store, renewing this gateway's row among those sharing the store, adopting registry versions other
-gateways stored, and supervising the pipeline process."""
+gateways stored, delivering webhook subscriptions, and supervising the pipeline process."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Coroutine
 
-from veil.gateway import membership, queue_bounds
+from veil.gateway import membership, queue_bounds, webhooks
 from veil.gateway.context import Gateway
 from veil.gateway.pipeline_process import PipelineProcess
 from veil.protocol import ProtocolError
@@ -37,6 +37,7 @@ class Background:
             hub.poll(), hub.save_cursors_periodically(), self._track_progress(), self._compact(),
             queue_bounds.bound_queues(self.gateway), membership.stay_alive(self.gateway),
             self.gateway.registry.follow(), self.gateway.credentials.follow(self.gateway.registry, self.gateway.auth),
+            webhooks.supervise(self.gateway),
         ]  # fmt: skip
         if self.pipeline is not None:
             loops.append(self.pipeline.supervise())

@@ -20,6 +20,7 @@ from veil.gateway.ingest import Ingest
 from veil.gateway.registry import CurrentRegistry
 from veil.gateway.store_threads import StoreThreads
 from veil.gateway.unproven import Unproven
+from veil.gateway.webhook_runs import Webhooks
 from veil.monitoring.metrics import Metrics
 from veil.protocol.limits import Limits
 from veil.security.identity import Authenticator
@@ -41,6 +42,7 @@ class Gateway:
     health: Health
     metrics: Metrics
     metrics_hash: str | None  # the SELIS monitoring client's authHash (None: monitoring off)
+    webhooks: Webhooks = field(default_factory=Webhooks)  # webhook subscriptions this gateway delivers
     claims: Claims = field(default_factory=Claims)  # subscriptions claimed, gathered (`membership`)
     # claims whose release failed (the store unreachable), retried with the renewals (`membership`)
     unreleased: list[tuple[list[str], float]] = field(default_factory=list)

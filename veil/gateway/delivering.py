@@ -21,13 +21,13 @@ from veil.security.identity import Principal
 
 async def serve_subscriptions(
     gateway: Gateway, handshake: Handshake, principal: Principal, client: Client, send: Send, close: Close,
-    receive: Receive,
+    receive: Receive, webhook: bool = False,
 ) -> None:  # fmt: skip
     """Serve a connection of the handshake's subscriptions, in `client`'s connection place, until the
-    client leaves or none is left. Whatever ends it (the client, an error, the gateway stopping), its
-    claims are given back."""
+    client leaves or none is left (`webhook`: the gateway's own delivery of a webhook subscription).
+    Whatever ends it (the client, an error, the gateway stopping), its claims are given back."""
     try:
-        admitted = await admit(gateway, handshake, principal)
+        admitted = await admit(gateway, handshake, principal, webhook)
     except ProtocolError as exc:
         await close(exc.to_json())
         return

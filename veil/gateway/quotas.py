@@ -66,10 +66,11 @@ class Quotas:
         self.queued = 0  # bytes, all clients together
         self._clients: dict[str, Client] = {}
 
-    def connect(self, identity: str) -> Client:
-        """One more delivery connection of this client; ProtocolError (429) past its limit."""
+    def connect(self, identity: str, counted: bool = True) -> Client:
+        """One more delivery connection of this client; ProtocolError (429) past its limit, unless it is
+        not `counted` against it (a webhook subscription's delivery)."""
         client = self._clients.setdefault(identity, Client(identity))
-        if client.connections >= self.max_connections:
+        if counted and client.connections >= self.max_connections:
             raise ProtocolError(
                 "handshake",
                 f"this client has {client.connections} delivery connections open, the most one client may "

@@ -20,6 +20,7 @@ from veil.gateway.own_subscriptions import routes as own_subscription_routes
 from veil.gateway.publisher_rules import routes as publisher_rule_routes
 from veil.gateway.queue_bounds import subscriber_bounds
 from veil.gateway.scope_keys import routes as scope_key_routes
+from veil.gateway.webhook_requests import check_endpoint
 from veil.matching import Predicate, Unsatisfiable, check_satisfiable
 from veil.matching.stored import encode_subscription
 from veil.monitoring.dashboard import routes as dashboard_routes
@@ -42,7 +43,8 @@ from veil.security import signatures
 from veil.security.admission import admit_announcement, admit_publication, admit_subscription
 from veil.security.identity import Principal
 from veil.security.registry import ANONYMOUS, Registry
-from veil.store import NotOwner, Publication, StaleRegistry
+from veil.security.webhook_signature import new_secret
+from veil.store import NotOwner, Publication, StaleRegistry, Webhook
 
 BATCH_TYPES = frozenset({"application/x-ndjson", "application/jsonl", "application/x-jsonlines"})
 routes = web.RouteTableDef()
@@ -162,8 +164,28 @@ async def subscribe(request: web.Request) -> web.Response:
     sub_id = req.subscription_id or uuid.uuid4().hex
     most = gateway.config.max_client_subscriptions
     bounds = None if req.limits is None else subscriber_bounds(req.limits, gateway.config)
-    await gateway.threads.write(gateway.threads.store.put_subscription, sub_id, owner, body, most, bounds, req.since)
+    webhook = None if req.webhook is None else await _webhook(gateway, req, predicates, owner)
+    store = gateway.threads.store
+    await gateway.threads.write(store.put_subscription, sub_id, owner, body, most, bounds, req.since, webhook)
+    gateway.webhooks.changed(sub_id, webhook is not None)
+    if webhook is not None:
+        return json_response({"subscriptionId": sub_id, "webhookSecret": webhook.secret})
     return where_delivered(gateway, wsport=gateway.config.ws, subscriptionId=sub_id)
+
+
+async def _webhook(gateway: Gateway, req: SubscribeRequest, predicates: list[Predicate], owner: str) -> Webhook:
+    """A subscription's webhook, with a new secret (its owner is told it once, in the answer). Its
+    deliveries are made with no credentials of the owner's at hand, so the registry alone must admit
+    it (a token's claims last no longer than the token), and its endpoint must be where the operator
+    lets requests go."""
+    assert req.webhook is not None
+    try:
+        admit_subscription(gateway.registry.current, Principal(owner), predicates, req.scope)
+    except ProtocolError as exc:
+        problem = f"delivered without your credentials: the registry alone must admit it ({exc.field}: {exc.problem})"
+        raise ProtocolError("webhook", problem, 403) from None
+    await check_endpoint(req.webhook.url, gateway.config.webhook_networks)
+    return Webhook(req.webhook.url, new_secret(), req.webhook.batch)
 
 
 async def _check_since(gateway: Gateway, owner: str, since: int) -> None:

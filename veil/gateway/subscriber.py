@@ -21,23 +21,26 @@ from veil.security.identity import Principal
 from veil.store.base import LiveSubscription
 
 
-async def admit(gateway: Gateway, handshake: Handshake, principal: Principal) -> list[Admitted]:
+async def admit(gateway: Gateway, handshake: Handshake, principal: Principal, webhook: bool = False) -> list[Admitted]:
     """Check the handshake's subscriptions (its one, or all a multiplexed one names) and claim them,
     all or none; ProtocolError (with the reason to send back) naming the first refused."""
     unsaved = gateway.hub.unsaved()
-    return await claim(gateway, handshake, await check(gateway, handshake, principal), unsaved)
+    return await claim(gateway, handshake, await check(gateway, handshake, principal, webhook), unsaved)
 
 
-async def check(gateway: Gateway, handshake: Handshake, principal: Principal) -> list[LiveSubscription]:
+async def check(
+    gateway: Gateway, handshake: Handshake, principal: Principal, webhook: bool = False
+) -> list[LiveSubscription]:
     """The handshake's subscriptions, each checked as `admit` does (ProtocolError: the first refused).
     The store is asked once for all of them: admitting a connection of a thousand subscriptions costs
-    one read, not a thousand."""
+    one read, not a thousand. A webhook subscription is delivered by the gateway alone (`webhook`),
+    never on a client's connection, where the two would take its deliveries from each other."""
     threads = gateway.threads
     ids = _ids(handshake)
     found = await threads.read(threads.store.live_subscriptions, ids, principal.identity)
     # checking 2,048 large filters takes time a client chose: off the event loop then, as request bodies are
     size = sum(len(live.body) for live in found if live is not None)
-    await sized(gateway, size, _check_all, gateway, principal, handshake, ids, found)
+    await sized(gateway, size, _check_all, gateway, principal, handshake, ids, found, webhook)
     return [live for live in found if live is not None]  # all are: checked above
 
 
@@ -86,19 +89,23 @@ def _ids(handshake: Handshake) -> list[str]:
 
 
 def _check_all(
-    gateway: Gateway, principal: Principal, handshake: Handshake, ids: list[str], found: list[LiveSubscription | None]
-) -> None:
+    gateway: Gateway, principal: Principal, handshake: Handshake, ids: list[str], found: list[LiveSubscription | None],
+    webhook: bool,
+) -> None:  # fmt: skip
     for sub_id, live in zip(ids, found, strict=True):
         try:
-            _check(gateway, principal, live)
+            _check(gateway, principal, live, webhook)
         except ProtocolError as exc:
             raise _naming(handshake, sub_id, exc) from None
 
 
-def _check(gateway: Gateway, principal: Principal, live: LiveSubscription | None) -> None:
+def _check(gateway: Gateway, principal: Principal, live: LiveSubscription | None, webhook: bool) -> None:
     # one answer for an id nobody holds and one someone else holds: a client learns nothing of others'
-    if live is None:
+    if live is None or (webhook and not live.webhook):
         raise unknown("subscription")
+    if live.webhook and not webhook:
+        problem = "delivered to its webhook; subscribe again without one to receive it on a connection"
+        raise ProtocolError("subscriptionId", problem, 409)
     stored = decode_subscription(live.body)
     try:
         admit_subscription(gateway.registry.current, principal, stored.predicates, stored.scope)

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, TypeGuard
 from veil.protocol.errors import ProtocolError
 from veil.protocol.limits import DEFAULT, Limits, load_json
 from veil.protocol.values import Scalar, canonical_type, convert, type_of
+from veil.protocol.webhooks import WebhookRequest, parse_webhook
 
 MAX_ID_LENGTH = 256
 MAX_CREDENTIAL_LENGTH = 16 * 1024  # an authHash or a bearer token
@@ -50,6 +51,7 @@ class SubscribeRequest(NamedTuple):
     scope: str | None = None  # the scope it is made in; None for the world
     since: int | None = None  # replay the retained publications logged from then on (ms since the epoch)
     limits: QueueLimits | None = None  # the most its queue holds, by the subscriber (the operator's otherwise)
+    webhook: WebhookRequest | None = None  # delivered by POSTs to this endpoint instead of a connection
 
 
 class QueueLimits(NamedTuple):
@@ -83,9 +85,10 @@ def parse_subscribe(raw: bytes, limits: Limits = DEFAULT) -> SubscribeRequest:
             raise ProtocolError("since", "a top-k subscription ranks what is published from its start: no replay")
         since = parse_since(since)
     bounds = doc.get("limits")
+    webhook = doc.get("webhook")
     return SubscribeRequest(
         auth, sub_id or None, predicates, None if topk is None else parse_topk(topk, limits), scope or None, since,
-        None if bounds is None else parse_queue_limits(bounds),
+        None if bounds is None else parse_queue_limits(bounds), None if webhook is None else parse_webhook(webhook),
     )  # fmt: skip
 
 

@@ -36,6 +36,8 @@ from veil.store.base import (
     UnknownAnnouncement,
     UnknownPublication,
     UnknownSubscription,
+    Webhook,
+    WebhookSubscription,
 )
 from veil.store.credentials import redacted
 
@@ -103,5 +105,7 @@ __all__ = [
     "UnknownAnnouncement",
     "UnknownPublication",
     "UnknownSubscription",
+    "Webhook",
+    "WebhookSubscription",
     "open_store",
 ]

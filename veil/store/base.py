@@ -27,7 +27,9 @@ KIND_COPY = 5  # a delivery decided after its publication was matched (stateful 
 KIND_CANCEL = 6  # a publisher withdrew a valid publication: later subscriptions do not get it
 KIND_REDELIVER = 7  # a dead letter its subscription's owner replays: queued for it again, in log order
 KEYS_KEPT = 120_000  # milliseconds a publisher's idempotency key is remembered, by default
-DEAD_LETTER_REASONS = ("deliveries", "bytes", "age")  # which bound of a queue a dead letter was past
+# why a delivery became a dead letter: which bound of its queue it was past, or that its webhook
+# endpoint did not take it in as many attempts as the operator allows
+DEAD_LETTER_REASONS = ("deliveries", "bytes", "age", "attempts")
 REPLAY_MOST = 10_000  # dead letters one replay queues again (one write transaction)
 
 
@@ -55,9 +57,30 @@ class QueueBounds(NamedTuple):
         return QueueBounds(*(min(mine, theirs) for mine, theirs in zip(self, other, strict=True)))
 
 
+class Webhook(NamedTuple):
+    """Where a subscription's deliveries are POSTed instead of a connection, with the secret that
+    signs them and the most deliveries one request carries."""
+
+    url: str
+    secret: str
+    batch: int = 1
+
+
+class WebhookSubscription(NamedTuple):
+    """A live webhook subscription as the gateway that delivers it needs it: its version is the log
+    offset that made it, which a replacement (perhaps to another endpoint) changes."""
+
+    sub_id: str
+    number: int
+    owner: str
+    webhook: Webhook
+    version: int
+
+
 class DeadLetter(NamedTuple):
-    """A delivery that left its subscription's queue past one of its bounds (`reason`, one of
-    DEAD_LETTER_REASONS), kept whole: its publication may be compacted away meanwhile."""
+    """A delivery that left its subscription's queue past one of its bounds, or that its webhook
+    endpoint never took (`reason`, one of DEAD_LETTER_REASONS), kept whole: its publication may be
+    compacted away meanwhile."""
 
     seq: int
     pub: int  # the publication's id (a copy's original's)
@@ -202,6 +225,7 @@ class LiveSubscription(NamedTuple):
     body: bytes
     refusal: str | None  # why the live version was quarantined, if it was
     cursor: int  # the last publication delivered (or acknowledged) that was saved
+    webhook: bool = False  # delivered to a webhook (by the gateway, never on a client's connection)
 
 
 class StoreUnavailable(Exception):
@@ -341,14 +365,15 @@ class GatewayStore(LogReader):
     @abstractmethod
     def put_subscription(
         self, sub_id: str, owner: str, body: bytes, most: int | None = None, bounds: QueueBounds | None = None,
-        since: int | None = None,
+        since: int | None = None, webhook: Webhook | None = None,
     ) -> int:  # fmt: skip
         """Register a subscription, or replace its owner's live one (which keeps its number); NotOwner
         if the id belongs to someone else's live subscription; TooMany if it is new and its owner has
         `most` live subscriptions already. Any other new subscription gets a number never given
         before, even under an id used before. `bounds`: those its subscriber set on its queue (None:
         the operator's); `since` (ms): it replays the retained log from then on (compaction keeps what
-        it replays until the pipeline has)."""
+        it replays until the pipeline has); `webhook`: its deliveries are POSTed there. Returns the
+        offset that logged it."""
 
     @abstractmethod
     def logged_since(self, time: int) -> int:
@@ -517,6 +542,22 @@ class GatewayStore(LogReader):
     ) -> int:
         """`bound_queues` for subscriptions `gateway` holds (those another holds are left alone), by
         number, each after its floor: the last delivery its connection read from the store."""
+
+    @abstractmethod
+    def unclaimed_webhooks(self, alive_since: float, limit: int) -> list[WebhookSubscription]:
+        """Live webhook subscriptions, not quarantined, that no gateway renewed since `alive_since`
+        (unix seconds) delivers, at most `limit`, least recently claimed first."""
+
+    @abstractmethod
+    def webhook_versions(self, numbers: Sequence[int]) -> dict[int, int]:
+        """Of these subscription numbers, those still live webhook subscriptions, and their versions."""
+
+    @abstractmethod
+    def dead_letter_unsent(self, number: int, pubs: Sequence[int], now: int) -> int:
+        """A webhook subscription's deliveries of these publications (in order) were not taken by its
+        endpoint: they become its dead letters (reason "attempts"), and its cursor moves past them,
+        in one transaction, so that they are never both sent again and dead letters. Returns how
+        many (none if the subscription is live no more)."""
 
     @abstractmethod
     def dead_letters(

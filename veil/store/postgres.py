@@ -318,6 +318,15 @@ SELECT 1;
     """
 ALTER TABLE feed ALTER COLUMN pairs SET STORAGE EXTERNAL;
 """,
+    # subscriptions delivered by POSTs: where, signed with what, how many deliveries per request
+    """
+CREATE TABLE webhooks (
+    sub_no BIGINT PRIMARY KEY,
+    url TEXT NOT NULL,
+    secret TEXT NOT NULL,
+    batch INTEGER NOT NULL
+);
+""",
 )
 
 

@@ -202,6 +202,12 @@ CREATE TABLE IF NOT EXISTS idempotency (  -- publishers' idempotency keys while 
     until INTEGER NOT NULL  -- ms since the epoch
 );
 CREATE INDEX IF NOT EXISTS idempotency_until ON idempotency(until);
+CREATE TABLE IF NOT EXISTS webhooks (  -- subscriptions delivered by POSTs: where, signed with what
+    sub_no INTEGER PRIMARY KEY,
+    url TEXT NOT NULL,
+    secret TEXT NOT NULL,
+    batch INTEGER NOT NULL  -- deliveries per request at most
+);
 CREATE TABLE IF NOT EXISTS status (
     name TEXT PRIMARY KEY,
     value INTEGER NOT NULL,

@@ -9,8 +9,8 @@ they were given: a reader that has seen offset N has seen everything below it.
 
 Its parts: `log` (what is logged), `deliveries` (feed rows, backlogs, cursors), `status` (what the
 pipeline reports: progress, heartbeat, subscription state, quarantine), `dead_letters` (queues' bounds
-and what left them past those), `compaction` and `gateways`
-(their feed positions and connections), over `dialect`
+and what left them past those), `compaction`, `gateways`
+(their feed positions and connections) and `webhooks` (which no gateway delivers yet), over `dialect`
 (the connection protocol, transactions and the `status` table's helpers). What is queued where, and
 when it goes, is `veil.store.queues`'s policy: here is its SQL.
 """
@@ -22,9 +22,10 @@ from veil.store.relational.dialect import LAST_FEED_SEQ, STATUS_WITHOUT_TOPK, Cu
 from veil.store.relational.gateways import GatewaySql
 from veil.store.relational.log import LogSql
 from veil.store.relational.status import StatusSql
+from veil.store.relational.webhooks import WebhookSql
 
 
-class RelationalStore(LogSql, DeliverySql, DeadLetterSql, StatusSql, CompactionSql, GatewaySql):
+class RelationalStore(LogSql, DeliverySql, DeadLetterSql, StatusSql, CompactionSql, GatewaySql, WebhookSql):
     """The whole store interface; a dialect subclasses it."""
 
 

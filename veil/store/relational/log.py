@@ -33,6 +33,7 @@ from veil.store.base import (
     UnknownAnnouncement,
     UnknownPublication,
     UnknownSubscription,
+    Webhook,
 )
 from veil.store.queues import NEVER
 from veil.store.relational.dialect import (
@@ -237,7 +238,7 @@ class LogSql(Dialect):
 
     def put_subscription(
         self, sub_id: str, owner: str, body: bytes, most: int | None = None, bounds: QueueBounds | None = None,
-        since: int | None = None,
+        since: int | None = None, webhook: Webhook | None = None,
     ) -> int:  # fmt: skip
         with self._tx() as db:
             live = db.execute(LIVE, (sub_id,)).fetchone()
@@ -263,6 +264,13 @@ class LogSql(Dialect):
                 db.execute(
                     "INSERT INTO queue_bounds(sub_no, deliveries, bytes, age) VALUES (?, ?, ?, ?)", (number, *bounds)
                 )
+            # a webhook goes with its subscription's number: written again with each version
+            db.execute("DELETE FROM webhooks WHERE sub_no = ?", (number,))
+            if webhook is not None:
+                db.execute(
+                    "INSERT INTO webhooks(sub_no, url, secret, batch) VALUES (?, ?, ?, ?)",
+                    (number, webhook.url, webhook.secret, webhook.batch),
+                )
             count_change(db)
         return offset
 
@@ -285,7 +293,7 @@ class LogSql(Dialect):
             db.execute("UPDATE subscriptions SET deleted = ? WHERE sub_id = ? AND deleted IS NULL", (offset, sub_id))
             # matches computed before the unsubscription may still arrive in the feed under its number:
             # no live subscription has that number any more, so they are neither spilled nor served
-            for table in ("deliveries", "queues", "queue_bounds", "dead_letters", "acked"):
+            for table in ("deliveries", "queues", "queue_bounds", "dead_letters", "acked", "webhooks"):
                 db.execute(f"DELETE FROM {table} WHERE sub_no = ?", (live[1],))
             db.execute("DELETE FROM cursors WHERE sub_id = ?", (sub_id,))
             # nor is its connection's claim: a later subscription of the id may connect through any gateway
@@ -321,14 +329,15 @@ class LogSql(Dialect):
     def live_subscriptions(self, sub_ids: Sequence[str], owner: str) -> list[LiveSubscription | None]:
         with self._read() as db:
             rows = db.execute(
-                "SELECT s.sub_id, n.no, s.body, q.error, COALESCE(c.pub, 0) FROM subscriptions s "
+                "SELECT s.sub_id, n.no, s.body, q.error, COALESCE(c.pub, 0), "
+                "EXISTS (SELECT 1 FROM webhooks w WHERE w.sub_no = n.no) FROM subscriptions s "
                 "JOIN subscription_numbers n USING (sub_id) "
                 'LEFT JOIN quarantine q ON q."offset" = s.created AND q.released IS NULL '
                 "LEFT JOIN cursors c ON c.sub_id = s.sub_id "
                 f"WHERE s.sub_id {self.IN_NAMES} AND s.deleted IS NULL AND s.owner = ?",
                 (self._names(sub_ids), owner),
             ).fetchall()
-        found = {row[0]: LiveSubscription(row[1], bytes(row[2]), row[3], row[4]) for row in rows}
+        found = {row[0]: LiveSubscription(row[1], bytes(row[2]), row[3], row[4], bool(row[5])) for row in rows}
         return [found.get(sub_id) for sub_id in sub_ids]
 
     def live_numbers(self, sub_ids: Sequence[str]) -> list[int | None]:
