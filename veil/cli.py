@@ -320,6 +320,11 @@ async def _subscribe(args: argparse.Namespace) -> int:
         if args.top_k is not None:
             extent = {"n": args.last} if args.last is not None else {"w": 60000 if args.window is None else args.window}
             topk = {"k": args.top_k, **extent, "score": [parse_score_term(t) for t in args.score]}
+        if args.webhook is not None:  # delivered by the broker, not to this command: kept, its secret printed
+            hook = {"url": args.webhook, "batch": args.webhook_batch}
+            reply = await client.subscribe(data, args.id, topk=topk, scope=args.scope, since=args.since, webhook=hook)
+            print(orjson.dumps(reply).decode(), flush=True)
+            return 0
         # without --id the subscription is this command's alone: an id of its own, known before the
         # request, so that a stop at any moment removes what was made
         subscription_id = args.id or uuid.uuid4().hex
@@ -703,6 +708,14 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     subscribe.add_argument("--existing", action="store_true", help="only connect to the existing subscription --id")
     subscribe.add_argument(
+        "--webhook", metavar="URL",
+        help="have the broker POST the deliveries to this https endpoint instead, and print the subscription's id "
+        "and the secret that signs them (needs --id: the subscription is kept) (default: none)",
+    )  # fmt: skip
+    subscribe.add_argument(
+        "--webhook-batch", type=int, default=1, help="with --webhook: most deliveries in one request (default: 1)"
+    )
+    subscribe.add_argument(
         "--group", action="store_true",
         help="with --existing: join the subscription's group, sharing its deliveries with the other members "
         "(each delivery printed by one of them)",
@@ -865,6 +878,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("subscribe --last: at least 1 publication")
     if args.command == "subscribe" and args.existing and not args.id:
         parser.error("subscribe --existing needs --id")
+    if args.command == "subscribe" and args.webhook is not None and (args.id is None or args.existing):
+        parser.error("subscribe --webhook needs --id (the subscription is kept), and no --existing")
     if args.command == "subscribe" and args.group and not args.existing:
         parser.error("subscribe --group joins the group of an existing subscription: give --existing --id ID")
     if args.command == "subscribe" and args.group and args.plain:

@@ -370,13 +370,16 @@ class VeilClient:
         scope: str | None = None,
         since: datetime | int | None = None,
         limits: dict[str, int] | None = None,
+        webhook: dict[str, Any] | None = None,
     ) -> dict:
         """`topk` makes it a top-k subscription: {"k": K, "w": MILLISECONDS, "score": [TERM, ...]}, or
         "n": COUNT instead of "w" for the last COUNT matches; `scope` makes it in that scope (the
         world by default); `since` (an aware datetime, or milliseconds since the epoch) has it
         receive first what it matches of the publications the broker retains that were logged
         from then on; `limits` ({"deliveries": N, "bytes": N, "age": MILLISECONDS}, any of them) bound
-        its queue below the broker's bounds: what is past them goes to its dead letters."""
+        its queue below the broker's bounds: what is past them goes to its dead letters; `webhook`
+        ({"url": "https://...", "batch": N}) has the broker POST its deliveries there instead of a
+        connection (the answer holds the secret that signs them: `verify_webhook`)."""
         doc: dict[str, Any] = {"data": data}
         if topk is not None:
             doc["topk"] = topk
@@ -390,6 +393,8 @@ class VeilClient:
             doc["since"] = since
         if limits is not None:
             doc["limits"] = limits
+        if webhook is not None:
+            doc["webhook"] = webhook
         if self.auth_hash is not None:
             doc["authHash"] = self.auth_hash
         if subscription_id:

@@ -19,6 +19,7 @@ from veil import __version__
 from veil.protocol.limits import DEFAULT
 from veil.protocol.reserved import MAX_KEY
 from veil.protocol.subscriptions import LATEST_SINCE_MS, MAX_CREDENTIAL_LENGTH, MAX_ID_LENGTH, OPERATORS
+from veil.protocol.webhooks import MAX_URL_LENGTH, MOST_BATCHED
 from veil.store import DEAD_LETTER_REASONS
 
 JSON = "application/json"
@@ -128,9 +129,32 @@ SCHEMAS: dict[str, Schema] = {
             "scope": {**ID, "description": "the scope the subscription is made in (members only)"},
             "since": SINCE,
             "limits": _ref("QueueLimits"),
+            "webhook": _ref("Webhook"),
         },
         ("data",),
         closed=False,
+    ),
+    "Webhook": {
+        **_object(
+            {
+                "url": {"type": "string", "maxLength": MAX_URL_LENGTH, "description": "https only"},
+                "batch": {
+                    "type": "integer", "minimum": 1, "maximum": MOST_BATCHED, "default": 1,
+                    "description": "most deliveries in one request",
+                },
+            },
+            ("url",),
+        ),
+        "description": "deliver by POSTs to this endpoint instead of a connection: in order, signed with the "
+        "subscription's secret (Veil-Signature), retried, dead-lettered after the broker's --webhook-attempts; "
+        "a public address, or in the broker's --webhook-allow",
+    },
+    "WebhookSubscribed": _object(
+        {
+            "subscriptionId": STRING,
+            "webhookSecret": {"type": "string", "description": "signs its deliveries; shown this once"},
+        },
+        ("subscriptionId", "webhookSecret"),
     ),
     "Where": _object(
         {
@@ -165,7 +189,10 @@ SCHEMAS: dict[str, Schema] = {
         {
             "seq": INTEGER, "id": STRING, "publisher": STRING, "keyId": STRING, "signature": STRING,
             "cropped": {"type": "boolean"},
-            "reason": {"type": "string", "enum": list(DEAD_LETTER_REASONS), "description": "the bound it was past"},
+            "reason": {
+                "type": "string", "enum": list(DEAD_LETTER_REASONS),
+                "description": "the bound of its queue it was past, or attempts: its webhook endpoint never took it",
+            },
             "at": {"type": "integer", "description": "when it left the queue, ms since the epoch"},
             "logged": {"type": "integer", "description": "when its publication was logged, ms since the epoch"},
             "publication": {"description": "what would have been delivered"},
@@ -374,9 +401,13 @@ PATHS: dict[str, Schema] = {
     },
     "/subscribe": {
         "post": _operation(
-            "Subscribe (or replace a subscription of yours); deliveries come on the TCP or WebSocket port",
+            "Subscribe (or replace a subscription of yours); deliveries come on the TCP or WebSocket port, or "
+            "to its webhook",
             {
-                "200": _json(_ref("Where"), "where the subscription's deliveries are served"),
+                "200": _json(
+                    {"oneOf": [_ref("Where"), _ref("WebhookSubscribed")]},
+                    "where the subscription's deliveries are served, or its webhook's secret",
+                ),
                 **_errors(*BODY_ERRORS, 429),
             },
             requestBody=_body(_ref("SubscribeRequest")),
