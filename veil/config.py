@@ -233,6 +233,11 @@ class Config:
         60.0, "seconds a member of a subscription's group may hold deliveries without acknowledging any: then it "
         "is closed, and they go to the other members", ("VEIL_ACK_WAIT",),
     )  # fmt: skip
+    cors_origin: tuple[str, ...] = _opt(
+        (), "an origin (https://app.example.com) whose browser pages may call the REST API, or * for any; repeat "
+        "for more (without one, browsers keep other sites' pages from reading its answers)",
+        ("VEIL_CORS_ORIGIN",), tuple,
+    )  # fmt: skip
     webhook_allow: tuple[str, ...] = _opt(
         (), "network (CIDR) webhook endpoints may be in besides public addresses, e.g. 10.0.0.0/8; repeat for "
         "more (loopback, link-local and private addresses are refused otherwise)", ("VEIL_WEBHOOK_ALLOW",), tuple,
@@ -421,6 +426,9 @@ class Config:
         if not 1 <= self.ack_wait <= 86400:
             raise ValueError("--ack-wait: seconds, from 1 to 86400 (a day)")
         networks(self.webhook_allow, "--webhook-allow")
+        for origin in self.cors_origin:
+            if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+                raise ValueError(f"--cors-origin: {origin!r} is not an origin (scheme://host[:port], no path) or *")
         if self.webhook_ca is not None and not os.path.isfile(self.webhook_ca):
             raise ValueError(f"--webhook-ca: no such file {self.webhook_ca!r}")
         if not 0 < self.webhook_timeout <= 300:

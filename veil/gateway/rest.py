@@ -12,6 +12,7 @@ from aiohttp import web
 
 from veil.gateway.admin import routes as admin_routes
 from veil.gateway.context import GATEWAY, Gateway
+from veil.gateway.cors import cors
 from veil.gateway.dead_letters import routes as dead_letter_routes
 from veil.gateway.errors import errors, json_response
 from veil.gateway.http import body_of, client_of, current_registry, parsed, principal_of, sized
@@ -245,7 +246,8 @@ async def revoke(request: web.Request) -> web.Response:
 
 
 def create_app(gateway: Gateway) -> web.Application:
-    app = web.Application(client_max_size=gateway.config.max_body, middlewares=[errors, current_registry])
+    middlewares = [cors(gateway.config.cors_origin), errors, current_registry]
+    app = web.Application(client_max_size=gateway.config.max_body, middlewares=middlewares)
     app[GATEWAY] = gateway
     app.add_routes(routes)
     app.add_routes(admin_routes)
