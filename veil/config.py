@@ -275,6 +275,10 @@ class Config:
         100_000, "most live subscriptions of one client (identity); beyond it /subscribe gets 429",
         ("VEIL_MAX_CLIENT_SUBSCRIPTIONS",),
     )  # fmt: skip
+    max_client_webhooks: int = _opt(
+        1000, "most live webhook subscriptions of one client (identity), each delivered by a gateway all the time; "
+        "beyond it /subscribe gets 429", ("VEIL_MAX_CLIENT_WEBHOOKS",),
+    )  # fmt: skip
     max_client_connections: int = _opt(
         1024, "most delivery connections one client (identity) keeps open at a gateway; beyond it the handshake "
         "gets an error line (429)",
@@ -447,7 +451,8 @@ class Config:
             raise ValueError("--epoch-seconds: from 1 to 3600")
         for option in (
             *(f"max_{name}" for name in Limits._fields), "max_pending", "max_unauthenticated",
-            "max_client_subscriptions", "max_client_connections", "max_client_queued", "max_queued",
+            "max_client_subscriptions", "max_client_webhooks", "max_client_connections", "max_client_queued",
+            "max_queued",
         ):  # fmt: skip
             if getattr(self, option) < 1:
                 raise ValueError(f"--{_flag(option)}: at least 1")

@@ -144,7 +144,7 @@ async def test_deliveries_arrive_once_in_order_signed_through_failures_timeouts_
     async with (
         endpoint(tls, script) as (one_each, port_one),
         endpoint(tls, list(reversed(script))) as (batched, port_batched),
-        running_gateway(tmp_path, webhook_allow=("127.0.0.0/8",), webhook_ca=os.path.join(tls, "ca.pem")) as (
+        running_gateway(tmp_path, webhook_allow=("127.0.0.0/8", "::1/128"), webhook_ca=os.path.join(tls, "ca.pem")) as (
             broker, http,
         ),
     ):  # fmt: skip
@@ -234,7 +234,7 @@ async def test_a_webhook_subscription_is_never_delivered_on_a_connection_and_fol
     async with (
         endpoint(tls, []) as (first, first_port),
         endpoint(tls, []) as (second, second_port),
-        running_gateway(tmp_path, webhook_allow=("127.0.0.0/8",), webhook_ca=os.path.join(tls, "ca.pem")) as (
+        running_gateway(tmp_path, webhook_allow=("127.0.0.0/8", "::1/128"), webhook_ca=os.path.join(tls, "ca.pem")) as (
             broker, http,
         ),
     ):  # fmt: skip
@@ -255,6 +255,16 @@ async def test_a_webhook_subscription_is_never_delivered_on_a_connection_and_fol
         later = matched(broker, ["w"], 3)
         await until(lambda: second.seqs() == later)
         assert first.seqs() == early
+        # another gateway holds it now (this one's claim lapsed while it could not renew): it stops here
+        store = broker.gateway.threads.store
+        store.take_over_gateway("elsewhere", "x", 0)
+        assert store.claim_subscriptions(["w"], [store.subscription_number("w")], "elsewhere", time.time(), 2e9) is None
+        await until(lambda: not broker.gateway.webhooks.running, 10)
+        matched(broker, ["w"], 2)
+        await asyncio.sleep(1)
+        assert second.seqs() == later
+        store.leave("elsewhere", "x")  # (its claims go: this gateway takes it up again)
+        await until(lambda: len(second.seqs()) == 5, 10)
         response = await http.post("/unsubscribe", data=orjson.dumps({"authHash": ALICE, "subscriptionId": "w"}))
         assert response.status == 200
         await until(lambda: not broker.gateway.webhooks.running)

@@ -21,9 +21,11 @@ from veil.store import (
     Quarantined,
     Round,
     StatefulBatch,
+    TooMany,
     Totals,
     UnknownPublication,
     UnknownSubscription,
+    Webhook,
     open_store,
 )
 from veil.store.queues import distinct, matches_of, pack, sorted_pairs, uniques, unpack
@@ -900,3 +902,33 @@ def test_a_set_aside_subscription_gets_nothing_from_partitions_that_still_held_i
     assert store.record_round(Round([bad], [third], third, stateful=initials, start=second))
     assert store.subscription_number("poison") == bad and again > second
     assert [pub for pub, *_ in backlog(store, bad, 0, 10)[0]] == [first, third]
+
+
+def test_webhook_subscriptions_are_found_unclaimed_followed_by_version_and_holder_and_dead_lettered(store):
+    hook = Webhook("https://hooks.example/a", "whsec_1", 3)
+    first = store.put_subscription("w", "alice", b"[]", webhook=hook, most_webhooks=2)
+    store.put_subscription("plain", "alice", b"[]")
+    store.put_subscription("v", "alice", b"[]", webhook=hook, most_webhooks=2)
+    with pytest.raises(TooMany):  # alice's third
+        store.put_subscription("x", "alice", b"[]", webhook=hook, most_webhooks=2)
+    store.put_subscription("w", "alice", b"[]", webhook=hook, most_webhooks=2)  # (a replacement is no new one)
+    w, v = store.subscription_number("w"), store.subscription_number("v")
+    found = store.unclaimed_webhooks(time.time() - 10, 0, 10)
+    assert [(f.sub_id, f.owner, f.webhook) for f in found] == [("w", "alice", hook), ("v", "alice", hook)]
+    assert found[0].version > first and store.unclaimed_webhooks(time.time() - 10, w, 10)[0].sub_id == "v"
+    store.take_over_gateway("g1", "i", 0)
+    assert store.claim_subscriptions(["w"], [w], "g1", time.time(), time.time() - 10) is None
+    assert [f.sub_id for f in store.unclaimed_webhooks(time.time() - 10, 0, 10)] == ["v"]
+    versions = store.webhook_versions([w, v, store.subscription_number("plain")], time.time() - 10)
+    assert versions == {w: (found[0].version, "g1"), v: (found[1].version, None)}
+    live = store.live_subscriptions(["w", "plain"], "alice")
+    assert [one.webhook for one in live] == [True, False]
+    pubs = store.append_publications(published(b'{"n":1}', b'{"n":2}', b'{"n":3}'))
+    assert store.dead_letter_unsent(w, pubs[:2], pubs[2], 1000) == 2
+    letters, _ = store.dead_letters(w)
+    assert [(d.pub, d.reason) for d in letters] == [(pubs[0], "attempts"), (pubs[1], "attempts")]
+    assert store.cursor("w") == pubs[2] and store.totals().dead_lettered[-1] == 2
+    store.put_subscription("w", "alice", b"[]")  # without one now
+    store.remove_subscription("v", "alice")
+    assert store.unclaimed_webhooks(0, 0, 10) == [] and store.webhook_versions([w, v], 0) == {}
+    assert store.dead_letter_unsent(v, pubs, pubs[-1], 1000) == 0  # removed: nothing to dead-letter for

@@ -56,7 +56,7 @@ def _too_many(exc: TooMany) -> Answer:
     problem = (
         f"this client has {exc.most} {exc.what}, the most one client may (--max-client-{exc.what}); remove one first"
     )
-    return ProtocolError(exc.what, problem, 429), None
+    return ProtocolError("webhook" if exc.what == "webhooks" else exc.what, problem, 429), None
 
 
 # each answer takes the exception type it is listed under (Any: a mapping cannot say so per entry)

@@ -167,7 +167,10 @@ async def subscribe(request: web.Request) -> web.Response:
     bounds = None if req.limits is None else subscriber_bounds(req.limits, gateway.config)
     webhook = None if req.webhook is None else await _webhook(gateway, req, predicates, owner)
     store = gateway.threads.store
-    await gateway.threads.write(store.put_subscription, sub_id, owner, body, most, bounds, req.since, webhook)
+    most_webhooks = gateway.config.max_client_webhooks
+    await gateway.threads.write(
+        store.put_subscription, sub_id, owner, body, most, bounds, req.since, webhook, most_webhooks
+    )
     gateway.webhooks.changed(sub_id, webhook is not None)
     if webhook is not None:
         return json_response({"subscriptionId": sub_id, "webhookSecret": webhook.secret})
@@ -185,7 +188,7 @@ async def _webhook(gateway: Gateway, req: SubscribeRequest, predicates: list[Pre
     except ProtocolError as exc:
         problem = f"delivered without your credentials: the registry alone must admit it ({exc.field}: {exc.problem})"
         raise ProtocolError("webhook", problem, 403) from None
-    await check_endpoint(req.webhook.url, gateway.config.webhook_networks)
+    await check_endpoint(req.webhook.url, gateway.config.webhook_networks, gateway.webhooks.names())
     return Webhook(req.webhook.url, new_secret(), req.webhook.batch)
 
 

@@ -1,13 +1,18 @@
 """The HTTP side of webhook delivery: requests to endpoints that clients named, made so that no
-client can aim the broker at what only the broker reaches.
+client can aim the broker at what only the broker reaches, nor hold up anybody else's requests.
 
 - Every address a request connects to is checked as the socket is made (`security.endpoints`):
   after the name is resolved, so a name that resolves to a public address when the subscription is
   made and to 127.0.0.1 later (DNS rebinding) still gets no request there.
+- Names are resolved by c-ares (aiodns), without threads and within RESOLVE_SECONDS: a client's
+  name served slowly on purpose holds up only that client's requests (a thread pool would be held
+  by them for everyone).
 - Redirects are not followed (a public endpoint could redirect inward), proxies from the
   environment are not used, cookies are neither kept nor sent, and the answer's body is never read.
-- Each request has a total timeout (`--webhook-timeout`); an owner has at most OWNER_REQUESTS under
-  way at once, so that one client's slow endpoints cannot hold up everyone's deliveries.
+- An owner has at most OWNER_REQUESTS requests under way at once, and there is no pool shared
+  with other owners to wait for: each request's --webhook-timeout is its own endpoint's time.
+- What failed is said without the URL's path or query (they may hold a secret) and without the
+  addresses a name resolved to (a client learns nothing of the broker's network from it).
 """
 
 from __future__ import annotations
@@ -26,15 +31,15 @@ from aiohappyeyeballs import AddrInfoType
 from yarl import URL
 
 from veil.config import Config
+from veil.gateway.webhook_runs import RESOLVE_SECONDS
 from veil.protocol import ProtocolError
 from veil.security.endpoints import Network, allowed
 
 log = logging.getLogger("veil.gateway")
-CONNECTIONS = 256  # requests under way at once, all endpoints together
-OWNER_REQUESTS = 8  # and of one owner's subscriptions
-HOST_CONNECTIONS = 16  # connections kept to one endpoint
+OWNER_REQUESTS = 8  # requests of one owner's subscriptions under way at once
 USER_AGENT = "Veil-Webhook/1"
 MOST_RETRY_AFTER = 300.0  # seconds: an endpoint's Retry-After is honoured up to this
+NOT_ALLOWED = "is neither a public address nor in the broker's --webhook-allow"
 
 
 class Refused(OSError):
@@ -54,37 +59,32 @@ def shown(url: str) -> str:
     return str(URL(url).origin())
 
 
-def refusal(address: str, allow: tuple[Network, ...]) -> str | None:
-    if allowed(address, allow):
-        return None
-    return f"{address} is neither a public address nor in the broker's --webhook-allow"
-
-
-async def check_endpoint(url: str, allow: tuple[Network, ...]) -> None:
+async def check_endpoint(url: str, allow: tuple[Network, ...], names: aiohttp.AsyncResolver) -> None:
     """Refuse (400, `webhook.url`) an endpoint whose host does not resolve, or resolves to any
     address requests may not go to. (Checked again at every connection: this is for the client to
     hear of it when it subscribes.)"""
     parsed = URL(url)
+    host = parsed.raw_host or ""
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(parsed.host, parsed.port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as exc:
-        raise ProtocolError("webhook.url", f"the host {parsed.host!r} does not resolve ({exc})") from None
-    for info in infos:
-        problem = refusal(str(info[4][0]), allow)
-        if problem is not None:
-            raise ProtocolError("webhook.url", f"{parsed.host}: {problem}")
+        async with asyncio.timeout(RESOLVE_SECONDS):
+            found = await names.resolve(host, parsed.port or 443, family=socket.AF_UNSPEC)
+    except (OSError, TimeoutError, UnicodeError, ValueError):
+        raise ProtocolError("webhook.url", f"the host {host!r} does not resolve") from None
+    if not all(allowed(str(address["host"]), allow) for address in found):
+        raise ProtocolError("webhook.url", f"{host} resolves to an address that {NOT_ALLOWED}")
 
 
 class Poster:
     """One HTTP client for all of a gateway's webhook requests."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, names: aiohttp.AsyncResolver) -> None:
         self.allow = config.webhook_networks
+        self.timeout = config.webhook_timeout
         context = ssl.create_default_context()
         if config.webhook_ca is not None:
             context.load_verify_locations(config.webhook_ca)
         connector = aiohttp.TCPConnector(
-            ssl=context, limit=CONNECTIONS, limit_per_host=HOST_CONNECTIONS, socket_factory=self._socket
+            ssl=context, limit=0, limit_per_host=0, resolver=names, socket_factory=self._socket
         )
         self.session = aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=config.webhook_timeout),
@@ -95,9 +95,8 @@ class Poster:
 
     def _socket(self, info: AddrInfoType) -> socket.socket:
         family, kind, proto, _, address = info
-        problem = refusal(str(address[0]), self.allow)
-        if problem is not None:
-            raise Refused(errno.EACCES, problem)
+        if not allowed(str(address[0]), self.allow):
+            raise Refused(errno.EACCES, f"an address the host resolved to {NOT_ALLOWED}")
         return socket.socket(family, kind, proto)
 
     @contextlib.asynccontextmanager
@@ -124,9 +123,11 @@ class Poster:
                     retry_after = _retry_after(response.headers.get("Retry-After"))
                     return Outcome(f"answered HTTP {response.status}", retry_after)
             except TimeoutError:
-                return Outcome(f"no answer within {self.session.timeout.total:g} s")
+                return Outcome(f"no answer within {self.timeout:g} s")
+            except aiohttp.ClientConnectorError as exc:
+                return Outcome(f"cannot connect: {exc.os_error.strerror or type(exc.os_error).__name__}")
             except (aiohttp.ClientError, OSError) as exc:
-                return Outcome(f"{type(exc).__name__}: {exc}")
+                return Outcome(f"the request failed ({type(exc).__name__})")
 
     async def close(self) -> None:
         await self.session.close()

@@ -6,6 +6,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+import aiohttp
+
+RESOLVE_SECONDS = 5.0  # a name's resolution at most (c-ares: no thread is held meanwhile)
+
 
 @dataclass
 class Running:
@@ -23,6 +27,19 @@ class Webhooks:
 
     running: dict[int, Running] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # look now: one was made or replaced
+    after: int = 0  # the number the next look for unclaimed ones starts after (they are taken a page a look)
+    _names: aiohttp.AsyncResolver | None = None
+
+    def names(self) -> aiohttp.AsyncResolver:
+        """The resolver for endpoints' names (made in the event loop, once)."""
+        if self._names is None:
+            self._names = aiohttp.AsyncResolver(timeout=RESOLVE_SECONDS, tries=1)
+        return self._names
+
+    async def close_names(self) -> None:
+        if self._names is not None:
+            await self._names.close()
+            self._names = None
 
     def changed(self, sub_id: str, webhook: bool) -> None:
         """A subscription of this id was made or replaced through this gateway (`webhook`: with one): a

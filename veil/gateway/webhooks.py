@@ -46,8 +46,8 @@ MOST_BACKOFF = 300.0  # seconds between two attempts at most
 
 
 async def supervise(gateway: Gateway) -> None:
-    poster = Poster(gateway.config)
     webhooks = gateway.webhooks
+    poster = Poster(gateway.config, webhooks.names())
     try:
         while True:
             try:
@@ -63,17 +63,22 @@ async def supervise(gateway: Gateway) -> None:
             run.ended.set()
         await asyncio.gather(*(run.task for run in running if run.task is not None), return_exceptions=True)
         await poster.close()
+        await webhooks.close_names()
 
 
 async def _look(gateway: Gateway, poster: Poster) -> None:
-    """End the deliveries of subscriptions replaced or removed (through any gateway) and start those
-    of webhook subscriptions nobody delivers."""
-    threads, running = gateway.threads, gateway.webhooks.running
-    versions = await threads.read(threads.store.webhook_versions, list(running))
+    """End the deliveries of subscriptions replaced, removed or quarantined (through any gateway) or
+    delivered by another gateway now (this one's claim lapsed while it could not renew it), and
+    start those of webhook subscriptions nobody delivers, a page a look."""
+    threads, webhooks = gateway.threads, gateway.webhooks
+    running, name, alive_since = webhooks.running, gateway.config.gateway_name, time.time() - STALE
+    versions = await threads.read(threads.store.webhook_versions, list(running), alive_since)
     for number, run in running.items():
-        if versions.get(number) != run.version:
+        version, holder = versions.get(number, (None, None))
+        if version != run.version or holder not in (None, name):
             run.ended.set()
-    found = await threads.read(threads.store.unclaimed_webhooks, time.time() - STALE, SCAN_LIMIT)
+    found = await threads.read(threads.store.unclaimed_webhooks, alive_since, webhooks.after, SCAN_LIMIT)
+    webhooks.after = found[-1].number if len(found) == SCAN_LIMIT else 0
     for subscription in found:
         if subscription.number not in running:  # (one still ending starts at a later look)
             run = running[subscription.number] = Running(subscription.sub_id, subscription.version)
@@ -117,18 +122,26 @@ class Endpoint:
         self.poster = poster
         self.subscription = subscription
         self.failing = False  # a request was dead-lettered, and none taken since
+        self.warned = False  # (said so in the log, once a streak)
         self._id = orjson.dumps(subscription.sub_id)
 
     async def send(self, lines: list[bytes]) -> None:
         """Deliver these enveloped lines, `batch` to a request; returns once each request was taken or
-        dead-lettered, each one's deliveries counted consumed as soon as it was."""
-        batch = self.subscription.webhook.batch
+        dead-lettered. The deliveries of requests taken count consumed as soon as they are, up to the
+        first one dead-lettered; those dead-lettered go to the store in one write at the end, with
+        the cursor past all of them (a dead endpoint costs a write per `send`, not per request)."""
+        batch, number = self.subscription.webhook.batch, self.subscription.number
+        unsent: list[int] = []
         for start in range(0, len(lines), batch):
             chunk = lines[start : start + batch]
             seqs = [_seq(line) for line in chunk]
             if not await self._post(chunk):
-                await self._dead_letter(seqs)
-            self.gateway.hub.save_cursor(self.subscription.number, seqs[-1])
+                unsent += seqs
+                self.failing = True
+            elif not unsent:
+                self.gateway.hub.save_cursor(number, seqs[-1])
+        if unsent:
+            await self._dead_letter(unsent, _seq(lines[-1]))
 
     async def _post(self, chunk: list[bytes]) -> bool:
         """Whether the endpoint took the request, in the attempts it has."""
@@ -141,9 +154,10 @@ class Endpoint:
             if outcome.problem is None:
                 if self.failing:
                     log.info("webhook subscription %s: its endpoint takes requests again", subscription.sub_id)
-                self.failing = False
+                self.failing = self.warned = False
                 return True
-            log.info(
+            log.log(
+                logging.DEBUG if self.warned else logging.INFO,  # (a dead endpoint's every request: said once)
                 "webhook subscription %s: request %d of %d to %s failed: %s", subscription.sub_id, attempt, attempts,
                 shown(subscription.webhook.url), outcome.problem,
             )  # fmt: skip
@@ -151,18 +165,19 @@ class Endpoint:
                 await asyncio.sleep(_backoff(config.webhook_backoff, attempt, outcome.retry_after))
         return False
 
-    async def _dead_letter(self, seqs: list[int]) -> None:
+    async def _dead_letter(self, seqs: list[int], through: int) -> None:
         subscription = self.subscription
         threads = self.gateway.threads
         now = time.time_ns() // 1_000_000
-        await threads.write(threads.store.dead_letter_unsent, subscription.number, seqs, now)
-        if not self.failing:
+        await threads.write(threads.store.dead_letter_unsent, subscription.number, seqs, through, now)
+        self.gateway.hub.save_cursor(subscription.number, through)
+        if not self.warned:
+            self.warned = True
             log.warning(
                 "webhook subscription %s: %d deliveries dead-lettered after %d attempts at %s; later ones get one "
                 "attempt each until one is taken", subscription.sub_id, len(seqs), self.gateway.config.webhook_attempts,
                 shown(subscription.webhook.url),
             )  # fmt: skip
-        self.failing = True
 
 
 def _seq(line: bytes) -> int:

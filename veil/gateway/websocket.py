@@ -22,7 +22,9 @@ _refusing: set[asyncio.Future[None]] = set()  # closes under way (the loop keeps
 @routes.get("/{tail:.*}")
 async def handle(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
-    ws = web.WebSocketResponse(heartbeat=30, max_msg_size=MAX_LINE)
+    # uncompressed: permessage-deflate costs the gateway CPU for every delivery, and a compressed last
+    # message before the close frame is lost by clients that inflate asynchronously (Node's WebSocket)
+    ws = web.WebSocketResponse(heartbeat=30, max_msg_size=MAX_LINE, compress=False)
     await ws.prepare(request)
     # upgraded, but silent until its handshake message
     gateway.unproven.watch(request.protocol, lambda reason: _refuse(ws, request.transport, reason))

@@ -11,7 +11,7 @@ from yarl import URL
 from veil.protocol.errors import ProtocolError
 
 MAX_URL_LENGTH = 2048
-MOST_BATCHED = 1000  # deliveries in one POST at most
+MOST_BATCHED = 500  # deliveries in one POST at most (a gateway's write holds 512 lines, about 64 KiB, at most)
 
 
 class WebhookRequest(NamedTuple):

@@ -14,6 +14,8 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # the well-known prefix (RFC 6052)
 NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")  # local-use translators (RFC 8215)
+COMPATIBLE = ipaddress.IPv6Network("::/96")  # IPv4-compatible (deprecated, still routed by some stacks)
+SIIT = ipaddress.IPv6Network("::ffff:0:0:0/96")  # IPv4-translated (RFC 2765)
 
 
 def networks(texts: Iterable[str], option: str) -> tuple[Network, ...]:
@@ -37,7 +39,7 @@ def _carried(address: Address) -> list[ipaddress.IPv4Address]:
             found.append(address.sixtofour)
         if address.teredo is not None:
             found.extend(address.teredo)
-        if address in NAT64 or address in NAT64_LOCAL:
+        if any(address in network for network in (NAT64, NAT64_LOCAL, COMPATIBLE, SIIT)):
             found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
     return found
 
@@ -53,4 +55,5 @@ def allowed(address: Address | str, allow: Sequence[Network]) -> bool:
     inner = _carried(parsed)
     if inner:
         return all(allowed(one, allow) for one in inner)
-    return parsed.is_global and not parsed.is_multicast
+    site_local = isinstance(parsed, ipaddress.IPv6Address) and parsed.is_site_local
+    return parsed.is_global and not (parsed.is_multicast or parsed.is_reserved or site_local)

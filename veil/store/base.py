@@ -365,15 +365,15 @@ class GatewayStore(LogReader):
     @abstractmethod
     def put_subscription(
         self, sub_id: str, owner: str, body: bytes, most: int | None = None, bounds: QueueBounds | None = None,
-        since: int | None = None, webhook: Webhook | None = None,
+        since: int | None = None, webhook: Webhook | None = None, most_webhooks: int | None = None,
     ) -> int:  # fmt: skip
         """Register a subscription, or replace its owner's live one (which keeps its number); NotOwner
         if the id belongs to someone else's live subscription; TooMany if it is new and its owner has
         `most` live subscriptions already. Any other new subscription gets a number never given
         before, even under an id used before. `bounds`: those its subscriber set on its queue (None:
         the operator's); `since` (ms): it replays the retained log from then on (compaction keeps what
-        it replays until the pipeline has); `webhook`: its deliveries are POSTed there. Returns the
-        offset that logged it."""
+        it replays until the pipeline has); `webhook`: its deliveries are POSTed there (TooMany if its
+        owner has `most_webhooks` other live webhook subscriptions). Returns the offset that logged it."""
 
     @abstractmethod
     def logged_since(self, time: int) -> int:
@@ -544,20 +544,22 @@ class GatewayStore(LogReader):
         number, each after its floor: the last delivery its connection read from the store."""
 
     @abstractmethod
-    def unclaimed_webhooks(self, alive_since: float, limit: int) -> list[WebhookSubscription]:
-        """Live webhook subscriptions, not quarantined, that no gateway renewed since `alive_since`
-        (unix seconds) delivers, at most `limit`, least recently claimed first."""
+    def unclaimed_webhooks(self, alive_since: float, after: int, limit: int) -> list[WebhookSubscription]:
+        """Live webhook subscriptions numbered after `after`, not quarantined, that no gateway renewed
+        since `alive_since` (unix seconds) delivers, in number order, at most `limit`."""
 
     @abstractmethod
-    def webhook_versions(self, numbers: Sequence[int]) -> dict[int, int]:
-        """Of these subscription numbers, those still live webhook subscriptions, and their versions."""
+    def webhook_versions(self, numbers: Sequence[int], alive_since: float) -> dict[int, tuple[int, str | None]]:
+        """Of these subscription numbers, those still live webhook subscriptions (not quarantined):
+        their versions, and the gateway renewed since `alive_since` that delivers each, if one does."""
 
     @abstractmethod
-    def dead_letter_unsent(self, number: int, pubs: Sequence[int], now: int) -> int:
+    def dead_letter_unsent(self, number: int, pubs: Sequence[int], through: int, now: int) -> int:
         """A webhook subscription's deliveries of these publications (in order) were not taken by its
-        endpoint: they become its dead letters (reason "attempts"), and its cursor moves past them,
-        in one transaction, so that they are never both sent again and dead letters. Returns how
-        many (none if the subscription is live no more)."""
+        endpoint: they become its dead letters (reason "attempts"), and its cursor moves past them
+        and up to `through` (what was delivered after them), in one transaction, so that they are
+        never both sent again and dead letters. Returns how many (none if the subscription is live
+        no more)."""
 
     @abstractmethod
     def dead_letters(

@@ -60,7 +60,8 @@ export interface SubscribeReply {
   webhookSecret?: string;
 }
 
-export type Constraint = Record<string, unknown> | [string, string, unknown];
+/** A SELIS constraint: {"key": "berth", "op": "ge", "val": 3} (op: eq, ne, gt, lt, ge, le, between, in, ...). */
+export type Constraint = { key: string; op: string; val: unknown; type?: string };
 
 const RETRY_FIRST_MS = 100;
 const RETRY_MOST_MS = 2000;

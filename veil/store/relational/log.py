@@ -238,7 +238,7 @@ class LogSql(Dialect):
 
     def put_subscription(
         self, sub_id: str, owner: str, body: bytes, most: int | None = None, bounds: QueueBounds | None = None,
-        since: int | None = None, webhook: Webhook | None = None,
+        since: int | None = None, webhook: Webhook | None = None, most_webhooks: int | None = None,
     ) -> int:  # fmt: skip
         with self._tx() as db:
             live = db.execute(LIVE, (sub_id,)).fetchone()
@@ -250,6 +250,14 @@ class LogSql(Dialect):
                 ).fetchone()[0]
                 if held >= most:
                     raise TooMany("subscriptions", most)
+            if webhook is not None and most_webhooks is not None:
+                held = db.execute(
+                    "SELECT COUNT(*) FROM subscriptions s JOIN subscription_numbers n ON n.sub_id = s.sub_id "
+                    "JOIN webhooks w ON w.sub_no = n.no WHERE s.owner = ? AND s.deleted IS NULL AND s.sub_id <> ?",
+                    (owner, sub_id),
+                ).fetchone()[0]
+                if held >= most_webhooks:
+                    raise TooMany("webhook subscriptions", most_webhooks)
             number = live[1] if live is not None else self._new_number(db, sub_id)
             offset = append_entry(
                 db, "kind, sub_id, body, client, time, number", (KIND_SUBSCRIBE, sub_id, body, owner, now_ms(), number)
