@@ -12,6 +12,8 @@ A mark is an HTML comment on the line before a block (invisible where the Markdo
   exactly N lines; an `expect` given n times must be printed at least n times; `until=SECONDS` sends Ctrl-C after that long instead (a command
   that runs until stopped), which must end it cleanly;
 - `file NAME`: the block is a file the next blocks use, written as NAME;
+- `javascript`: the JavaScript client's example, run by `tests/integration/test_js_client.py`
+  against its broker (the address in it replaced by that broker's);
 - `shell`, `yaml`, `python`, `toml [PATH]`: checked for syntax only (commands that need more than one
   machine or minutes, a configuration shown in part); a `toml` block with a PATH must equal that file;
 - `output`: text, a table or a layout; not checked.
@@ -28,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 MARK = re.compile(r"^\s*<!-- readme-test: (.*?) -->\s*$")
-KINDS = {"serve", "run", "file", "shell", "yaml", "python", "toml", "output"}
+KINDS = {"serve", "run", "file", "shell", "yaml", "python", "toml", "output", "javascript"}
 FENCE = re.compile(r"^\s*(```|~~~)")
 OPTIONS = {"expect", "expect-stderr", "once", "lines", "until"}
 

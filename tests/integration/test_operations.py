@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +23,6 @@ import orjson
 import pytest
 
 from tests.integration.helpers import LineConnection, client_for, run_id, take
-from tests.prerequisites import missing
 from veil.harness import BrokerProcess
 
 pytestmark = pytest.mark.slow
@@ -111,27 +109,6 @@ async def test_totals_survive_a_restart(broker):
     after = await LineConnection.open(broker.tcp_port, {"authHash": SECRET})
     assert (await after.line())["operations"] == totals
     after.close()
-
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """Headless Chromium (Debian's chromium and chromium-driver) driven by Selenium."""
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if chromium is None or driver is None:
-        missing("Chromium and its driver are not installed (Debian: apt-get install chromium chromium-driver)",
-                "VEIL_REQUIRE_BROWSER")  # fmt: skip
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1400,1200"):  # fmt: skip
-        options.add_argument(argument)
-    session = webdriver.Chrome(options=options, service=Service(driver))
-    yield session
-    session.quit()
 
 
 async def until(check: Callable[[], object], timeout: float = 30.0, what: str | Callable[[], str] = "") -> None:

@@ -22,13 +22,17 @@ async function take(stream, count) {
     const left = deadline - Date.now();
     check(left > 0, `only ${taken.length} of ${count} deliveries within ${WAIT_MS} ms`);
     let timer;
-    const next = await Promise.race([
-      iterator.next(),
-      new Promise((_, reject) => {
-        timer = setTimeout(() => reject(new Error(`only ${taken.length} of ${count} deliveries in time`)), left);
-      }),
-    ]);
-    clearTimeout(timer);
+    let next;
+    try {
+      next = await Promise.race([
+        iterator.next(),
+        new Promise((_, reject) => {
+          timer = setTimeout(() => reject(new Error(`only ${taken.length} of ${count} deliveries in time`)), left);
+        }),
+      ]);
+    } finally {
+      clearTimeout(timer);
+    }
     check(!next.done, `the stream ended after ${taken.length} of ${count} deliveries`);
     taken.push(next.value);
   }
