@@ -249,7 +249,7 @@ async def revoke(request: web.Request) -> web.Response:
 
 
 def create_app(gateway: Gateway) -> web.Application:
-    middlewares = [cors(gateway.config.cors_origin), errors, current_registry]
+    middlewares = [cors(gateway.config.cors_origin, gateway.config.port), errors, current_registry]
     app = web.Application(client_max_size=gateway.config.max_body, middlewares=middlewares)
     app[GATEWAY] = gateway
     app.add_routes(routes)

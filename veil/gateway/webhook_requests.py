@@ -9,8 +9,9 @@ client can aim the broker at what only the broker reaches, nor hold up anybody e
   by them for everyone).
 - Redirects are not followed (a public endpoint could redirect inward), proxies from the
   environment are not used, cookies are neither kept nor sent, and the answer's body is never read.
-- An owner has at most OWNER_REQUESTS requests under way at once, and there is no pool shared
-  with other owners to wait for: each request's --webhook-timeout is its own endpoint's time.
+- An owner has at most OWNER_REQUESTS requests under way at once, and the pool all share is large
+  enough (CONNECTIONS) that nobody waits for it: each request's --webhook-timeout is its own
+  endpoint's time.
 - What failed is said without the URL's path or query (they may hold a secret) and without the
   addresses a name resolved to (a client learns nothing of the broker's network from it).
 """
@@ -37,6 +38,7 @@ from veil.security.endpoints import Network, allowed
 
 log = logging.getLogger("veil.gateway")
 OWNER_REQUESTS = 8  # requests of one owner's subscriptions under way at once
+CONNECTIONS = 4096  # and of all owners together: a bound on sockets, not a pool anyone waits for
 USER_AGENT = "Veil-Webhook/1"
 MOST_RETRY_AFTER = 300.0  # seconds: an endpoint's Retry-After is honoured up to this
 NOT_ALLOWED = "is neither a public address nor in the broker's --webhook-allow"
@@ -84,7 +86,7 @@ class Poster:
         if config.webhook_ca is not None:
             context.load_verify_locations(config.webhook_ca)
         connector = aiohttp.TCPConnector(
-            ssl=context, limit=0, limit_per_host=0, resolver=names, socket_factory=self._socket
+            ssl=context, limit=CONNECTIONS, limit_per_host=0, resolver=names, socket_factory=self._socket
         )
         self.session = aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=config.webhook_timeout),
@@ -125,12 +127,21 @@ class Poster:
             except TimeoutError:
                 return Outcome(f"no answer within {self.timeout:g} s")
             except aiohttp.ClientConnectorError as exc:
-                return Outcome(f"cannot connect: {exc.os_error.strerror or type(exc.os_error).__name__}")
+                return Outcome(f"cannot connect: {_why(exc.os_error)}")
             except (aiohttp.ClientError, OSError) as exc:
                 return Outcome(f"the request failed ({type(exc).__name__})")
 
     async def close(self) -> None:
         await self.session.close()
+
+
+def _why(error: OSError) -> str:
+    """Why a connection failed, without the addresses the name resolved to (a strerror may hold them)."""
+    if isinstance(error, Refused):
+        return str(error.strerror)
+    if isinstance(error, ssl.SSLError):
+        return f"TLS: {error.reason or type(error).__name__}"
+    return errno.errorcode.get(error.errno or 0, type(error).__name__)
 
 
 def _retry_after(text: str | None) -> float | None:

@@ -11,6 +11,7 @@ from aiohttp import WSMsgType, web
 from veil.gateway.channel import cut_off_later
 from veil.gateway.connection import MAX_LINE, serve_connection
 from veil.gateway.context import GATEWAY, Gateway
+from veil.gateway.cors import permitted, refused
 from veil.gateway.errors import errors
 from veil.gateway.http import certificate_of
 from veil.protocol import ProtocolError
@@ -22,6 +23,10 @@ _refusing: set[asyncio.Future[None]] = set()  # closes under way (the loop keeps
 @routes.get("/{tail:.*}")
 async def handle(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
+    origin = request.headers.get("Origin")
+    config = gateway.config
+    if origin is not None and not permitted(request, origin, frozenset(config.cors_origin), config.port):
+        return refused(origin)  # (a page's upgrade comes with the browser's client certificate: `cors`)
     # uncompressed: permessage-deflate costs the gateway CPU for every delivery, and a compressed last
     # message before the close frame is lost by clients that inflate asynchronously (Node's WebSocket)
     ws = web.WebSocketResponse(heartbeat=30, max_msg_size=MAX_LINE, compress=False)

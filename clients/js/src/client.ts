@@ -73,6 +73,7 @@ export class VeilClient {
   /** Per subscription, the seq of the last delivery consumed: where its next stream resumes. */
   readonly positions = new Map<string, number>();
   wsUrl: string;
+  private readonly wsUrlGiven: boolean;
   readonly WebSocket: WebSocketConstructor | undefined;
   private readonly fetcher: typeof fetch;
   private readonly publishRetryMs: number;
@@ -88,6 +89,7 @@ export class VeilClient {
     this.token = options.token;
     const restPort = Number(url.port || (url.protocol === "https:" ? 443 : 80));
     this.wsUrl = options.wsUrl ?? webSocketUrl(url, restPort + 2);
+    this.wsUrlGiven = options.wsUrl !== undefined;
     this.fetcher = options.fetch ?? globalThis.fetch.bind(globalThis);
     this.WebSocket = options.WebSocket ?? (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket;
     this.publishRetryMs = options.publishRetryMs ?? 30000;
@@ -178,7 +180,7 @@ export class VeilClient {
     if (this.authHash !== undefined) doc["authHash"] = this.authHash;
     const reply = (await this.request("/subscribe", JSON.stringify(doc))) as SubscribeReply;
     const port = reply["ws-port"];
-    if (typeof port === "number" && port > 0) this.wsUrl = webSocketUrl(new URL(this.url), port);
+    if (!this.wsUrlGiven && typeof port === "number" && port > 0) this.wsUrl = webSocketUrl(new URL(this.url), port);
     return reply;
   }
 

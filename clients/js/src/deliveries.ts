@@ -2,15 +2,19 @@
  * A subscription's deliveries (or many subscriptions', multiplexed) over a WebSocket delivery
  * connection: the handshake, envelopes, acknowledgements, and resuming after a dropped connection.
  *
- * A delivery counts as consumed once the next one is asked for (or the stream is closed after it):
- * `for await (const d of stream) { await handle(d) }` acknowledges `d` only after `handle` is done
- * with it. Consumed deliveries are acknowledged to the broker in groups (every ACK_EVERY, when
- * nothing more waits, or ACK_AFTER_MS after the last acknowledgement). A connection that drops is
- * opened again, resuming after the last delivery consumed (`resumeAfter`); what was received and
- * not consumed comes again, and anything at or below the resume point that the broker sends again
- * is dropped (`droppedDuplicates`). Errors the broker sends end the stream as typed errors when
- * reconnecting would only be refused again (`FATAL`); others (the broker overloaded or restarting)
- * are waited out, backing off.
+ * A delivery counts as consumed once the next one is asked for: `for await (const d of stream) {
+ * await handle(d) }` acknowledges `d` only after `handle` is done with it; leaving the loop (a
+ * `break`, or `handle` throwing) acknowledges nothing more, so the delivery in hand comes again to
+ * the next stream (`stream.consumed()` first, before a `break`, counts it consumed). Consumed
+ * deliveries are acknowledged to the broker in groups (every ACK_EVERY, when nothing more waits, or
+ * ACK_AFTER_MS after the last acknowledgement). A connection that drops is opened again, resuming
+ * after the last delivery consumed (`resumeAfter`): what was received and not yet handed over comes
+ * again, and what the broker sends again at or below what was handed over is dropped
+ * (`droppedDuplicates`). At most BUFFER_MOST deliveries wait to be handed over: past that the
+ * connection is closed, and opened again once the application has taken them all (a browser
+ * reads its sockets whatever the page does, so the broker cannot see a slow reader). Errors the
+ * broker sends end the stream as typed errors when reconnecting would only be refused again
+ * (`FATAL`); others (the broker overloaded or restarting) are waited out, backing off with jitter.
  */
 
 import type { VeilClient } from "./client.js";
@@ -41,6 +45,7 @@ export interface StreamOptions {
 const ACK_EVERY = 256;
 const ACK_AFTER_MS = 1000;
 const MAX_FAILURES = 60; // consecutive failed connections (or broker faults) before the stream gives up
+const BUFFER_MOST = 8192; // deliveries received and not yet handed over, at most
 const MAX_SEQ = Number.MAX_SAFE_INTEGER;
 
 type Waiter = { resolve: (value: IteratorResult<Delivery>) => void; reject: (error: unknown) => void };
@@ -58,8 +63,11 @@ export class DeliveryStream implements AsyncIterableIterator<Delivery> {
   private ids: string[];
   private readonly carried: Set<string>;
   private readonly initial = new Map<string, number>(); // per subscription, where the stream started
-  private readonly consumed = new Map<string, number>(); // and the last seq consumed
-  private received = new Map<string, number>(); // and the last seq queued
+  private readonly consumedEach = new Map<string, number>(); // and the last seq consumed
+  private received = new Map<string, number>(); // and the last seq queued (or handed over)
+  private resume = new Map<string, number>(); // where the connection resumed
+  private paused = false; // closed for a full buffer: opened again once it is drained
+  private drained: (() => void) | null = null;
   private buffer: Delivery[] = [];
   private waiter: Waiter | null = null;
   private failure: unknown = null;
@@ -105,6 +113,7 @@ export class DeliveryStream implements AsyncIterableIterator<Delivery> {
     const delivery = this.buffer.shift();
     if (delivery !== undefined) {
       this.handed = delivery;
+      if (this.buffer.length === 0) this.drained?.();
       return { value: delivery, done: false };
     }
     if (this.failure !== null) throw this.failure;
@@ -116,21 +125,28 @@ export class DeliveryStream implements AsyncIterableIterator<Delivery> {
     return result;
   }
 
-  /** Close the stream: what was consumed is acknowledged, and the connection closed. */
+  /** Close the stream (what a `for await` loop does when it is left). */
   async return(): Promise<IteratorResult<Delivery>> {
     await this.close();
     return { value: undefined, done: true };
   }
 
-  async close(): Promise<void> {
+  /** The delivery in hand is done with: counted consumed now, not only when the next is asked for. */
+  consumed(): void {
     if (this.handed !== null) {
       this.settle(this.handed);
       this.handed = null;
     }
+  }
+
+  /** Close the stream: what was consumed is acknowledged (not the delivery in hand), and the connection closed. */
+  async close(): Promise<void> {
     this.acknowledge();
+    this.handed = null;
     this.end(null);
     this.socket?.close();
     this.wake?.();
+    this.drained?.();
     await this.running?.catch(() => undefined);
   }
 
@@ -142,7 +158,7 @@ export class DeliveryStream implements AsyncIterableIterator<Delivery> {
   private settle(delivery: Delivery): void {
     this.lastSeq = delivery.seq;
     for (const id of delivery.subscriptionIds) {
-      this.consumed.set(id, delivery.seq);
+      this.consumedEach.set(id, delivery.seq);
       this.client.positions.set(id, delivery.seq);
     }
     this.ackable = delivery.seq;
@@ -175,8 +191,12 @@ export class DeliveryStream implements AsyncIterableIterator<Delivery> {
     if (waiter !== null) {
       this.waiter = null;
       waiter.resolve({ value: delivery, done: false });
-    } else {
-      this.buffer.push(delivery);
+      return;
+    }
+    this.buffer.push(delivery);
+    if (this.buffer.length >= BUFFER_MOST && !this.paused) {
+      this.paused = true;
+      this.socket?.close();
     }
   }
 
@@ -194,6 +214,12 @@ export class DeliveryStream implements AsyncIterableIterator<Delivery> {
     while (!this.finished && this.failure === null) {
       const opened = await this.connect(WebSocketImpl);
       if (this.finished || this.failure !== null) return;
+      if (this.paused) {
+        if (this.buffer.length > 0) await new Promise<void>((resolve) => (this.drained = resolve));
+        this.drained = null;
+        this.paused = false;
+        continue; // (no failure: nothing is lost, the next connection resumes after what was handed over)
+      }
       if (opened) {
         this.failures = 0;
       } else if (++this.failures > MAX_FAILURES) {
@@ -201,9 +227,10 @@ export class DeliveryStream implements AsyncIterableIterator<Delivery> {
         return;
       }
       this.reconnects += 1;
+      const pause = (this.failures ? delay : 50) * (0.5 + Math.random() / 2);
       await new Promise<void>((resolve) => {
         this.wake = resolve;
-        setTimeout(resolve, this.failures ? delay : 50);
+        setTimeout(resolve, pause);
       });
       this.wake = null;
       delay = this.failures ? Math.min(delay * 2, 2000) : 200;
@@ -247,14 +274,21 @@ export class DeliveryStream implements AsyncIterableIterator<Delivery> {
     });
   }
 
-  /** Before a new connection: what was received and not consumed comes again after the resume point. */
+  /**
+   * Before a new connection: it resumes after what was consumed; what was received and not handed
+   * over comes again, and the delivery in hand (its handler may be at work on it), if it comes
+   * again, is dropped.
+   */
   private restart(): void {
     this.buffer = [];
-    this.handed = null;
-    this.received = new Map();
+    this.resume = new Map();
     for (const id of this.ids) {
-      const position = this.consumed.get(id) ?? this.initial.get(id);
-      if (position !== undefined) this.received.set(id, position);
+      const position = this.consumedEach.get(id) ?? this.initial.get(id);
+      if (position !== undefined) this.resume.set(id, position);
+    }
+    this.received = new Map(this.resume);
+    for (const id of this.handed?.subscriptionIds ?? []) {
+      this.received.set(id, Math.max(this.received.get(id) ?? -1, this.handed?.seq ?? -1));
     }
     this.ackable = this.acked = null;
     this.unacked = 0;
@@ -264,10 +298,10 @@ export class DeliveryStream implements AsyncIterableIterator<Delivery> {
     const doc: Record<string, unknown> = { envelope: true, ack: true };
     if (this.multiplexed) {
       doc["subscriptionIds"] = this.ids;
-      if (this.ids.some((id) => this.received.has(id))) doc["resumeAfter"] = this.ids.map((id) => this.received.get(id) ?? null);
+      if (this.ids.some((id) => this.resume.has(id))) doc["resumeAfter"] = this.ids.map((id) => this.resume.get(id) ?? null);
     } else {
       doc["subscriptionId"] = this.ids[0];
-      const position = this.received.get(this.ids[0] as string);
+      const position = this.resume.get(this.ids[0] as string);
       if (position !== undefined) doc["resumeAfter"] = position;
     }
     if (this.client.authHash !== undefined) doc["authHash"] = this.client.authHash;
@@ -304,7 +338,8 @@ export class DeliveryStream implements AsyncIterableIterator<Delivery> {
       throw new BrokerFault("seq", `not a sequence number: ${text.slice(0, 200)}`, 0);
     }
     const fresh = this.fresh(seq, envelope["subscriptionIds"]);
-    if (fresh.length > 0) this.hand(delivery(seq, envelope, fresh));
+    if (fresh.length === 0) return false; // (a broker that resends only old ones makes no progress)
+    this.hand(delivery(seq, envelope, fresh));
     return true;
   }
 

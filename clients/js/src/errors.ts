@@ -58,7 +58,7 @@ const BY_STATUS: Record<number, new (field: string, problem: string, status: num
 };
 
 /** Errors a delivery stream ends with: reconnecting would only be refused again. */
-export const FATAL = [BadRequest, Unauthorized, Forbidden, NotFound, Replaced, Gone, Quarantined, TooMany];
+export const FATAL = [BadRequest, Unauthorized, Forbidden, NotFound, Replaced, Gone];
 
 export function errorFor(status: number, field: string, problem: string): VeilError {
   const Kind = BY_STATUS[status] ?? VeilError;

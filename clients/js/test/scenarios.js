@@ -88,12 +88,16 @@ export const scenarios = {
     const after = await take(stream, 10);
     same(after.map((d) => d.id), [...first.slice(5), ...second], "after the drop");
     check(stream.reconnects >= 1, "it reconnected");
-    await stream.close();
-    // a new stream of the same client resumes after what the closed one consumed
+    await stream.close(); // (the delivery in hand is not consumed: it comes again)
     const third = await alice.publish({ run, n: 15 });
     const again = alice.deliveries(subscriptionId);
-    same((await take(again, 1)).map((d) => d.id), [third], "a new stream");
+    same((await take(again, 2)).map((d) => d.id), [second[4], third], "a new stream, after what was consumed");
+    again.consumed();
     await again.close();
+    const fourth = await alice.publish({ run, n: 16 });
+    const last = alice.deliveries(subscriptionId);
+    same((await take(last, 1)).map((d) => d.id), [fourth], "after what was counted consumed");
+    await last.close();
   },
 
   async "a multiplexed stream names each delivery's subscriptions and outlives one that ends"(veil, broker) {
@@ -104,8 +108,14 @@ export const scenarios = {
     const stream = alice.multiplexed([low, even]);
     const both = await alice.publish({ run, n: 2, kind: "even" });
     const onlyLow = await alice.publish({ run, n: 3, kind: "odd" });
-    const got = await take(stream, 2);
-    same(got.map((d) => [d.id, [...d.subscriptionIds].sort()]), [[both, [low, even].sort()], [onlyLow, [low]]], "lines");
+    // a publication for both comes once per line, naming both, unless one of them was reading its
+    // backlog from the store meanwhile: then once for each (lines are not in one global order)
+    const pairs = [];
+    while (pairs.length < 3) {
+      const [line] = await take(stream, 1);
+      for (const id of line.subscriptionIds) pairs.push(`${line.id} ${id}`);
+    }
+    same(pairs.sort(), [`${both} ${low}`, `${both} ${even}`, `${onlyLow} ${low}`].sort(), "lines");
     await alice.unsubscribe(low);
     const later = await alice.publish({ run, n: 40, kind: "even" });
     same((await take(stream, 1)).map((d) => [d.id, d.subscriptionIds]), [[later, [even]]], "after one ended");
