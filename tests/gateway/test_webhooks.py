@@ -263,7 +263,15 @@ async def test_a_webhook_subscription_is_never_delivered_on_a_connection_and_fol
         matched(broker, ["w"], 2)
         await asyncio.sleep(1)
         assert second.seqs() == later
+        # and a gateway that cannot renew its claims (cut off from the store) POSTs nothing meanwhile
+        claims = broker.gateway.claims
+        stay_alive = next(task for task in broker.background._tasks if "stay_alive" in repr(task.get_coro()))
+        stay_alive.cancel()
+        claims.renewed -= 100
         store.leave("elsewhere", "x")  # (its claims go: this gateway takes it up again)
+        await asyncio.sleep(3)
+        assert second.seqs() == later
+        claims.renewed = time.monotonic()
         await until(lambda: len(second.seqs()) == 5, 10)
         response = await http.post("/unsubscribe", data=orjson.dumps({"authHash": ALICE, "subscriptionId": "w"}))
         assert response.status == 200

@@ -35,6 +35,9 @@ class Claims:
         self._claiming: asyncio.Future[None] | None = None
         # claims made for connections that went meanwhile, released with the gateway's renewals
         self.unreleased: list[tuple[list[str], float]] = []
+        # when this gateway last renewed its row (monotonic seconds): its claims hold while it renews,
+        # and what acts on them without the store at hand (webhook requests) waits while it cannot
+        self.renewed = time.monotonic()
 
     async def claim(
         self, threads: StoreThreads, sub_ids: Sequence[str], numbers: Sequence[int], gateway: str, stale: float

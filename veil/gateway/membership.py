@@ -34,6 +34,7 @@ async def start(gateway: Gateway) -> None:
     threads = gateway.threads
     name, incarnation = gateway.config.gateway_name, gateway.incarnation
     await threads.write(threads.store.take_over_gateway, name, incarnation, gateway.hub.last_seq)
+    gateway.claims.renewed = time.monotonic()
 
 
 async def _outlive_namesake(gateway: Gateway) -> None:
@@ -70,7 +71,10 @@ async def stay_alive(gateway: Gateway) -> None:
     while True:
         await asyncio.sleep(RENEW)
         try:
-            if not await renew(gateway):
+            renewed = await renew(gateway)
+            if renewed:
+                gateway.claims.renewed = time.monotonic()
+            if not renewed:
                 log.error(
                     "another gateway took the id %s over (this one was silent %g s, or both started at once): "
                     "stopping", gateway.config.gateway_name, STALE,

@@ -43,6 +43,7 @@ log = logging.getLogger("veil.gateway")
 SCAN = 2.0  # seconds between looks for webhook subscriptions no gateway delivers
 SCAN_LIMIT = 1000  # taken up at one look
 MOST_BACKOFF = 300.0  # seconds between two attempts at most
+UNRENEWED_WAIT = 0.5  # seconds between looks at this gateway's renewals while they fail
 
 
 async def supervise(gateway: Gateway) -> None:
@@ -149,6 +150,7 @@ class Endpoint:
         body = b'{"subscriptionId":%s,"deliveries":[%s]}' % (self._id, b",".join(chunk))
         attempts = 1 if self.failing else config.webhook_attempts
         for attempt in range(1, attempts + 1):
+            await self._while_unrenewed()
             headers = {"Content-Type": "application/json", HEADER: sign(subscription.webhook.secret, body)}
             outcome = await self.poster.post(subscription.owner, subscription.webhook.url, body, headers)
             if outcome.problem is None:
@@ -164,6 +166,17 @@ class Endpoint:
             if attempt < attempts:
                 await asyncio.sleep(_backoff(config.webhook_backoff, attempt, outcome.retry_after))
         return False
+
+    async def _while_unrenewed(self) -> None:
+        """Wait while this gateway has not renewed its row for half of STALE: cut off from the store,
+        its claim may lapse and another gateway take the subscription over, and the two would POST
+        the same deliveries (neither attempts nor backoff count meanwhile)."""
+        claims = self.gateway.claims
+        if time.monotonic() - claims.renewed > STALE / 2:
+            sub_id = self.subscription.sub_id
+            log.warning("webhook subscription %s: this gateway cannot renew its claims; waiting", sub_id)
+            while time.monotonic() - claims.renewed > STALE / 2:
+                await asyncio.sleep(UNRENEWED_WAIT)
 
     async def _dead_letter(self, seqs: list[int], through: int) -> None:
         subscription = self.subscription
