@@ -693,7 +693,7 @@ def build_parser() -> argparse.ArgumentParser:
         "working directory)",
     )
     mqtt.add_argument(
-        "--log-level", choices=("debug", "info", "warning", "error"), default="info",
+        "--log-level", choices=config_module.LOG_LEVELS, default="info",
         help="log level (default: info)",
     )  # fmt: skip
     mqtt.set_defaults(run=_asynchronous(_bridge_mqtt))

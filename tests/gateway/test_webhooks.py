@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -24,6 +23,7 @@ from veil.config import Config
 from veil.gateway.rest import create_app
 from veil.gateway.server import Broker
 from veil.gateway.tcp import start_tcp
+from veil.harness.broker import free_ports
 from veil.security import certs
 from veil.security.webhook_signature import HEADER, verify
 from veil.store import Publication, Round, Webhook
@@ -133,12 +133,6 @@ async def until(check, seconds: float = 30.0) -> None:
         await asyncio.sleep(0.05)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 async def test_deliveries_arrive_once_in_order_signed_through_failures_timeouts_and_slow_answers(tmp_path, tls):
     script = ["fail", "timeout", "slow", "ok", "busy", "fail", "slow", "timeout", "ok", "fail"] * 3
     async with (
@@ -177,7 +171,7 @@ async def test_deliveries_arrive_once_in_order_signed_through_failures_timeouts_
 
 
 async def test_an_unreachable_endpoints_deliveries_are_dead_lettered_in_order_and_can_be_replayed(tmp_path, tls):
-    port = free_port()  # nothing listens there
+    (port,) = free_ports(1)  # nothing listens there
     async with running_gateway(
         tmp_path, webhook_allow=("127.0.0.1/32",), webhook_ca=os.path.join(tls, "ca.pem"), webhook_attempts=3
     ) as (broker, http):

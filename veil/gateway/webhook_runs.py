@@ -15,7 +15,7 @@ RESOLVE_SECONDS = 5.0  # a name's resolution at most (c-ares: no thread is held 
 class Running:
     """A webhook subscription this gateway delivers: its version, and how to end its delivery."""
 
-    sub_id: str
+    number: int
     version: int
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -23,9 +23,9 @@ class Running:
 
 @dataclass
 class Webhooks:
-    """The webhook subscriptions this gateway delivers, by number."""
+    """The webhook subscriptions this gateway delivers, by id (every /subscribe looks its id up)."""
 
-    running: dict[int, Running] = field(default_factory=dict)
+    running: dict[str, Running] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # look now: one was made or replaced
     after: int = 0  # the number the next look for unclaimed ones starts after (they are taken a page a look)
     _names: aiohttp.AsyncResolver | None = None
@@ -44,9 +44,8 @@ class Webhooks:
     def changed(self, sub_id: str, webhook: bool) -> None:
         """A subscription of this id was made or replaced through this gateway (`webhook`: with one): a
         delivery of an older version ends, and the next look, now, starts the new one's."""
-        for run in self.running.values():
-            if run.sub_id == sub_id:
-                run.ended.set()
-                webhook = True
-        if webhook:
+        run = self.running.get(sub_id)
+        if run is not None:
+            run.ended.set()
+        if webhook or run is not None:
             self.wake.set()

@@ -73,16 +73,17 @@ async def _look(gateway: Gateway, poster: Poster) -> None:
     start those of webhook subscriptions nobody delivers, a page a look."""
     threads, webhooks = gateway.threads, gateway.webhooks
     running, name, alive_since = webhooks.running, gateway.config.gateway_name, time.time() - STALE
-    versions = await threads.read(threads.store.webhook_versions, list(running), alive_since)
-    for number, run in running.items():
-        version, holder = versions.get(number, (None, None))
+    numbers = [run.number for run in running.values()]
+    versions = await threads.read(threads.store.webhook_versions, numbers, alive_since)
+    for run in running.values():
+        version, holder = versions.get(run.number, (None, None))
         if version != run.version or holder not in (None, name):
             run.ended.set()
     found = await threads.read(threads.store.unclaimed_webhooks, alive_since, webhooks.after, SCAN_LIMIT)
     webhooks.after = found[-1].number if len(found) == SCAN_LIMIT else 0
     for subscription in found:
-        if subscription.number not in running:  # (one still ending starts at a later look)
-            run = running[subscription.number] = Running(subscription.sub_id, subscription.version)
+        if subscription.sub_id not in running:  # (one still ending starts at a later look)
+            run = running[subscription.sub_id] = Running(subscription.number, subscription.version)
             run.task = asyncio.create_task(_deliver(gateway, poster, subscription, run))
 
 
@@ -112,7 +113,7 @@ async def _deliver(gateway: Gateway, poster: Poster, subscription: WebhookSubscr
         log.exception("delivering webhook subscription %s failed; taken up again", subscription.sub_id)
     finally:
         gateway.hub.quotas.disconnect(client)
-        gateway.webhooks.running.pop(subscription.number, None)
+        gateway.webhooks.running.pop(subscription.sub_id, None)
 
 
 class Endpoint:
