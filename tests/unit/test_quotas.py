@@ -26,6 +26,9 @@ def test_a_client_past_its_connections_is_refused_by_name_and_others_are_not():
     quotas.connect("alice")  # the limit is bob's alone
     quotas.disconnect(held.pop())
     quotas.connect("bob")  # room again
+    webhooks = [quotas.connect("carol", webhook=True) for _ in range(5)]  # deliveries of webhook subscriptions
+    quotas.connect("carol"), quotas.connect("carol")  # take none of carol's connections
+    assert webhooks[0] is quotas.connect("carol", webhook=True)  # (one place, its queued bytes shared)
 
 
 def test_queued_bytes_count_per_client_and_for_the_gateway():

@@ -55,6 +55,7 @@ class Client:
 
     identity: str
     connections: int = 0
+    webhooks: int = 0  # webhook subscriptions the gateway delivers for it: no connections of its own
     queued: int = 0
 
 
@@ -66,11 +67,14 @@ class Quotas:
         self.queued = 0  # bytes, all clients together
         self._clients: dict[str, Client] = {}
 
-    def connect(self, identity: str, counted: bool = True) -> Client:
-        """One more delivery connection of this client; ProtocolError (429) past its limit, unless it is
-        not `counted` against it (a webhook subscription's delivery)."""
+    def connect(self, identity: str, webhook: bool = False) -> Client:
+        """One more delivery connection of this client; ProtocolError (429) past its limit. A webhook
+        subscription's delivery takes a place beside them, never one of them."""
         client = self._clients.setdefault(identity, Client(identity))
-        if counted and client.connections >= self.max_connections:
+        if webhook:
+            client.webhooks += 1
+            return client
+        if client.connections >= self.max_connections:
             raise ProtocolError(
                 "handshake",
                 f"this client has {client.connections} delivery connections open, the most one client may "
@@ -83,7 +87,15 @@ class Quotas:
     def disconnect(self, client: Client) -> None:
         """A connection of `client` closed (having released what it queued)."""
         client.connections -= 1
-        if client.connections <= 0 and client.queued <= 0:
+        self._forget_idle(client)
+
+    def disconnect_webhook(self, client: Client) -> None:
+        """A webhook subscription's delivery for `client` ended (having released what it queued)."""
+        client.webhooks -= 1
+        self._forget_idle(client)
+
+    def _forget_idle(self, client: Client) -> None:
+        if client.connections <= 0 and client.webhooks <= 0 and client.queued <= 0:
             self._clients.pop(client.identity, None)
 
     def room(self, client: Client) -> int:

@@ -92,9 +92,9 @@ async def _deliver(gateway: Gateway, poster: Poster, subscription: WebhookSubscr
     another gateway, or this one stopping."""
     endpoint = Endpoint(gateway, poster, subscription)
     handshake = Handshake(None, subscription.sub_id, envelope=True, ack=False, resume_after=None)
-    # its owner's place: its queued lines count against the owner's quota, as a connection's would (a
-    # webhook subscription is not one of its connections: those are counted against their own limit)
-    client = gateway.hub.quotas.connect(subscription.owner, counted=False)
+    # its owner's place: its queued lines count against the owner's quota, as a connection's would (it is
+    # not one of the owner's connections, which --max-client-connections counts)
+    client = gateway.hub.quotas.connect(subscription.owner, webhook=True)
 
     async def close(error: bytes | None) -> None:
         if error is not None:
@@ -112,7 +112,7 @@ async def _deliver(gateway: Gateway, poster: Poster, subscription: WebhookSubscr
     except Exception:
         log.exception("delivering webhook subscription %s failed; taken up again", subscription.sub_id)
     finally:
-        gateway.hub.quotas.disconnect(client)
+        gateway.hub.quotas.disconnect_webhook(client)
         gateway.webhooks.running.pop(subscription.sub_id, None)
 
 
