@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from veil.config import Config
+from veil.pipeline import class_archive
 from veil.pipeline.partition_task import SILENT_MS, Silence
 from veil.store import PipelineStore, StoreUnavailable
 from veil.store.credentials import PASSWORD_ENV, without_password
@@ -52,6 +54,10 @@ def build_session(config: Config):
     from pyspark.sql import SparkSession
 
     log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
+    # the operator's own JVM options (--spark-conf) replace these, and they may not want an archive
+    own_options = "spark.driver.extraJavaOptions" in config.spark_settings
+    archive = class_archive.Plan() if own_options else class_archive.plan(config.class_cache_dir)
+    java_options = shlex.join([f"-Dlog4j2.configurationFile=file:{log4j}", _FORK, *archive.options])
     builder = (
         SparkSession.builder.master(config.master)
         .appName("veil-pipeline")
@@ -61,7 +67,7 @@ def build_session(config: Config):
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.minBatchesToRetain", "20")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j} {_FORK}")
+        .config("spark.driver.extraJavaOptions", java_options)
         .config("spark.sql.streaming.checkpointFileManagerClass", _CHECKPOINT_FILES)
         .config("spark.driver.memory", config.driver_memory)
     )
@@ -85,6 +91,10 @@ def build_session(config: Config):
     builder = builder.config("spark.speculation", "false")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    jvm = spark.sparkContext._jvm  # PySpark's one way to the driver JVM's own properties
+    assert jvm is not None  # a started context has its gateway
+    system = jvm.System
+    class_archive.record(archive, system.getProperty("java.home"), system.getProperty("java.class.path"))
     return spark
 
 

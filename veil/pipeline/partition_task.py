@@ -168,6 +168,7 @@ class PartitionTask:
                     ):
                         self._claim(store, epoch, range(self.matcher.partitions))
                         settled = True
+                        looked = 0.0  # what it claimed now it runs now, not after the next BEAT
                     if not over and time.time() >= deadline:
                         store.end_leases(self.parts, epoch)
                         over = True
