@@ -32,7 +32,7 @@ def _dump(plan: class_archive.Plan) -> None:
     """What a pipeline's JVM does at exit, on an empty class path (a JVM that only prints its version)."""
     java = class_archive._java()
     assert java is not None, "no java: Spark's prerequisite"
-    class_archive.record(plan, os.path.dirname(os.path.dirname(java)), "")
+    class_archive.record(plan, "")
     subprocess.run([java, *plan.options, "-version"], check=True, capture_output=True)
 
 
@@ -77,6 +77,45 @@ def test_a_cache_others_may_write_to_is_not_used(cache, caplog):
     assert "not this user's alone" in caplog.text
 
 
+def test_a_cache_under_a_directory_others_may_replace_is_not_used(tmp_path, caplog):
+    """Others could move the checked directory away and put one of theirs in its place; a sticky
+    one (/tmp) lets them remove only what is theirs."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert class_archive.plan(str(shared / "cache")) == class_archive.Plan()
+    assert f"others may write to {shared}" in caplog.text
+    shared.chmod(0o777 | 0o1000)
+    assert class_archive.plan(str(shared / "cache")).options != ()
+
+
+def test_a_cache_the_jvm_cannot_name_or_a_partial_that_cannot_go_costs_only_the_archive(cache, tmp_path):
+    colon = tmp_path / "a:b"
+    colon.mkdir(mode=0o700)
+    assert class_archive.plan(str(colon)) == class_archive.Plan()
+    plan = class_archive.plan(cache)
+    assert plan.partial is not None
+    os.mkdir(plan.partial + "x.partial")  # a directory where a partial would be: no file to check or remove
+    _made_long_ago(plan.partial + "x.partial")
+    assert class_archive.plan(cache) == class_archive.Plan()
+
+
+def test_the_note_never_names_the_program_that_checks_a_partial(cache, tmp_path):
+    plan = class_archive.plan(cache)
+    assert plan.partial is not None
+    _dump(plan)
+    trap = tmp_path / "ran"
+    fake = tmp_path / "bin" / "java"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\ntouch {trap}\n")
+    fake.chmod(0o755)
+    with open(plan.partial + ".json", "wb") as handle:  # an older note's shape, with a Java of its own
+        handle.write(orjson.dumps({"java_home": str(tmp_path), "class_path": ""}))
+    _made_long_ago(plan.partial)
+    assert any(option.startswith("-XX:SharedArchiveFile") for option in class_archive.plan(cache).options)
+    assert not trap.exists()
+
+
 def test_the_cache_is_the_users_unless_configured_or_off(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert Config().class_cache_dir == str(tmp_path / "veil")
@@ -85,10 +124,10 @@ def test_the_cache_is_the_users_unless_configured_or_off(monkeypatch, tmp_path):
     assert class_archive.plan(None) == class_archive.Plan()
 
 
-def test_the_note_names_the_java_and_class_path_only(cache):
+def test_the_note_names_the_class_path_only(cache):
     plan = class_archive.plan(cache)
     assert plan.partial is not None
-    class_archive.record(plan, "/opt/java", "/opt/spark/jars/a.jar")
+    class_archive.record(plan, "/opt/spark/jars/a.jar")
     with open(plan.partial + ".json", "rb") as handle:
-        assert orjson.loads(handle.read()) == {"java_home": "/opt/java", "class_path": "/opt/spark/jars/a.jar"}
+        assert orjson.loads(handle.read()) == {"class_path": "/opt/spark/jars/a.jar"}
     assert os.stat(plan.partial + ".json").st_mode & 0o077 == 0

@@ -3,8 +3,8 @@ them from one file instead of loading and verifying them from Spark's jars again
 a third of the pipeline's start on two cores (the JVM's start, Spark's first queries and jobs).
 
 The JVM writes the archive itself, at the exit of a pipeline started without one
-(-XX:ArchiveClassesAtExit), under a name of its own: a `.partial`, beside a note of the Java and
-class path it ran with. A later start promotes a partial to the archive once nothing has written to
+(-XX:ArchiveClassesAtExit), under a name of its own: a `.partial`, beside a note of the class path
+it ran with. A later start promotes a partial to the archive once nothing has written to
 it for SETTLED seconds, and only if a JVM given it alone accepts it whole (-Xshare:on and
 -XX:+VerifySharedSpaces, which checks every region's checksum): a pipeline killed while its JVM
 wrote leaves a truncated file, and a JVM that maps a truncated archive crashes where one that finds
@@ -53,27 +53,32 @@ class Plan:
 def plan(directory: str | None) -> Plan:
     """Use the archive of this Java and Spark if there is one, after promoting any partial that is
     ready; else have this JVM write one, unless one was written a moment ago (the next start
-    promotes it). No options without a cache directory or a Java to key the archive by."""
+    promotes it). No options without a cache directory or a Java to key the archive by, nor where
+    the cache cannot be read or written: the archive only ever saves time."""
     java = _java()
     if directory is None or java is None or not _private_directory(directory):
         return Plan()
     name = os.path.join(directory, f"spark-classes-{_key(java)}")
-    _promote(name)
-    if os.path.isfile(name + ".jsa"):
-        return Plan((f"-XX:SharedArchiveFile={name}.jsa", *QUIET))
-    if any(time.time() - _modified(path) < SETTLED for path in glob.glob(glob.escape(name) + ".*.partial")):
+    try:
+        _promote(name, java)
+        if os.path.isfile(name + ".jsa"):
+            return Plan((f"-XX:SharedArchiveFile={name}.jsa", *QUIET))
+        if any(time.time() - _modified(path) < SETTLED for path in glob.glob(glob.escape(name) + ".*.partial")):
+            return Plan()
+    except OSError as exc:
+        log.warning("no class archive: %s (%s)", exc.strerror, exc.filename)
         return Plan()
     partial = f"{name}.{secrets.token_hex(6)}.partial"
     return Plan((f"-XX:ArchiveClassesAtExit={partial}", *QUIET), partial)
 
 
-def record(dump: Plan, java_home: str, class_path: str) -> None:
-    """The note a partial is validated by: the Java that writes it and the class path it holds
-    classes of (a JVM accepts an archive only on the class path it was made on)."""
+def record(dump: Plan, class_path: str) -> None:
+    """The note a partial is validated by: the class path it holds classes of (a JVM accepts an
+    archive only on the class path it was made on)."""
     if dump.partial is None:
         return
     with contextlib.suppress(OSError):  # a cache that cannot be written costs only the faster start
-        _write_private(dump.partial + ".json", orjson.dumps({"java_home": java_home, "class_path": class_path}))
+        _write_private(dump.partial + ".json", orjson.dumps({"class_path": class_path}))
 
 
 def _java() -> str | None:
@@ -95,30 +100,41 @@ def _key(java: str) -> str:
 
 
 def _private_directory(directory: str) -> bool:
+    """The cache and every directory above it: this user's or root's, and writable by no one else
+    unless sticky (/tmp), so that no one else can put a directory of theirs in its place. Its path
+    names one archive to the JVM, which reads a `:` in it as two."""
+    if os.pathsep in directory:
+        log.warning("no class archive: the JVM cannot name a file under %s (it holds %r)", directory, os.pathsep)
+        return False
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        found = os.stat(directory)
     except OSError as exc:
         log.warning("no class archive: cannot use %s (%s)", directory, exc.strerror)
         return False
-    if found.st_uid != os.getuid() or found.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        log.warning("no class archive: %s is not this user's alone (others may write to it)", directory)
-        return False
-    return True
+    target = path = os.path.realpath(directory)
+    while True:
+        found = os.stat(path)
+        others = found.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if found.st_uid not in (os.getuid(), 0) or (others and (path == target or not found.st_mode & stat.S_ISVTX)):
+            log.warning("no class archive: %s is not this user's alone (others may write to %s)", directory, path)
+            return False
+        if path == os.path.dirname(path):
+            return True
+        path = os.path.dirname(path)
 
 
-def _promote(name: str) -> None:
+def _promote(name: str, java: str) -> None:
     """Every settled partial is validated once: the first valid one becomes the archive while there
-    is none; the rest, and partials and notes nobody could promote for STALE seconds, go."""
+    is none; the rest, and notes nobody could promote for STALE seconds, go."""
     for partial in glob.glob(glob.escape(name) + ".*.partial"):
-        age = time.time() - _modified(partial)
-        if age < SETTLED:
+        if time.time() - _modified(partial) < SETTLED:
             continue
         note = partial + ".json"
-        if not os.path.isfile(name + ".jsa") and _valid(partial, note):
-            with contextlib.suppress(OSError):
-                os.replace(partial, name + ".jsa")
-                log.info("Spark's classes archived for the next starts: %s.jsa", name)
+        if not os.path.isfile(name + ".jsa") and _valid(partial, note, java):
+            with open(partial, "rb") as handle:  # on disk before it has the name every JVM maps
+                os.fsync(handle.fileno())
+            os.replace(partial, name + ".jsa")
+            log.info("Spark's classes archived for the next starts: %s.jsa", name)
         for path in (partial, note):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
@@ -128,15 +144,19 @@ def _promote(name: str) -> None:
                 os.unlink(note)
 
 
-def _valid(partial: str, note: str) -> bool:
+def _valid(partial: str, note: str, java: str) -> bool:
+    """Checked by the Java the archive is keyed by, on the class path the note names: the note is
+    data, never a program to run."""
     try:
-        with open(note, "rb") as handle:
-            made = orjson.loads(handle.read())
-        if os.stat(partial).st_uid != os.getuid():
+        descriptor = os.open(note, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(descriptor, "rb") as handle:
+            if os.fstat(handle.fileno()).st_uid != os.getuid():
+                return False
+            class_path = orjson.loads(handle.read())["class_path"]
+        if os.stat(partial).st_uid != os.getuid() or not isinstance(class_path, str):
             return False
-        java = os.path.join(made["java_home"], "bin", "java")
         archive = f"-XX:SharedArchiveFile={partial}"
-        command = [java, "-cp", made["class_path"], archive, "-Xshare:on", *QUIET, "-version"]
+        command = [java, "-cp", class_path, archive, "-Xshare:on", *QUIET, "-version"]
         # a truncated archive crashes this JVM: its crash report goes to a directory that is then removed
         with tempfile.TemporaryDirectory() as scratch:
             result = subprocess.run(command, cwd=scratch, capture_output=True, timeout=VALIDATE_TIMEOUT)

@@ -93,8 +93,7 @@ def build_session(config: Config):
     spark.sparkContext.setLogLevel("WARN")
     jvm = spark.sparkContext._jvm  # PySpark's one way to the driver JVM's own properties
     assert jvm is not None  # a started context has its gateway
-    system = jvm.System
-    class_archive.record(archive, system.getProperty("java.home"), system.getProperty("java.class.path"))
+    class_archive.record(archive, jvm.System.getProperty("java.class.path"))
     return spark
 
 
