@@ -11,8 +11,8 @@ wrote leaves a truncated file, and a JVM that maps a truncated archive crashes w
 a checksum or class path that does not match only does without. Pipelines started while no archive
 is there write their own partials; the first promoted wins and the others are removed.
 
-The archive is the operator's cache (`--class-cache`), like a compiler's: a directory of this
-user's that no one else may write to, since a class archive is code the JVM runs.
+The archive is the operator's cache (`--class-cache`), like a compiler's: a directory that no one
+but this user can write to or replace, since a class archive is code the JVM runs.
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ import pyspark
 
 log = logging.getLogger("veil.pipeline")
 SETTLED = 10.0  # seconds a partial is left alone after its last write: its JVM may still write it
-STALE = 7 * 86400.0  # seconds after which a partial nobody could promote, or its note, is removed
+STALE = 7 * 86400.0  # seconds after which a note whose JVM never wrote its partial is removed
 VALIDATE_TIMEOUT = 60.0
-# the JVM's own reports on what it archives and maps (a warning per class it skips) are not the
-# operator's concern: whether the archive was used shows in how long the pipeline took to start
-QUIET = ("-XX:+VerifySharedSpaces", "-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+# every region checksummed as it is written and mapped (0.1-0.2 s for 160 MB); the JVM's own reports
+# on what it archives and maps (a warning per class it skips) are not the operator's concern:
+# whether the archive was used shows in how long the pipeline took to start
+FLAGS = ("-XX:+VerifySharedSpaces", "-Xlog:cds=off", "-Xlog:cds+dynamic=off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,14 +63,14 @@ def plan(directory: str | None) -> Plan:
     try:
         _promote(name, java)
         if os.path.isfile(name + ".jsa"):
-            return Plan((f"-XX:SharedArchiveFile={name}.jsa", *QUIET))
+            return Plan((f"-XX:SharedArchiveFile={name}.jsa", *FLAGS))
         if any(time.time() - _modified(path) < SETTLED for path in glob.glob(glob.escape(name) + ".*.partial")):
             return Plan()
     except OSError as exc:
         log.warning("no class archive: %s (%s)", exc.strerror, exc.filename)
         return Plan()
     partial = f"{name}.{secrets.token_hex(6)}.partial"
-    return Plan((f"-XX:ArchiveClassesAtExit={partial}", *QUIET), partial)
+    return Plan((f"-XX:ArchiveClassesAtExit={partial}", *FLAGS), partial)
 
 
 def record(dump: Plan, class_path: str) -> None:
@@ -78,7 +79,9 @@ def record(dump: Plan, class_path: str) -> None:
     if dump.partial is None:
         return
     with contextlib.suppress(OSError):  # a cache that cannot be written costs only the faster start
-        _write_private(dump.partial + ".json", orjson.dumps({"class_path": class_path}))
+        descriptor = os.open(dump.partial + ".json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(orjson.dumps({"class_path": class_path}))
 
 
 def _java() -> str | None:
@@ -156,7 +159,7 @@ def _valid(partial: str, note: str, java: str) -> bool:
         if os.stat(partial).st_uid != os.getuid() or not isinstance(class_path, str):
             return False
         archive = f"-XX:SharedArchiveFile={partial}"
-        command = [java, "-cp", class_path, archive, "-Xshare:on", *QUIET, "-version"]
+        command = [java, "-cp", class_path, archive, "-Xshare:on", *FLAGS, "-version"]
         # a truncated archive crashes this JVM: its crash report goes to a directory that is then removed
         with tempfile.TemporaryDirectory() as scratch:
             result = subprocess.run(command, cwd=scratch, capture_output=True, timeout=VALIDATE_TIMEOUT)
@@ -170,9 +173,3 @@ def _modified(path: str) -> float:
         return os.stat(path).st_mtime
     except OSError:
         return 0.0
-
-
-def _write_private(path: str, data: bytes) -> None:
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(data)
