@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from tests.lanes import pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: F401  (hooks, found by name)
 from tests.prerequisites import missing
 from veil.harness import PostgresServer, postgres_database
 from veil.harness.postgres import binaries
