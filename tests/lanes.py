@@ -13,7 +13,7 @@ pytest 9.2 no longer reads back."""
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
+from pathlib import PurePath, PurePosixPath
 
 import pytest
 from xdist.remote import Producer
@@ -33,17 +33,21 @@ TIMED_MODULES = frozenset(
 )
 
 
+def _timed(module: PurePath) -> bool:
+    return module.parent.name == "integration" and module.name in TIMED_MODULES
+
+
 def scope(nodeid: str) -> str:
     """The unit of work a worker takes: the timed lane, or one module."""
-    path = PurePosixPath(nodeid.split("::", 1)[0])
-    return TIMED if path.parent.name == "integration" and path.name in TIMED_MODULES else str(path)
+    module = PurePosixPath(nodeid.split("::", 1)[0])
+    return TIMED if _timed(module) else str(module)
 
 
 def rank(item: pytest.Item) -> int:
     """Where a module's tests go in the queue the workers take work from."""
-    if item.path.parent.name != "integration":
-        return 1
-    return 0 if item.path.name in TIMED_MODULES else 2
+    if _timed(item.path):
+        return 0
+    return 2 if item.path.parent.name == "integration" else 1
 
 
 class Lanes(LoadScopeScheduling):
