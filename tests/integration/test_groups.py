@@ -22,14 +22,16 @@ from veil.harness import BrokerProcess
 
 ACK_WAIT = 5  # the broker's --ack-wait here: seconds a member may hold lines without acknowledging any
 
-# a member in a process of its own: acknowledges its first ACKS lines, says which, then holds
-# whatever else it is given, unacknowledged, until it is killed
+# a member in a process of its own: says when its handshake is sent, acknowledges its first ACKS
+# lines, says which, then holds whatever else it is given, unacknowledged, until it is killed
 MEMBER = r"""
 import asyncio, sys, orjson
 
 async def main(port: int, handshake: bytes, acks: int) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 22)
     writer.write(handshake + b"\n")
+    await writer.drain()
+    print("joined", flush=True)
     acked = []
     while len(acked) < acks:
         doc = orjson.loads(await reader.readline())
@@ -72,7 +74,10 @@ async def test_three_members_share_3000_deliveries_one_killed_midway(broker):
 
         consumers = [asyncio.create_task(consume(place)) for place in range(2)]
         try:
+            # all three members in before the first publication: one that joined late could find the
+            # others had taken everything (a slow machine starts a Python process in seconds)
             await asyncio.gather(*(stream.connected.wait() for stream in survivors))
+            await asyncio.wait_for(asyncio.to_thread(doomed.stdout.readline), 60)
             ids: list[str] = []
             for start in range(0, 3000, 500):
                 ids += await publisher.publish_batch([{"run": rid, "n": n} for n in range(start, start + 500)])
